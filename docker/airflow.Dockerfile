@@ -1,0 +1,38 @@
+# Airflow image of the Khipu reference stack (docker-compose.yaml builds it with the repository root
+# as context). Official Airflow 3.3.2 on Python 3.11, plus:
+#   - a Java runtime, because the SparkSubmitOperator runs spark-submit in client mode inside the
+#     Airflow task process (the Spark driver lives here, the executors on the Spark worker);
+#   - Khipu's pinned requirements and the khipu package itself (include/), installed editable from
+#     /opt/khipu so that the ./include bind mount of docker-compose.yaml is the code that runs and
+#     khipu.settings.project_root() resolves to /opt/khipu (config/ and spark/ are mounted beside it).
+FROM apache/airflow:3.3.2-python3.11
+
+USER root
+# default-jre-headless is OpenJDK 17 on Debian bookworm (and 21 on trixie); Spark 4 supports both.
+# /usr/share/man/man1 must exist for the JRE's post-install script on slim Debian images.
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends default-jre-headless procps \
+    && apt-get autoremove -yqq --purge \
+    && apt-get clean \
+    && rm -rf /var/lib/apt/lists/* \
+    && mkdir -p /opt/khipu/state \
+    && chown -R airflow:0 /opt/khipu \
+    && chmod -R g+rwX /opt/khipu
+ENV JAVA_HOME=/usr/lib/jvm/default-java
+
+USER airflow
+WORKDIR /opt/khipu
+
+# Dependencies first (cached layer). Pinning apache-airflow to the image's own version stops pip from
+# moving Airflow; requirements.txt pins the same 3.3.2.
+COPY --chown=airflow:0 requirements.txt pyproject.toml ./
+RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -r requirements.txt
+
+# The khipu package (include/khipu), editable: a .pth entry points at /opt/khipu/include.
+COPY --chown=airflow:0 include/ ./include/
+RUN pip install --no-cache-dir --no-deps -e .
+
+ENV KHIPU_STATE_DIR=/opt/khipu/state \
+    PYSPARK_PYTHON=python3
+WORKDIR /opt/airflow

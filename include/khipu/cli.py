@@ -1,0 +1,208 @@
+"""The ``khipu`` command: local stack, demo pipeline, registry checks and trace-topic counts."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from khipu import __version__
+from khipu.demo.faults import DemoConfigError, FaultRates
+from khipu.demo.ledger import LedgerError, build_truth, read_ledger
+from khipu.demo.pipeline import DemoConfig, DemoError, run_demo
+from khipu.demo.topology import DEMO_STREAM, DemoTopology
+from khipu.localstack.broker import BrokerError, ensure_topics
+from khipu.registry.loader import RegistryError, load_registry
+from khipu.registry.model import UnknownStreamError
+from khipu.settings import KhipuSettings, SettingsError
+from khipu.trace.topic import TraceTopicError, read_trace_topic, tally_traces
+from khipu.tracing.config import TracingConfigError
+
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        settings = KhipuSettings.from_env()
+        return int(args.handler(args, settings) or 0)
+    except (SettingsError, RegistryError, UnknownStreamError, DemoConfigError, TracingConfigError, LedgerError) as exc:
+        print(f"khipu: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (DemoError, BrokerError, TraceTopicError, RuntimeError) as exc:
+        print(f"khipu: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="khipu", description="Trace messages through Kafka pipelines.")
+    parser.add_argument("--version", action="version", version=f"khipu {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug output")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    for name, handler, text in (
+        ("up", _up, "start the local stack (broker, Airflow, demo); safe to repeat"),
+        ("down", _down, "stop everything `up` started"),
+        ("status", _status, "show what the local stack runs"),
+    ):
+        commands.add_parser(name, help=text, description=text).set_defaults(handler=handler)
+
+    demo = commands.add_parser("demo", help="the demo pipeline with fault injection").add_subparsers(metavar="ACTION")
+    run = demo.add_parser(
+        "run",
+        help="run producer -> processor -> sinks against the broker",
+        description="Run the traced demo pipeline and write its ground-truth ledger.",
+    )
+    amount = run.add_mutually_exclusive_group()
+    amount.add_argument("--count", type=int, default=1000, help="messages to produce (default 1000)")
+    amount.add_argument("--duration", type=float, metavar="SECONDS", help="produce for this long instead")
+    amount.add_argument("--forever", action="store_true", help="run until SIGTERM/SIGINT")
+    run.add_argument("--rate", type=float, default=100.0, help="messages per second (default 100)")
+    run.add_argument("--sampling", type=float, metavar="PERCENT", help="sampling percent (default: the stream's)")
+    run.add_argument(
+        "--fault",
+        action="append",
+        metavar="NAME=RATE",
+        help="inject a fault with this probability; repeatable. Names: consumer_skip, processor_drop, "
+        "rebalance_drop, offset_rewind, producer_retry, delay, trace_loss",
+    )
+    run.add_argument("--delay-ms", type=int, default=3000, help="hold time of delayed records (default 3000)")
+    run.add_argument("--seed", type=int, default=0, help="fault plan seed (default 0)")
+    run.add_argument("--run-id", help="run id prefixing message ids (default: random)")
+    run.add_argument("--stream", default=DEMO_STREAM, help=f"registry stream to run (default {DEMO_STREAM})")
+    run.add_argument("--ledger", type=Path, help="ground-truth ledger file (default <state>/demo/ledger.jsonl)")
+    run.set_defaults(handler=_demo_run)
+    truth = demo.add_parser("truth", help="summarize a ground-truth ledger per hop")
+    truth.add_argument("ledger", type=Path)
+    truth.add_argument("--run-id", help="only this run")
+    truth.set_defaults(handler=_demo_truth)
+
+    registry = commands.add_parser("registry", help="the stream registry").add_subparsers(metavar="ACTION")
+    check = registry.add_parser("check", help="validate the registry and list streams and hops")
+    check.add_argument("path", type=Path, nargs="?", help="registry file (default $KHIPU_REGISTRY)")
+    check.set_defaults(handler=_registry_check)
+
+    traces = commands.add_parser("traces", help="the trace topic").add_subparsers(metavar="ACTION")
+    count = traces.add_parser("count", help="count traces per hop and type, from the beginning to now")
+    count.add_argument("--timeout", type=float, default=60.0, help="seconds to reach the end (default 60)")
+    count.set_defaults(handler=_traces_count)
+
+    topics = commands.add_parser("topics", help="Khipu's own topics").add_subparsers(metavar="ACTION")
+    ensure = topics.add_parser("ensure", help="create the trace topic if missing")
+    ensure.add_argument("--partitions", type=int, default=4)
+    ensure.set_defaults(handler=_topics_ensure)
+    return parser
+
+
+def _up(_args: argparse.Namespace, settings: KhipuSettings) -> int:
+    from khipu.localstack import stack
+
+    stack.up(settings)
+    return 0
+
+
+def _down(_args: argparse.Namespace, settings: KhipuSettings) -> int:
+    from khipu.localstack import stack
+
+    stack.down(settings)
+    return 0
+
+
+def _status(_args: argparse.Namespace, settings: KhipuSettings) -> int:
+    from khipu.localstack import stack
+
+    return 0 if stack.status(settings) else 3
+
+
+def _demo_run(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    registry = load_registry(settings.registry_path)
+    topology = DemoTopology.from_stream(registry.stream(args.stream))
+    if topology.source_topic.cluster != settings.cluster:
+        raise DemoConfigError("stream cluster", topology.source_topic.cluster, f"KHIPU_CLUSTER ({settings.cluster})")
+    options: dict[str, object] = {}
+    if args.run_id:
+        options["run_id"] = args.run_id
+    config = DemoConfig(
+        bootstrap_servers=settings.bootstrap_servers,
+        ledger_path=args.ledger or settings.state_dir / "demo" / "ledger.jsonl",
+        trace_topic=settings.trace_topic,
+        count=None if (args.forever or args.duration) else args.count,
+        duration_s=args.duration,
+        rate_per_s=args.rate,
+        sampling_percent=args.sampling,
+        faults=FaultRates.parse(args.fault),
+        delay_ms=args.delay_ms,
+        seed=args.seed,
+        **options,  # type: ignore[arg-type]
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    report = run_demo(config, topology, stop=stop, progress=lambda line: print(line, flush=True))
+    print(f"\nrun {report.run_id}: {report.produced} records written by the source; ledger {report.ledger_path}")
+    _print_hops(report.hop_summary)
+    for location, stats in sorted(report.emitters.items()):
+        print(f"emitter {location}: {stats.emitted} traces, {stats.delivered} delivered, {stats.dropped} dropped")
+    return 0
+
+
+def _demo_truth(args: argparse.Namespace, _settings: KhipuSettings) -> int:
+    truth = build_truth(read_ledger(args.ledger, run_id=args.run_id))
+    print(f"{len(truth.messages)} messages, {sum(m.sampled for m in truth.messages.values())} sampled")
+    _print_hops(truth.hop_summary())
+    return 0
+
+
+def _print_hops(summary: dict[str, dict[str, int]]) -> None:
+    print(f"{'hop':55} {'messages':>8} {'passes':>7} {'traces':>7}  faults")
+    for hop, entry in sorted(summary.items()):
+        faults = ", ".join(f"{k}={v}" for k, v in sorted(entry.items()) if k not in ("messages", "passes", "traces"))
+        print(f"{hop:55} {entry['messages']:>8} {entry['passes']:>7} {entry['traces']:>7}  {faults}")
+
+
+def _registry_check(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    path = args.path or settings.registry_path
+    registry = load_registry(path)
+    print(f"{path}: valid; {len(registry.streams)} stream(s) on cluster(s) {', '.join(sorted(registry.clusters))}")
+    for stream in registry.streams.values():
+        print(
+            f"\n{stream.name}  owner {stream.owner}  sampling {stream.sampling_percent:g}%  "
+            f"resend {stream.resend.mode.value}"
+        )
+        for hop in stream.route.hops:
+            print(f"  {hop.kind.value:5} {hop.id}")
+    return 0
+
+
+def _traces_count(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    tally = tally_traces(read_trace_topic(settings.bootstrap_servers, settings.trace_topic, args.timeout))
+    print(f"{settings.trace_topic} on {settings.bootstrap_servers}: {tally.total} traces")
+    print(f"{'hop':55} {'type':9} {'traces':>8}")
+    for (hop, trace_type), number in sorted(tally.by_hop.items()):
+        print(f"{hop:55} {trace_type:9} {number:>8}")
+    for field, number in sorted(tally.malformed.items()):
+        print(f"malformed (field {field}): {number}")
+    return 0
+
+
+def _topics_ensure(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    created = ensure_topics(settings.bootstrap_servers, {settings.trace_topic: args.partitions})
+    print(f"created {', '.join(created)}" if created else f"{settings.trace_topic} already exists")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

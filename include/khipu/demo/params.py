@@ -1,0 +1,35 @@
+"""Turning a manual trigger's parameters into a validated demo configuration."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from khipu.demo.faults import DemoConfigError, FaultRates
+from khipu.demo.pipeline import DemoConfig
+
+
+def demo_config_from_params(
+    params: Mapping[str, Any], *, bootstrap_servers: str, trace_topic: str, ledger_dir: Path, run_id: str
+) -> DemoConfig:
+    """``params``: count, rate_per_s, sampling_percent (or None), faults ({name: rate}), seed."""
+    faults = params.get("faults") or {}
+    if not isinstance(faults, Mapping):
+        raise DemoConfigError("faults", faults, "an object of fault name -> probability")
+    try:
+        rates = FaultRates(**{str(k): v for k, v in faults.items()})
+    except TypeError:
+        known = ", ".join(FaultRates().as_dict())
+        raise DemoConfigError("faults", sorted(faults), f"fault names among: {known}") from None
+    return DemoConfig(
+        bootstrap_servers=bootstrap_servers,
+        trace_topic=trace_topic,
+        ledger_path=ledger_dir / f"burst-{run_id}.jsonl",
+        count=int(params.get("count", 500)),
+        rate_per_s=float(params.get("rate_per_s", 100.0)),
+        sampling_percent=params.get("sampling_percent"),
+        faults=rates,
+        seed=int(params.get("seed", 0)),
+        run_id=run_id,
+    )

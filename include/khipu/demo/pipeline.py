@@ -1,0 +1,729 @@
+"""Run the demo pipeline against a broker: source -> processor -> fan-out sinks, all traced.
+
+Every component is an ordinary traced confluent-kafka application running in its own thread,
+with its own trace emitter (its own location). Faults are injected where the plan says and
+written to the ground-truth ledger as they happen (see :mod:`khipu.demo.ledger`).
+
+Fault placement: producer_retry at the source; processor_drop, rebalance_drop and delay in the
+processor; consumer_skip in the first sink group; offset_rewind in the last sink group;
+trace_loss in every component's trace channel.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from khipu.demo.faults import DemoConfigError, Fault, FaultPlan, FaultRates
+from khipu.demo.ledger import LedgerWriter, build_truth, read_ledger
+from khipu.demo.topology import DemoTopology
+from khipu.localstack.broker import ensure_topics
+from khipu.registry.model import ConsumerSpec, Hop, TopicRef
+from khipu.trace.model import Trace
+from khipu.trace.sampling import is_sampled
+from khipu.tracing.clients import TracedConsumer, TracedProducer
+from khipu.tracing.config import DEFAULT_TRACE_TOPIC, TraceEmitterConfig
+from khipu.tracing.emitter import EmitterStats, TraceEmitter
+from khipu.tracing.headers import carry_trace_headers
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.05
+_COMMIT_INTERVAL_S = 0.2
+_BATCH_MAX_AGE_S = 0.1
+
+
+class DemoError(RuntimeError):
+    """The demo could not run or did not settle."""
+
+
+@dataclass(frozen=True, slots=True)
+class DemoConfig:
+    bootstrap_servers: str
+    ledger_path: Path
+    trace_topic: str = DEFAULT_TRACE_TOPIC
+    count: int | None = 1000  # messages to produce; None with duration_s None runs until stopped
+    duration_s: float | None = None
+    rate_per_s: float = 100.0
+    sampling_percent: float | None = None  # None: the stream's rate from the registry
+    faults: FaultRates = field(default_factory=FaultRates)
+    delay_ms: int = 3000
+    skip_length: int = 2
+    rewind_length: int = 3
+    batch_size: int = 20
+    seed: int = 0
+    run_id: str = field(default_factory=lambda: secrets.token_hex(4))
+    partitions: int = 3
+    trace_partitions: int = 4
+    session_timeout_ms: int = 6000
+    settle_timeout_s: float = 120.0
+    progress_interval_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.count is not None and (isinstance(self.count, bool) or self.count < 1):
+            raise DemoConfigError("count", self.count, "an integer >= 1, or none to run until stopped")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise DemoConfigError("duration_s", self.duration_s, "a number of seconds > 0")
+        if not 0 < self.rate_per_s <= 1_000_000:
+            raise DemoConfigError("rate_per_s", self.rate_per_s, "messages per second in (0, 1000000]")
+        if self.sampling_percent is not None and not 0 < self.sampling_percent <= 100:
+            raise DemoConfigError("sampling_percent", self.sampling_percent, "a number in (0, 100]")
+        for name in ("delay_ms", "skip_length", "rewind_length", "batch_size", "partitions", "trace_partitions"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "delay_ms" else 1):
+                raise DemoConfigError(name, value, "a positive integer")
+        if not self.run_id.replace("-", "").isalnum():
+            raise DemoConfigError("run_id", self.run_id, "letters, digits and '-'")
+
+    @property
+    def runs_forever(self) -> bool:
+        return self.count is None and self.duration_s is None
+
+
+@dataclass(frozen=True, slots=True)
+class DemoReport:
+    run_id: str
+    ledger_path: Path
+    produced: int
+    hop_summary: dict[str, dict[str, int]]
+    fault_counts: dict[str, int]
+    emitters: dict[str, EmitterStats]
+
+
+def message_id_for(run_id: str, number: int) -> str:
+    return f"{run_id}-{number:08d}"
+
+
+def business_id(msg: Message) -> str | None:
+    """The demo's own record of which message this is, from the payload (not the trace headers).
+
+    ``None`` for a record the demo did not write (someone else's data on the demo topics).
+    """
+    try:
+        return str(json.loads(msg.value() or b"")["message_id"])
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+class _Record(NamedTuple):
+    """A fetched record with its position checked once, and the demo's id for it."""
+
+    msg: Message
+    topic: str
+    partition: int
+    offset: int
+    message_id: str | None  # None: a record the demo did not write
+
+
+def _position(msg: Message) -> tuple[str, int, int]:
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    if topic is None or partition is None or offset is None:
+        raise DemoError(f"record without a position from the client: {topic}[{partition}]@{offset}")
+    return topic, partition, offset
+
+
+class _FaultyTraceEmitter(TraceEmitter):
+    """A trace emitter whose channel loses the traces the plan picks (the trace_loss fault)."""
+
+    def __init__(self, config: TraceEmitterConfig, plan: FaultPlan, ledger: LedgerWriter) -> None:
+        super().__init__(config)
+        self._plan = plan
+        self._ledger = ledger
+
+    def _publish(self, trace: Trace) -> str:
+        if self._plan.injects(Fault.TRACE_LOSS, f"{trace.emitter_id}:{trace.emitter_seq}"):
+            self._ledger.append(
+                "trace_dropped",
+                message_id=trace.message_id,
+                hop=Hop.of_trace(trace).id,
+                trace_type=trace.type.value,
+                fault=Fault.TRACE_LOSS.value,
+            )
+            return "accepted"  # lost after the hand-over, where the emitter cannot see it
+        return super()._publish(trace)
+
+
+class _Component(threading.Thread):
+    """A demo application in a thread, with its own trace emitter."""
+
+    def __init__(self, demo: _Demo, location: str) -> None:
+        super().__init__(name=f"demo-{location}", daemon=True)
+        self.demo = demo
+        self.location = location
+        self.emitter = demo.new_emitter(location)
+        self.failure: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        try:
+            self.work()
+        except BaseException as exc:  # reported by the orchestrator, which stops the demo
+            self.failure = exc
+            log.exception("demo component %s failed", self.location)
+            self.demo.stop.set()
+
+    def work(self) -> None:
+        raise NotImplementedError
+
+
+class _Source(_Component):
+    """The producing application: writes orders at a steady rate, ids assigned by the demo."""
+
+    def __init__(self, demo: _Demo) -> None:
+        topology = demo.topology
+        super().__init__(demo, topology.source.location)
+        self.hop = topology.source_hop
+        self.topic = topology.source_topic.topic
+        self.sampling = demo.sampling_percent
+        self.produced = 0
+        self.end_offsets: dict[int, int] = {}
+        self.finished = threading.Event()
+        self.producer = TracedProducer(
+            demo.client_config({"enable.idempotence": True, "linger.ms": 5}),
+            emitter=self.emitter,
+            stream=topology.stream.name,
+            sampling_percent=self.sampling,
+        )
+
+    def work(self) -> None:
+        config, plan = self.demo.config, self.demo.plan
+        started = time.monotonic()
+        number = 0
+        while not self.demo.stop.is_set():
+            if config.count is not None and number >= config.count:
+                break
+            if config.duration_s is not None and time.monotonic() - started >= config.duration_s:
+                break
+            wait = started + number / config.rate_per_s - time.monotonic()
+            if wait > 0:
+                self.demo.stop.wait(min(wait, 0.5))
+                if wait > 0.5:
+                    continue
+            message_id = message_id_for(config.run_id, number)
+            self._send(message_id, number, fault=None)
+            if plan.injects(Fault.PRODUCER_RETRY, message_id):
+                self._send(message_id, number, fault=Fault.PRODUCER_RETRY.value)
+            number += 1
+            self.producer.poll(0)
+        remaining = self.producer.flush(30)
+        if remaining:
+            raise DemoError(f"source: {remaining} records still unacknowledged after 30s")
+        self.finished.set()
+
+    def _send(self, message_id: str, number: int, fault: str | None) -> None:
+        value = json.dumps({"message_id": message_id, "order_id": number, "amount_cents": 100 + number % 900})
+        sampled = is_sampled(message_id, self.sampling)
+        while True:
+            try:
+                self.producer.produce(
+                    self.topic,
+                    value=value.encode(),
+                    key=str(number).encode(),
+                    message_id=message_id,
+                    attributes={"order_id": str(number)},
+                    on_delivery=self._on_delivery(message_id, sampled, fault),
+                )
+                return
+            except BufferError:  # the application's own queue is full: wait for the broker, as apps do
+                self.producer.poll(0.1)
+
+    def _on_delivery(self, message_id: str, sampled: bool, fault: str | None) -> Callable[[Any, Message], None]:
+        def record(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                log.warning("source: write of %s failed: %s", message_id, err.str())
+                return
+            topic, partition, offset = _position(msg)
+            with self._lock:
+                self.produced += 1
+                self.end_offsets[partition] = max(self.end_offsets.get(partition, 0), offset + 1)
+            self.demo.ledger.append(
+                "written",
+                message_id=message_id,
+                hop=self.hop.id,
+                topic=topic,
+                partition=partition,
+                offset=offset,
+                sampled=sampled,
+                source=True,
+                fault=fault,
+            )
+
+        return record
+
+    def progress(self) -> tuple[int, dict[int, int]]:
+        with self._lock:
+            return self.produced, dict(self.end_offsets)
+
+
+class _ConsumerComponent(_Component):
+    """Shared by processor and sinks: a traced group consumer that tracks its position."""
+
+    def __init__(self, demo: _Demo, spec: ConsumerSpec, topic: TopicRef) -> None:
+        super().__init__(demo, spec.location)
+        self.spec = spec
+        self.topic = topic.topic
+        self.read_hop = Hop.read(topic, spec.group)
+        self.next_offsets: dict[int, int] = {}
+        self.received = 0
+        self._last_commit = 0.0
+        self._committed: dict[int, int] = {}
+        self.consumer = TracedConsumer(
+            demo.client_config(
+                {
+                    "group.id": spec.group,
+                    "auto.offset.reset": "earliest",
+                    "enable.auto.commit": False,
+                    "session.timeout.ms": demo.config.session_timeout_ms,
+                    "heartbeat.interval.ms": max(100, demo.config.session_timeout_ms // 10),
+                }
+            ),
+            emitter=self.emitter,
+        )
+
+    def subscribe(self) -> None:
+        self.consumer.subscribe([self.topic], on_revoke=self.on_revoke)
+
+    def on_revoke(self, _consumer: Any, _partitions: list[TopicPartition]) -> None:
+        """Nothing buffered by default."""
+
+    def record_received(self, msg: Message) -> _Record:
+        topic, partition, offset = _position(msg)
+        record = _Record(msg, topic, partition, offset, business_id(msg))
+        with self._lock:
+            self.received += 1
+            self.next_offsets[partition] = offset + 1
+        if record.message_id is None:
+            log.warning(
+                "%s: skipping a record the demo did not write at %s[%d]@%d", self.spec.group, topic, partition, offset
+            )
+        else:
+            self.demo.ledger.append(
+                "received",
+                message_id=record.message_id,
+                hop=self.read_hop.id,
+                topic=topic,
+                partition=partition,
+                offset=offset,
+            )
+        return record
+
+    def set_position(self, partition: int, offset: int) -> None:
+        with self._lock:
+            self.next_offsets[partition] = offset
+
+    def committable(self) -> dict[int, int]:
+        with self._lock:
+            return dict(self.next_offsets)
+
+    def commit(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_commit < _COMMIT_INTERVAL_S:
+            return
+        self._last_commit = now
+        offsets = self.committable()
+        if offsets == self._committed:
+            return
+        try:
+            self.consumer.commit(
+                offsets=[TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items())], asynchronous=False
+            )
+            self._committed = offsets
+        except KafkaException as exc:
+            log.warning("%s: commit failed: %s", self.spec.group, exc.args[0].str() if exc.args else exc)
+
+    def poll_one(self) -> _Record | None:
+        """The next record (recorded as received), or ``None`` after a poll timeout or a consume error."""
+        msg = self.consumer.poll(_POLL_S)
+        if msg is None:
+            return None
+        error = msg.error()
+        if error is not None:
+            log.warning("%s: consume error: %s", self.spec.group, error.str())
+            return None
+        return self.record_received(msg)
+
+    def close(self) -> None:
+        self.commit(force=True)
+        self.consumer.close()
+
+    def progress(self) -> tuple[int, dict[int, int]]:
+        with self._lock:
+            return self.received, dict(self.next_offsets)
+
+
+@dataclass(order=True)
+class _Held:
+    due: float
+    record: _Record = field(compare=False)
+
+
+class _Processor(_ConsumerComponent):
+    """Consume, enrich, write on in batches, commit what is safely written: an at-least-once processor."""
+
+    def __init__(self, demo: _Demo) -> None:
+        topology = demo.topology
+        super().__init__(demo, topology.processor, topology.source_topic)
+        self.write_hop = topology.processor_write_hop
+        self.output_topic = topology.output_topic.topic
+        self.producer = TracedProducer(
+            demo.client_config({"enable.idempotence": True, "linger.ms": 5}), emitter=self.emitter
+        )
+        self.batch: list[_Record] = []
+        self.held: list[_Held] = []
+        self.batch_started = 0.0
+        self.written = 0
+        self.end_offsets: dict[int, int] = {}
+        self._triggered: set[tuple[int, int]] = set()
+        self._busy = threading.Lock()  # held while a polled record is not yet buffered, held or written
+
+    def work(self) -> None:
+        self.subscribe()
+        while not self.demo.stop.is_set():
+            with self._busy:
+                record = self.poll_one()
+                if record is not None:
+                    self.handle(record)
+                self.release_due()
+                if self.batch and (
+                    len(self.batch) >= self.demo.config.batch_size
+                    or time.monotonic() - self.batch_started >= _BATCH_MAX_AGE_S
+                ):
+                    self.write_batch()
+            self.commit()
+        self.write_batch()
+        self.close()
+        self.producer.flush(30)
+
+    def handle(self, record: _Record) -> None:
+        plan, config, message_id = self.demo.plan, self.demo.config, record.message_id
+        if message_id is None:
+            return
+        position = (record.partition, record.offset)
+        if plan.injects(Fault.REBALANCE_DROP, message_id) and position not in self._triggered:
+            self._triggered.add(position)
+            self.buffer(record)
+            self.rebalance_and_drop()
+        elif plan.injects(Fault.PROCESSOR_DROP, message_id):
+            self.demo.ledger.append(
+                "dropped", message_id=message_id, hop=self.write_hop.id, fault=Fault.PROCESSOR_DROP.value
+            )
+        elif plan.injects(Fault.DELAY, message_id):
+            heapq.heappush(self.held, _Held(time.monotonic() + config.delay_ms / 1000, record))
+            self.demo.ledger.append(
+                "delayed",
+                message_id=message_id,
+                hop=self.write_hop.id,
+                delay_ms=config.delay_ms,
+                fault=Fault.DELAY.value,
+            )
+        else:
+            self.buffer(record)
+
+    def buffer(self, record: _Record) -> None:
+        if not self.batch:
+            self.batch_started = time.monotonic()
+        self.batch.append(record)
+
+    def release_due(self) -> None:
+        now = time.monotonic()
+        while self.held and self.held[0].due <= now:
+            self.buffer(heapq.heappop(self.held).record)
+
+    def write_batch(self) -> None:
+        if not self.batch:
+            return
+        for record in self.batch:
+            assert record.message_id is not None  # only the demo's own records are buffered
+            order = json.loads(record.msg.value() or b"")
+            order["enriched_by"] = self.location
+            self.producer.produce(
+                self.output_topic,
+                value=json.dumps(order).encode(),
+                key=record.msg.key(),
+                headers=carry_trace_headers(record.msg.headers()),
+                on_delivery=self._on_delivery(record.message_id),
+            )
+        remaining = self.producer.flush(30)
+        if remaining:
+            raise DemoError(f"processor: {remaining} records unacknowledged after 30s")
+        self.batch = []
+
+    def committable(self) -> dict[int, int]:
+        """Up to the oldest record not yet written on, per partition (delayed records hold the commit)."""
+        offsets = super().committable()
+        for record in [*self.batch, *(held.record for held in self.held)]:
+            offsets[record.partition] = min(offsets.get(record.partition, record.offset), record.offset)
+        return offsets
+
+    def rebalance_and_drop(self) -> None:
+        """The seed-001 bug: offsets committed while records sit in memory; a rebalance discards them."""
+        with self._lock:
+            position = dict(self.next_offsets)
+        self.consumer.commit(
+            offsets=[TopicPartition(self.topic, p, o) for p, o in sorted(position.items())], asynchronous=False
+        )
+        self._committed = position
+        self.discard_unwritten(Fault.REBALANCE_DROP)
+        log.info("processor: rebalance (unsubscribe + subscribe) after committing over its buffer")
+        self.consumer.unsubscribe()
+        self.subscribe()
+
+    def on_revoke(self, _consumer: Any, _partitions: list[TopicPartition]) -> None:
+        self.discard_unwritten(Fault.REBALANCE_DROP)
+
+    def discard_unwritten(self, fault: Fault) -> None:
+        for record in [*self.batch, *(held.record for held in self.held)]:
+            self.demo.ledger.append("dropped", message_id=record.message_id, hop=self.write_hop.id, fault=fault.value)
+        self.batch, self.held = [], []
+
+    def _on_delivery(self, message_id: str) -> Callable[[Any, Message], None]:
+        def record(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                log.warning("processor: write of %s failed: %s", message_id, err.str())
+                return
+            topic, partition, offset = _position(msg)
+            with self._lock:
+                self.written += 1
+                self.end_offsets[partition] = max(self.end_offsets.get(partition, 0), offset + 1)
+            self.demo.ledger.append(
+                "written",
+                message_id=message_id,
+                hop=self.write_hop.id,
+                topic=topic,
+                partition=partition,
+                offset=offset,
+                source=False,
+            )
+
+        return record
+
+    def idle(self) -> bool:
+        with self._busy:
+            return not self.batch and not self.held
+
+    def output_end(self) -> dict[int, int]:
+        with self._lock:
+            return dict(self.end_offsets)
+
+
+class _Sink(_ConsumerComponent):
+    """A sink group. The first one skips records on consumer_skip; the last rewinds on offset_rewind."""
+
+    def __init__(self, demo: _Demo, spec: ConsumerSpec) -> None:
+        super().__init__(demo, spec, demo.topology.output_topic)
+        topology = demo.topology
+        self.skips = spec.group == topology.skip_group
+        self.rewinds = spec.group == topology.rewind_group
+        self._triggered: set[tuple[int, int]] = set()
+
+    def work(self) -> None:
+        self.subscribe()
+        while not self.demo.stop.is_set():
+            record = self.poll_one()
+            if record is not None:
+                self.handle(record)
+            self.commit()
+        self.close()
+
+    def handle(self, record: _Record) -> None:
+        plan, config = self.demo.plan, self.demo.config
+        position = (record.partition, record.offset)
+        if record.message_id is None or position in self._triggered:
+            return
+        if self.skips and plan.injects(Fault.CONSUMER_SKIP, record.message_id):
+            self._triggered.add(position)
+            _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, record.partition), cached=True)
+            target = min(record.offset + 1 + config.skip_length, max(high, record.offset + 1))
+            self.jump(record, target, "skipped", Fault.CONSUMER_SKIP)
+        elif self.rewinds and plan.injects(Fault.OFFSET_REWIND, record.message_id):
+            self._triggered.add(position)
+            self.jump(record, max(0, record.offset + 1 - config.rewind_length), "rewound", Fault.OFFSET_REWIND)
+
+    def jump(self, record: _Record, target: int, event: str, fault: Fault) -> None:
+        """Seek to ``target`` and commit it at once, as a buggy offset manager would."""
+        low, high = sorted((record.offset + 1, target))
+        if low == high:
+            return
+        self.consumer.seek(TopicPartition(self.topic, record.partition, target))
+        self.set_position(record.partition, target)
+        self.demo.ledger.append(
+            event,
+            hop=self.read_hop.id,
+            topic=self.topic,
+            partition=record.partition,
+            from_offset=low,
+            to_offset=high,
+            fault=fault.value,
+        )
+        self.commit(force=True)
+
+
+class _Demo:
+    """Owns the shared pieces: config, plan, ledger, stop signal, and the emitters it created."""
+
+    def __init__(self, config: DemoConfig, topology: DemoTopology) -> None:
+        self.config = config
+        self.topology = topology
+        self.plan = FaultPlan(config.faults, config.seed)
+        self.sampling_percent = config.sampling_percent or topology.stream.sampling_percent
+        self.ledger = LedgerWriter(config.ledger_path)
+        self.stop = threading.Event()
+        self.emitters: dict[str, TraceEmitter] = {}
+
+    def client_config(self, extra: dict[str, Any]) -> dict[str, Any]:
+        return {"bootstrap.servers": self.config.bootstrap_servers, **extra}
+
+    def new_emitter(self, location: str) -> TraceEmitter:
+        emitter_config = TraceEmitterConfig(
+            bootstrap_servers=self.config.bootstrap_servers,
+            location=location,
+            cluster=self.topology.source_topic.cluster,
+            topic=self.config.trace_topic,
+        )
+        emitter: TraceEmitter
+        if self.config.faults.trace_loss > 0:
+            emitter = _FaultyTraceEmitter(emitter_config, self.plan, self.ledger)
+        else:
+            emitter = TraceEmitter(emitter_config)
+        self.emitters[location] = emitter
+        return emitter
+
+
+def check_broker(bootstrap_servers: str, timeout_s: float = 10.0) -> None:
+    """Fail fast, and clearly, when the broker cannot be reached."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "socket.connection.setup.timeout.ms": 5000})
+    try:
+        admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise DemoError(
+            f"cannot reach the Kafka broker at {bootstrap_servers} within {timeout_s:.0f}s "
+            f"({exc.args[0].str() if exc.args else exc}); is the stack up (`make up`)?"
+        ) from None
+
+
+def run_demo(
+    config: DemoConfig,
+    topology: DemoTopology,
+    *,
+    stop: threading.Event | None = None,
+    progress: Callable[[str], None] = print,
+) -> DemoReport:
+    """Run the demo until its count/duration is produced and every component has settled (or ``stop`` is set)."""
+    check_broker(config.bootstrap_servers)
+    ensure_topics(
+        config.bootstrap_servers,
+        {
+            topology.source_topic.topic: config.partitions,
+            topology.output_topic.topic: config.partitions,
+            config.trace_topic: config.trace_partitions,
+        },
+    )
+    demo = _Demo(config, topology)
+    if stop is not None:
+        def relay_stop() -> None:
+            stop.wait()
+            demo.stop.set()
+
+        threading.Thread(target=relay_stop, name="demo-stop-relay", daemon=True).start()
+    demo.ledger.append(
+        "run",
+        run_id=config.run_id,
+        stream=topology.stream.name,
+        seed=config.seed,
+        sampling_percent=demo.sampling_percent,
+        faults=dict(config.faults.as_dict()),
+        started_ms=time.time_ns() // 1_000_000,
+    )
+    processor = _Processor(demo)
+    sinks = [_Sink(demo, spec) for spec in topology.sinks]
+    source = _Source(demo)
+    components: list[_Component] = [processor, *sinks, source]
+    if config.runs_forever:
+        amount = "until stopped"
+    elif config.count is not None:
+        amount = f"{config.count} messages"
+    else:
+        amount = f"for {config.duration_s:g}s"
+    progress(
+        f"demo run {config.run_id}: stream {topology.stream.name}, sampling {demo.sampling_percent:g}%, {amount} "
+        f"at {config.rate_per_s:g}/s; ledger {config.ledger_path}"
+    )
+    for component in components:
+        component.start()
+    try:
+        _wait_until_settled(demo, source, processor, sinks, progress)
+    finally:
+        demo.stop.set()
+        for component in components:
+            component.join(timeout=60)
+        stats = {location: emitter.close() for location, emitter in demo.emitters.items()}
+        demo.ledger.close()
+    failures = [c for c in components if c.failure is not None]
+    if failures:
+        raise DemoError(f"demo component {failures[0].location} failed: {failures[0].failure!r}")
+    truth = build_truth(read_ledger(config.ledger_path, run_id=config.run_id))
+    return DemoReport(
+        run_id=config.run_id,
+        ledger_path=config.ledger_path,
+        produced=source.progress()[0],
+        hop_summary=truth.hop_summary(),
+        fault_counts=dict(truth.fault_counts()),
+        emitters=stats,
+    )
+
+
+def _wait_until_settled(
+    demo: _Demo, source: _Source, processor: _Processor, sinks: list[_Sink], progress: Callable[[str], None]
+) -> None:
+    config = demo.config
+    last_report = time.monotonic()
+    settle_deadline: float | None = None
+    while not demo.stop.is_set():
+        time.sleep(0.1)
+        if time.monotonic() - last_report >= config.progress_interval_s:
+            last_report = time.monotonic()
+            demo.ledger.flush()
+            progress(_progress_line(source, processor, sinks))
+        if not source.finished.is_set():
+            continue
+        if settle_deadline is None:
+            settle_deadline = time.monotonic() + config.settle_timeout_s + config.delay_ms / 1000
+        _, produced_end = source.progress()
+        _, processor_position = processor.progress()
+        processor_done = processor.idle() and _caught_up(processor_position, produced_end)
+        sinks_done = processor_done and all(_caught_up(s.progress()[1], processor.output_end()) for s in sinks)
+        if sinks_done:
+            progress(_progress_line(source, processor, sinks) + " — settled")
+            return
+        if time.monotonic() > settle_deadline:
+            behind = (
+                processor.location
+                if not processor_done
+                else next(s.spec.group for s in sinks if not _caught_up(s.progress()[1], processor.output_end()))
+            )
+            raise DemoError(f"demo did not settle within {config.settle_timeout_s:.0f}s: {behind} is behind")
+
+
+def _caught_up(position: dict[int, int], end: dict[int, int]) -> bool:
+    return all(position.get(partition, 0) >= offset for partition, offset in end.items())
+
+
+def _progress_line(source: _Source, processor: _Processor, sinks: list[_Sink]) -> str:
+    parts = [
+        f"produced {source.progress()[0]}",
+        f"{processor.spec.group} received {processor.progress()[0]}",
+        f"wrote {processor.written}",
+    ]
+    parts += [f"{s.spec.group} received {s.progress()[0]}" for s in sinks]
+    return "demo: " + ", ".join(parts)

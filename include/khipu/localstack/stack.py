@@ -1,0 +1,166 @@
+"""`make up` / `make down` / `make status`: the whole local stack as processes this project owns.
+
+Up starts, in order and only what is not running yet: the embedded broker on 127.0.0.1, the
+topics, Airflow standalone (DAGs and plugins from this checkout, state under the state folder)
+with Khipu's connections, and the demo pipeline. Down stops exactly those processes, by the
+process groups recorded at start.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from khipu.demo.topology import DEMO_STREAM, DemoTopology
+from khipu.localstack.airflow import admin_password, airflow_env, airflow_healthy, prepare_airflow
+from khipu.localstack.broker import BrokerError, ensure_topics, port_open, start_broker
+from khipu.localstack.processes import ProcessTable, child_env
+from khipu.registry.loader import load_registry
+from khipu.settings import KhipuSettings, project_root
+
+BROKER, AIRFLOW, DEMO = "broker", "airflow", "demo"
+COMPONENTS = (DEMO, AIRFLOW, BROKER)  # stop order
+AIRFLOW_READY_TIMEOUT_S = 300.0
+DEMO_RATE_PER_S = 2.0
+DEMO_FAULTS = (
+    "consumer_skip=0.01",
+    "processor_drop=0.01",
+    "offset_rewind=0.01",
+    "producer_retry=0.01",
+    "delay=0.02",
+    "trace_loss=0.005",
+)
+
+
+class StackError(RuntimeError):
+    """The local stack could not be brought up."""
+
+
+def _paths(settings: KhipuSettings) -> dict[str, Path]:
+    state = settings.state_dir
+    return {"logs": state / "logs", "airflow_home": state / "airflow", "ledger": state / "demo" / "ledger.jsonl"}
+
+
+def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
+    paths = _paths(settings)
+    table = ProcessTable(settings.state_dir)
+    registry = load_registry(settings.registry_path)
+    topology = DemoTopology.from_stream(registry.stream(DEMO_STREAM))
+
+    if (broker := table.running(BROKER)) is not None:
+        say(f"broker: already running (pid {broker.pid}, {broker.detail})")
+    else:
+        if port_open("127.0.0.1", settings.broker_port):
+            raise StackError(
+                f"port {settings.broker_port} is taken by a process this stack did not start; "
+                "stop it or set KHIPU_BROKER_PORT"
+            )
+        try:
+            process = start_broker(settings.broker_port, paths["logs"] / "broker.log")
+        except BrokerError as exc:
+            raise StackError(str(exc)) from None
+        table.record(BROKER, process.pid, f"Tansu on {process.bootstrap_servers}")
+        say(f"broker: started Tansu on {process.bootstrap_servers} (pid {process.pid})")
+    created = ensure_topics(
+        settings.bootstrap_servers,
+        {settings.trace_topic: 4, topology.source_topic.topic: 3, topology.output_topic.topic: 3},
+    )
+    if created:
+        say(f"topics: created {', '.join(created)}")
+
+    env = child_env(airflow_env(settings, paths["airflow_home"]))
+    if (airflow := table.running(AIRFLOW)) is not None:
+        say(f"airflow: already running (pid {airflow.pid})")
+    else:
+        if port_open("127.0.0.1", settings.airflow_port):
+            raise StackError(
+                f"port {settings.airflow_port} is taken by a process this stack did not start; "
+                "stop it or set KHIPU_AIRFLOW_PORT"
+            )
+        say("airflow: migrating the metadata database and registering connections (first time: ~1 min)")
+        prepare_airflow(settings, paths["airflow_home"], env, paths["logs"] / "airflow-setup.log")
+        started = table.spawn(
+            AIRFLOW,
+            [str(Path(sys.executable).parent / "airflow"), "standalone"],
+            env,
+            paths["logs"] / "airflow.log",
+            f"standalone on 127.0.0.1:{settings.airflow_port}",
+            cwd=project_root(),
+        )
+        say(f"airflow: started standalone (pid {started.pid}); waiting until healthy")
+        _wait_for_airflow(settings, table, paths["logs"] / "airflow.log", say)
+
+    if (demo := table.running(DEMO)) is not None:
+        say(f"demo: already running (pid {demo.pid})")
+    else:
+        argv = [
+            str(Path(sys.executable).parent / "khipu"),
+            "demo",
+            "run",
+            "--forever",
+            "--rate",
+            str(DEMO_RATE_PER_S),
+            "--ledger",
+            str(paths["ledger"]),
+            *[arg for fault in DEMO_FAULTS for arg in ("--fault", fault)],
+        ]
+        started = table.spawn(
+            DEMO,
+            argv,
+            child_env(settings.as_env()),
+            paths["logs"] / "demo.log",
+            f"{DEMO_STREAM} at {DEMO_RATE_PER_S:g} msg/s with faults",
+            cwd=project_root(),
+        )
+        say(f"demo: started the demo pipeline (pid {started.pid}), {DEMO_RATE_PER_S:g} msg/s, ledger {paths['ledger']}")
+    say("")
+    status(settings, say)
+
+
+def _wait_for_airflow(settings: KhipuSettings, table: ProcessTable, log_path: Path, say: Callable[[str], None]) -> None:
+    deadline = time.monotonic() + AIRFLOW_READY_TIMEOUT_S
+    next_note = time.monotonic() + 15
+    while not airflow_healthy(settings.airflow_port):
+        if table.running(AIRFLOW) is None:
+            raise StackError(f"airflow standalone exited during start; see {log_path}")
+        if time.monotonic() > deadline:
+            raise StackError(f"airflow was not healthy within {AIRFLOW_READY_TIMEOUT_S:.0f}s; see {log_path}")
+        if time.monotonic() > next_note:
+            say("airflow: still starting ...")
+            next_note = time.monotonic() + 15
+        time.sleep(2)
+
+
+def down(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
+    table = ProcessTable(settings.state_dir)
+    for name in COMPONENTS:
+        say(f"{name}: {'stopped' if table.stop(name) else 'not running'}")
+
+
+def status(settings: KhipuSettings, say: Callable[[str], None] = print) -> bool:
+    """Print what runs; return True when every component runs."""
+    table = ProcessTable(settings.state_dir)
+    paths = _paths(settings)
+    all_up = True
+    for name in (BROKER, AIRFLOW, DEMO):
+        started = table.running(name)
+        all_up &= started is not None
+        say(
+            f"{name:8} {'running' if started else 'stopped':8} "
+            f"{f'pid {started.pid}  {started.detail}' if started else ''}"
+        )
+    if table.running(AIRFLOW) is not None:
+        healthy = airflow_healthy(settings.airflow_port)
+        say(f"\nAirflow UI: http://127.0.0.1:{settings.airflow_port}  ({'healthy' if healthy else 'not healthy yet'})")
+        password_file = paths["airflow_home"] / "simple_auth_manager_passwords.json.generated"
+        known = admin_password(paths["airflow_home"]) is not None
+        say(
+            f"  log in as user 'admin'; the generated password is in {password_file}"
+            + ("" if known else " (written once standalone has started)")
+        )
+    say(f"Kafka bootstrap: {settings.bootstrap_servers}   trace topic: {settings.trace_topic}")
+    say(f"logs: {paths['logs']}   demo ledger: {paths['ledger']}")
+    say("count traces per hop: .venv/bin/khipu traces count")
+    return all_up

@@ -1,0 +1,183 @@
+"""Typed, immutable registry values. Built only by :mod:`khipu.registry.loader`, which validates."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from khipu.trace.model import Trace, TraceType
+
+
+class UnknownStreamError(KeyError):
+    """A stream name that the registry does not define."""
+
+    def __init__(self, name: str, known: tuple[str, ...]) -> None:
+        super().__init__(name)
+        self.name = name
+        self.known = known
+
+    def __str__(self) -> str:
+        known = ", ".join(self.known) or "none"
+        return f"unknown stream {self.name!r}; the registry defines: {known}"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRef:
+    """A topic on a named cluster, written ``cluster/topic`` in the registry."""
+
+    cluster: str
+    topic: str
+
+    def __str__(self) -> str:
+        return f"{self.cluster}/{self.topic}"
+
+
+class HopKind(StrEnum):
+    WRITE = "write"  # a location writes to a topic; evidenced by SENT traces
+    READ = "read"  # a consumer group reads a topic; evidenced by RECEIVED traces
+
+
+@dataclass(frozen=True, slots=True)
+class Hop:
+    """One edge of a route.
+
+    A write hop is ``location -> cluster/topic``; a read hop is ``cluster/topic -> group``.
+    """
+
+    kind: HopKind
+    topic: TopicRef
+    location: str | None = None
+    group: str | None = None
+
+    @staticmethod
+    def write(location: str, topic: TopicRef) -> Hop:
+        return Hop(HopKind.WRITE, topic, location=location)
+
+    @staticmethod
+    def read(topic: TopicRef, group: str) -> Hop:
+        return Hop(HopKind.READ, topic, group=group)
+
+    @staticmethod
+    def of_trace(trace: Trace) -> Hop:
+        """The hop a trace is evidence for."""
+        topic = TopicRef(trace.cluster, trace.topic)
+        if trace.type is TraceType.SENT:
+            return Hop.write(trace.location, topic)
+        assert trace.group is not None  # decode_trace guarantees a group on RECEIVED traces
+        return Hop.read(topic, trace.group)
+
+    @property
+    def id(self) -> str:
+        if self.kind is HopKind.WRITE:
+            return f"{self.location} -> {self.topic}"
+        return f"{self.topic} -> {self.group}"
+
+    def __str__(self) -> str:
+        return self.id
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerSpec:
+    """A source application location that writes the stream's messages."""
+
+    location: str
+    writes: tuple[TopicRef, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSpec:
+    """A consumer group reading topics of the route; with ``writes`` it is a processor."""
+
+    group: str
+    location: str
+    reads: tuple[TopicRef, ...]
+    writes: tuple[TopicRef, ...] = ()
+
+    @property
+    def is_processor(self) -> bool:
+        return bool(self.writes)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    producers: tuple[ProducerSpec, ...]
+    consumers: tuple[ConsumerSpec, ...]
+
+    @property
+    def hops(self) -> tuple[Hop, ...]:
+        """Every hop of the route: producer writes, then each group's reads and writes."""
+        hops = [Hop.write(p.location, t) for p in self.producers for t in p.writes]
+        for consumer in self.consumers:
+            hops.extend(Hop.read(t, consumer.group) for t in consumer.reads)
+            hops.extend(Hop.write(consumer.location, t) for t in consumer.writes)
+        return tuple(hops)
+
+    def readers_of(self, topic: TopicRef) -> tuple[ConsumerSpec, ...]:
+        """The groups that read ``topic`` (several: fan-out)."""
+        return tuple(c for c in self.consumers if topic in c.reads)
+
+    def hops_after(self, write_hop: Hop) -> tuple[Hop, ...]:
+        """All hops a message written at ``write_hop`` is expected to take afterwards, in route order.
+
+        Each reader of the written topic gets a read hop; a reader that is a processor then
+        writes every topic it lists, and so on downstream (the registry rejects cycles).
+        """
+        expected: list[Hop] = []
+        frontier = [write_hop.topic]
+        while frontier:
+            topic = frontier.pop(0)
+            for reader in self.readers_of(topic):
+                expected.append(Hop.read(topic, reader.group))
+                for out in reader.writes:
+                    expected.append(Hop.write(reader.location, out))
+                    frontier.append(out)
+        return tuple(expected)
+
+
+class ResendMode(StrEnum):
+    AUTO = "auto"  # confirmed losses are re-produced without a human
+    MANUAL = "manual"  # confirmed losses wait for an operator's trigger
+    OFF = "off"  # never resend this stream
+
+
+@dataclass(frozen=True, slots=True)
+class ResendPolicy:
+    mode: ResendMode = ResendMode.MANUAL
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class AlertThresholds:
+    loss_rate: float = 0.0
+    duplicate_rate: float = 0.01
+    latency_p99_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    name: str
+    owner: str
+    sampling_percent: float
+    recovery_attributes: tuple[str, ...]
+    resend: ResendPolicy
+    alerts: AlertThresholds
+    route: Route
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    name: str
+    connection_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Registry:
+    clusters: Mapping[str, Cluster]
+    streams: Mapping[str, Stream]
+
+    def stream(self, name: str) -> Stream:
+        try:
+            return self.streams[name]
+        except KeyError:
+            raise UnknownStreamError(name, tuple(sorted(self.streams))) from None

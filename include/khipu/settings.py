@@ -1,0 +1,82 @@
+"""Runtime settings of Khipu's own processes (CLI, local stack, Airflow tasks), from the environment.
+
+Validated once, at load; loading never connects. Applications that only trace use
+:class:`khipu.tracing.TraceEmitterConfig` instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from khipu.registry.loader import NAME_PATTERN, NAME_RULE
+from khipu.tracing.config import DEFAULT_TRACE_TOPIC
+
+
+class SettingsError(ValueError):
+    """An environment setting is invalid; names the variable, the value and what is allowed."""
+
+    def __init__(self, variable: str, value: object, expected: str) -> None:
+        super().__init__(f"setting {variable}: got {value!r}; expected {expected}")
+        self.variable = variable
+
+
+def project_root() -> Path:
+    """The checkout this package is installed from (editable install: include/khipu -> ../..)."""
+    return Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True, slots=True)
+class KhipuSettings:
+    bootstrap_servers: str
+    cluster: str
+    trace_topic: str
+    registry_path: Path
+    state_dir: Path
+    broker_port: int
+    airflow_port: int
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> KhipuSettings:
+        env = os.environ if environ is None else environ
+        root = project_root()
+        broker_port = _port(env, "KHIPU_BROKER_PORT", 9092)
+        bootstrap = env.get("KHIPU_BOOTSTRAP_SERVERS", f"127.0.0.1:{broker_port}")
+        if not bootstrap.strip():
+            raise SettingsError("KHIPU_BOOTSTRAP_SERVERS", bootstrap, "'host:port[,host:port...]'")
+        for variable, value in (
+            ("KHIPU_CLUSTER", env.get("KHIPU_CLUSTER", "local")),
+            ("KHIPU_TRACE_TOPIC", env.get("KHIPU_TRACE_TOPIC", DEFAULT_TRACE_TOPIC)),
+        ):
+            if not NAME_PATTERN.match(value):
+                raise SettingsError(variable, value, NAME_RULE)
+        return cls(
+            bootstrap_servers=bootstrap,
+            cluster=env.get("KHIPU_CLUSTER", "local"),
+            trace_topic=env.get("KHIPU_TRACE_TOPIC", DEFAULT_TRACE_TOPIC),
+            registry_path=Path(env.get("KHIPU_REGISTRY", root / "config" / "registry.yaml")),
+            state_dir=Path(env.get("KHIPU_STATE_DIR", root / ".khipu")),
+            broker_port=broker_port,
+            airflow_port=_port(env, "KHIPU_AIRFLOW_PORT", 8080),
+        )
+
+    def as_env(self) -> dict[str, str]:
+        """The environment that gives the same settings to a child process."""
+        return {
+            "KHIPU_BOOTSTRAP_SERVERS": self.bootstrap_servers,
+            "KHIPU_CLUSTER": self.cluster,
+            "KHIPU_TRACE_TOPIC": self.trace_topic,
+            "KHIPU_REGISTRY": str(self.registry_path),
+            "KHIPU_STATE_DIR": str(self.state_dir),
+            "KHIPU_BROKER_PORT": str(self.broker_port),
+            "KHIPU_AIRFLOW_PORT": str(self.airflow_port),
+        }
+
+
+def _port(env: Mapping[str, str], variable: str, default: int) -> int:
+    raw = env.get(variable, str(default))
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise SettingsError(variable, raw, "a TCP port number in [1, 65535]")
+    return int(raw)

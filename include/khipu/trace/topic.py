@@ -1,0 +1,96 @@
+"""Reading the trace topic from the beginning to its current end, and tallying what is there."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+from khipu.registry.model import Hop
+from khipu.trace.codec import TraceDecodeError, decode_trace
+from khipu.trace.model import Trace
+
+
+class TraceTopicError(RuntimeError):
+    """The trace topic could not be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceTally:
+    """Traces per (hop id, type), and malformed records per reason."""
+
+    by_hop: Counter[tuple[str, str]] = field(default_factory=Counter)
+    malformed: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_hop.values())
+
+
+def tally_traces(traces: Iterable[Trace | TraceDecodeError]) -> TraceTally:
+    """Count decoded traces per hop and type, and decode errors per field."""
+    tally = TraceTally()
+    for item in traces:
+        if isinstance(item, TraceDecodeError):
+            tally.malformed[item.field] += 1
+        else:
+            tally.by_hop[(Hop.of_trace(item).id, item.type.value)] += 1
+    return tally
+
+
+def read_trace_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> list[Trace | TraceDecodeError]:
+    """Every record of ``topic`` from its beginning to its end as of now, decoded (or the decode error).
+
+    A partition's end is where it first reports end-of-partition (librdkafka derives it from the
+    fetch responses' high watermark); the partition is paused there, so records that arrive
+    while the others are still being read are left out and a live topic is read to an end too.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": f"khipu-reader-{secrets.token_hex(4)}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout_s)
+        topic_meta = metadata.topics.get(topic)
+        if topic_meta is None or topic_meta.error is not None or not topic_meta.partitions:
+            reason = topic_meta.error.str() if topic_meta is not None and topic_meta.error else "no partitions"
+            raise TraceTopicError(f"trace topic {topic!r} on {bootstrap_servers} cannot be read: {reason}")
+        partitions = sorted(topic_meta.partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        at_end: set[int] = set()
+        records: list[Trace | TraceDecodeError] = []
+        deadline = time.monotonic() + timeout_s
+        while len(at_end) < len(partitions):
+            if time.monotonic() > deadline:
+                raise TraceTopicError(
+                    f"reading {topic!r} did not reach the end of partitions "
+                    f"{sorted(set(partitions) - at_end)} within {timeout_s:.0f}s"
+                )
+            for msg in consumer.consume(1000, 0.5):
+                error, partition = msg.error(), msg.partition()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF and partition is not None:
+                        at_end.add(partition)
+                        consumer.pause([TopicPartition(topic, partition)])
+                        continue
+                    raise TraceTopicError(f"reading {topic!r}: {error.str()}")
+                if partition in at_end:
+                    continue  # arrived after this partition's end was reached
+                try:
+                    records.append(decode_trace(msg.value()))
+                except TraceDecodeError as exc:
+                    records.append(exc)
+        return records
+    except KafkaException as exc:
+        raise TraceTopicError(f"reading {topic!r} on {bootstrap_servers}: {exc.args[0].str()}") from None
+    finally:
+        consumer.close()

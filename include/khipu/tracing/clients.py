@@ -1,0 +1,234 @@
+"""Traced confluent-kafka clients: a one-line swap for ``Producer`` and ``Consumer``.
+
+    producer = TracedProducer(conf, emitter=emitter, stream="orders", sampling_percent=10)
+    consumer = TracedConsumer(conf, emitter=emitter)
+
+The producer assigns (or takes) a message id, decides sampling from the id, carries the id in
+record headers and emits a SENT trace only from a successful delivery report. The consumer
+emits a RECEIVED trace for every traced record that ``poll``/``consume`` returns, and flushes
+pending traces before committing offsets (Inca lost traces on restarts without this).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message, Producer
+
+from khipu.trace.sampling import SAMPLING_BUCKETS, MessageIds, sampling_bucket, sampling_threshold
+from khipu.tracing.config import TracingConfigError
+from khipu.tracing.emitter import TraceEmitter
+from khipu.tracing.headers import (
+    HEADER_MESSAGE_ID,
+    HEADER_SAMPLING,
+    HEADER_STREAM,
+    TRACE_HEADERS,
+    Headers,
+    HeaderValue,
+    TraceContext,
+    trace_context,
+)
+
+DeliveryCallback = Callable[[KafkaError | None, Message], None]
+
+
+class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C type has no stubs
+    """A ``confluent_kafka.Producer`` that traces sampled messages.
+
+    With ``stream`` set it is a *source*. A message produced with ``message_id=`` is traced when
+    that id falls in the stream's sample; without one, the producer draws the sampling decision
+    and gives each sampled message a new id (unsampled messages need none and get none).
+    Records whose ``headers`` already carry a trace context (see :func:`carry_trace_headers`)
+    are traced as a processor's output whatever ``stream`` is. Other records pass through.
+    """
+
+    _produce = Producer.produce  # the C method, called directly on the hot path
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        emitter: TraceEmitter,
+        stream: str | None = None,
+        sampling_percent: float = 100.0,
+        cluster: str | None = None,
+    ) -> None:
+        super().__init__(dict(config))
+        if (
+            isinstance(sampling_percent, bool)
+            or not isinstance(sampling_percent, (int, float))
+            or not 0 <= sampling_percent <= 100
+        ):
+            raise TracingConfigError("sampling_percent", sampling_percent, "a number in [0, 100]")
+        self._emitter = emitter
+        self._stream = stream
+        self._sampling_percent = float(sampling_percent)
+        self._threshold = sampling_threshold(sampling_percent)
+        # A draw below this cut samples the message (and is its bucket); -1 never samples.
+        self._cut = self._threshold / SAMPLING_BUCKETS if stream is not None else -1.0
+        self._random = random.Random().random
+        self._cluster = cluster or emitter.config.cluster
+        self._ids = MessageIds()
+        self._constant_headers: list[tuple[str, bytes]] = (
+            []
+            if stream is None
+            else [(HEADER_STREAM, stream.encode()), (HEADER_SAMPLING, repr(self._sampling_percent).encode())]
+        )
+
+    def produce(  # type: ignore[override]  # same parameters plus keyword-only extras; returns the id
+        self,
+        topic: str,
+        value: str | bytes | None = None,
+        key: str | bytes | None = None,
+        partition: int = -1,
+        callback: DeliveryCallback | None = None,
+        on_delivery: DeliveryCallback | None = None,
+        timestamp: int = 0,
+        headers: Headers | None = None,
+        *,
+        message_id: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+    ) -> str | None:
+        """Produce like ``Producer.produce`` (same parameters, same order); return the message id,
+        or ``None`` for an untraced record the application gave no id."""
+        if on_delivery is None:
+            on_delivery = callback
+        if headers is None and message_id is None and partition == -1 and timestamp == 0:
+            draw = self._random()
+            if draw >= self._cut:  # the common case: not sampled, nothing to add
+                self._produce(topic, value, key, on_delivery=on_delivery)
+                return None
+            message_id = self._ids.with_bucket(int(draw * SAMPLING_BUCKETS))
+        return self._produce_traced(
+            topic, value, key, partition, on_delivery, timestamp, headers, message_id, attributes
+        )
+
+    def _produce_traced(
+        self,
+        topic: str,
+        value: Any,
+        key: Any,
+        partition: int,
+        on_delivery: DeliveryCallback | None,
+        timestamp: int,
+        headers: Headers | None,
+        message_id: str | None,
+        attributes: Mapping[str, str] | None,
+    ) -> str | None:
+        context = trace_context(headers) if headers else None
+        if context is None and self._stream is not None:
+            if message_id is None:
+                message_id = self._ids.new_if_sampled(self._threshold)
+            elif sampling_bucket(message_id) >= self._threshold:
+                message_id, untraced_id = None, message_id
+                self._produce(
+                    topic,
+                    value,
+                    key,
+                    partition=partition,
+                    on_delivery=on_delivery,
+                    timestamp=timestamp,
+                    headers=_as_client_headers(headers),
+                )
+                return untraced_id
+            if message_id is not None:
+                context = TraceContext(message_id, self._stream, self._sampling_percent)
+                trace_headers = [(HEADER_MESSAGE_ID, message_id.encode()), *self._constant_headers]
+                headers = _with_headers(headers, trace_headers) if headers else trace_headers
+        if context is not None:
+            on_delivery = self._traced_callback(context, attributes, on_delivery)
+            message_id = context.message_id
+        self._produce(
+            topic,
+            value,
+            key,
+            partition=partition,
+            on_delivery=on_delivery,
+            timestamp=timestamp,
+            headers=_as_client_headers(headers),
+        )
+        return message_id
+
+    def flush(self, timeout: float = -1) -> int:
+        """Flush the records, then the traces their delivery reports produced."""
+        remaining = int(super().flush(timeout) if timeout >= 0 else super().flush())
+        self._emitter.flush(None if timeout < 0 else min(timeout, self._emitter.config.close_timeout_s))
+        return remaining
+
+    def _traced_callback(
+        self, context: TraceContext, attributes: Mapping[str, str] | None, user_callback: DeliveryCallback | None
+    ) -> DeliveryCallback:
+        emit_sent, cluster = self._emitter.emit_sent, self._cluster
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            if err is None and topic is not None and partition is not None and offset is not None:
+                emit_sent(context, cluster, topic, partition, offset, attributes)
+            if user_callback is not None:
+                user_callback(err, msg)
+
+        return on_delivery
+
+
+def _as_client_headers(headers: Headers | None) -> dict[str, HeaderValue] | list[tuple[str, HeaderValue]] | None:
+    """The header shapes confluent-kafka accepts: a dict or a list of pairs."""
+    if headers is None or isinstance(headers, (dict, list)):
+        return headers
+    return dict(headers) if isinstance(headers, Mapping) else list(headers)
+
+
+def _with_headers(headers: Headers, trace_headers: list[tuple[str, bytes]]) -> list[tuple[str, Any]]:
+    existing = headers.items() if isinstance(headers, Mapping) else headers
+    return [*((n, v) for n, v in existing if n not in TRACE_HEADERS), *trace_headers]
+
+
+class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C type has no stubs
+    """A ``confluent_kafka.Consumer`` that emits RECEIVED traces for traced records.
+
+    ``group.id`` is required: a RECEIVED trace says which group received the record.
+    With ``enable.auto.commit`` the commit runs in librdkafka's background and cannot wait
+    for the traces; the detector's grace period covers that, but explicit commits are safer.
+    """
+
+    def __init__(self, config: Mapping[str, Any], *, emitter: TraceEmitter, cluster: str | None = None) -> None:
+        group = config.get("group.id")
+        if not isinstance(group, str) or not group:
+            raise TracingConfigError("group.id", group, "a consumer group id: RECEIVED traces name the group")
+        super().__init__(dict(config))
+        self._emitter = emitter
+        self._group = group
+        self._cluster = cluster or emitter.config.cluster
+
+    @property
+    def group_id(self) -> str:
+        return self._group
+
+    def poll(self, *args: Any, **kwargs: Any) -> Message | None:
+        msg = super().poll(*args, **kwargs)
+        if msg is not None and msg.error() is None:
+            self._trace(msg)
+        return msg
+
+    def consume(self, *args: Any, **kwargs: Any) -> list[Message]:
+        messages = super().consume(*args, **kwargs)
+        for msg in messages:
+            if msg.error() is None:
+                self._trace(msg)
+        return messages
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        """Flush pending traces (bounded), then commit as ``Consumer.commit`` does."""
+        self._emitter.flush_before_commit()
+        return super().commit(*args, **kwargs)
+
+    def close(self) -> None:
+        self._emitter.flush_before_commit()
+        super().close()
+
+    def _trace(self, msg: Message) -> None:
+        context = trace_context(msg.headers())
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        if context is not None and topic is not None and partition is not None and offset is not None:
+            self._emitter.emit_received(context, self._cluster, topic, partition, offset, self._group)

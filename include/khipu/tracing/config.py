@@ -1,0 +1,76 @@
+"""Settings of a trace emitter, validated at construction; loading never connects."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from khipu.registry.loader import NAME_PATTERN, NAME_RULE
+
+DEFAULT_TRACE_TOPIC = "khipu.traces"
+
+
+class TracingConfigError(ValueError):
+    """A tracing setting is invalid; the message names the setting, the value and what is allowed."""
+
+    def __init__(self, setting: str, value: object, expected: str) -> None:
+        super().__init__(f"tracing setting '{setting}': got {value!r}; expected {expected}")
+        self.setting = setting
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEmitterConfig:
+    """Where traces go and how much an emitter may buffer.
+
+    ``location`` names the application (or processor) emitting; ``cluster`` names the Kafka
+    cluster its traced clients talk to, as the registry spells it. ``producer_config`` passes
+    further librdkafka settings (TLS, SASL) to the trace producer; it is never logged.
+    """
+
+    bootstrap_servers: str
+    location: str
+    cluster: str
+    topic: str = DEFAULT_TRACE_TOPIC
+    queue_max_traces: int = 100_000
+    delivery_timeout_ms: int = 60_000
+    commit_flush_timeout_s: float = 2.0
+    close_timeout_s: float = 5.0
+    producer_config: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.bootstrap_servers, str) or not self.bootstrap_servers.strip():
+            raise TracingConfigError("bootstrap_servers", self.bootstrap_servers, "'host:port[,host:port...]'")
+        for name in ("location", "cluster", "topic"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not NAME_PATTERN.match(value):
+                raise TracingConfigError(name, value, NAME_RULE)
+        if not isinstance(self.queue_max_traces, int) or not 1 <= self.queue_max_traces <= 10_000_000:
+            raise TracingConfigError("queue_max_traces", self.queue_max_traces, "an integer in [1, 10000000]")
+        if not isinstance(self.delivery_timeout_ms, int) or self.delivery_timeout_ms < 1000:
+            raise TracingConfigError("delivery_timeout_ms", self.delivery_timeout_ms, "an integer >= 1000")
+        for name in ("commit_flush_timeout_s", "close_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 300:
+                raise TracingConfigError(name, value, "a number of seconds in [0, 300]")
+        reserved = {"bootstrap.servers", "acks", "enable.idempotence", "on_delivery", "error_cb"}
+        clash = sorted(reserved & set(self.producer_config))
+        if clash:
+            raise TracingConfigError(f"producer_config.{clash[0]}", "<set>", "not set here; the emitter owns it")
+
+    @classmethod
+    def from_env(cls, location: str, environ: Mapping[str, str] | None = None) -> TraceEmitterConfig:
+        """Build from ``KHIPU_TRACE_BOOTSTRAP_SERVERS`` (or ``KHIPU_BOOTSTRAP_SERVERS``),
+        ``KHIPU_CLUSTER`` and ``KHIPU_TRACE_TOPIC``."""
+        env = os.environ if environ is None else environ
+        bootstrap = env.get("KHIPU_TRACE_BOOTSTRAP_SERVERS") or env.get("KHIPU_BOOTSTRAP_SERVERS", "")
+        if not bootstrap:
+            raise TracingConfigError(
+                "KHIPU_TRACE_BOOTSTRAP_SERVERS", None, "the trace cluster's 'host:port' in the environment"
+            )
+        return cls(
+            bootstrap_servers=bootstrap,
+            location=location,
+            cluster=env.get("KHIPU_CLUSTER", "local"),
+            topic=env.get("KHIPU_TRACE_TOPIC", DEFAULT_TRACE_TOPIC),
+        )

@@ -1,0 +1,86 @@
+"""The record headers that carry a traced message's identity from hop to hop.
+
+Only sampled messages carry them; their presence is the signal "trace this record" (as in
+Inca). Every component that writes a record derived from a traced input copies them on
+(:func:`carry_trace_headers`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+HEADER_MESSAGE_ID = "khipu-id"
+HEADER_STREAM = "khipu-stream"
+HEADER_SAMPLING = "khipu-sampling"
+TRACE_HEADERS = (HEADER_MESSAGE_ID, HEADER_STREAM, HEADER_SAMPLING)
+
+HeaderValue = str | bytes | None
+Headers = Sequence[tuple[str, HeaderValue]] | Mapping[str, HeaderValue]
+
+
+class TraceContext(NamedTuple):
+    """What a traced record carries: its message id, stream and the stream's sampling rate."""
+
+    message_id: str
+    stream: str
+    sampling_percent: float
+
+    def as_headers(self) -> list[tuple[str, bytes]]:
+        return [
+            (HEADER_MESSAGE_ID, self.message_id.encode()),
+            (HEADER_STREAM, self.stream.encode()),
+            (HEADER_SAMPLING, repr(float(self.sampling_percent)).encode()),
+        ]
+
+
+def _text(value: HeaderValue) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return value
+
+
+def trace_context(headers: Headers | None) -> TraceContext | None:
+    """The trace context in a record's headers, or ``None`` when the record is not traced.
+
+    A record whose khipu headers are incomplete or unreadable is treated as untraced: tracing
+    must never break the application that carries it.
+    """
+    if not headers:
+        return None
+    pairs: Any = headers.items() if isinstance(headers, Mapping) else headers
+    found: dict[str, str | None] = {}
+    for name, value in pairs:
+        if name in TRACE_HEADERS:
+            found[name] = _text(value)
+    message_id = found.get(HEADER_MESSAGE_ID)
+    stream = found.get(HEADER_STREAM)
+    if not message_id or not stream:
+        return None
+    try:
+        sampling = float(found.get(HEADER_SAMPLING) or "100")
+    except ValueError:
+        sampling = 100.0
+    if not 0 < sampling <= 100:
+        sampling = 100.0
+    return TraceContext(message_id, stream, sampling)
+
+
+def carry_trace_headers(
+    source_headers: Headers | None, headers: Headers | None = None
+) -> list[tuple[str, HeaderValue]]:
+    """Headers for a record derived from an input record: ``headers`` plus the input's trace headers.
+
+    Use it in processors: ``out.produce(topic, value, headers=carry_trace_headers(msg.headers()))``.
+    """
+    result: list[tuple[str, HeaderValue]] = list(headers.items() if isinstance(headers, Mapping) else headers or [])
+    context = trace_context(source_headers)
+    if context is not None:
+        result = [(n, v) for n, v in result if n not in TRACE_HEADERS]
+        result.extend(context.as_headers())
+    return result

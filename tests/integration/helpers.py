@@ -1,0 +1,33 @@
+"""Small helpers shared by integration tests."""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import Consumer, Message
+
+from khipu.localstack.broker import BrokerProcess
+from khipu.trace import Trace
+from khipu.trace.topic import read_trace_topic
+
+# Tansu's first group join takes about session.timeout.ms / 2 (docs/local-stack.md): tests use a
+# small session timeout so groups form in ~3 s.
+TEST_SESSION_TIMEOUT_MS = 6000
+
+
+def traces_of(broker: BrokerProcess, topic: str) -> list[Trace]:
+    """Every trace on ``topic``; fails the test if any record on it is malformed."""
+    records = read_trace_topic(broker.bootstrap_servers, topic)
+    malformed = [r for r in records if not isinstance(r, Trace)]
+    assert not malformed, malformed
+    return [r for r in records if isinstance(r, Trace)]
+
+
+def consume_all(consumer: Consumer, expected: int, timeout_s: float = 30.0) -> list[Message]:
+    got: list[Message] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < expected and time.monotonic() < deadline:
+        msg = consumer.poll(0.2)
+        if msg is not None and msg.error() is None:
+            got.append(msg)
+    return got

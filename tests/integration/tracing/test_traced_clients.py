@@ -1,0 +1,258 @@
+"""Traced producer and consumer against the real broker: what is traced, when, and what is not."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer
+
+from khipu.localstack.broker import BrokerProcess, ensure_topics, free_port
+from khipu.trace import TraceType
+from khipu.tracing import (
+    HEADER_MESSAGE_ID,
+    TracedConsumer,
+    TracedProducer,
+    TraceEmitter,
+    TraceEmitterConfig,
+    trace_context,
+)
+from tests.integration.helpers import TEST_SESSION_TIMEOUT_MS, consume_all, traces_of
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def topics(broker: BrokerProcess) -> tuple[str, str]:
+    """A fresh data topic (3 partitions) and trace topic for each test."""
+    suffix = secrets.token_hex(3)
+    data, traces = f"orders-{suffix}", f"traces-{suffix}"
+    ensure_topics(broker.bootstrap_servers, {data: 3, traces: 2})
+    return data, traces
+
+
+@pytest.fixture
+def emitter(broker: BrokerProcess, topics: tuple[str, str]) -> Iterator[TraceEmitter]:
+    with TraceEmitter(
+        TraceEmitterConfig(
+            bootstrap_servers=broker.bootstrap_servers, location="orders-api", cluster="local", topic=topics[1]
+        )
+    ) as built:
+        yield built
+
+
+def test_sampled_writes_carry_the_id_and_get_one_sent_trace_at_the_acknowledged_offset(
+    broker: BrokerProcess, topics: tuple[str, str], emitter: TraceEmitter
+) -> None:
+    data, trace_topic = topics
+    errors: list[Any] = []
+    producer = TracedProducer(
+        {"bootstrap.servers": broker.bootstrap_servers}, emitter=emitter, stream="orders", sampling_percent=30
+    )
+    returned = [
+        producer.produce(
+            data, value=b"v", on_delivery=lambda err, msg: errors.append(err), attributes={"row_id": str(n)}
+        )
+        for n in range(400)
+    ]
+    producer.flush(10)
+    emitter.flush(10)
+
+    reader = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": "check",
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": TEST_SESSION_TIMEOUT_MS,
+        }
+    )
+    reader.subscribe([data])
+    on_topic = consume_all(reader, 400)
+    reader.close()
+    carried = {ctx.message_id: (m.partition(), m.offset()) for m in on_topic if (ctx := trace_context(m.headers()))}
+    sent = traces_of(broker, trace_topic)
+
+    traced_ids = [i for i in returned if i is not None]  # unsampled messages need no id and get none
+    assert len(errors) == 400 and not any(errors)
+    assert len(set(traced_ids)) == len(traced_ids)
+    assert set(traced_ids) == set(carried)
+    assert {t.message_id: (t.partition, t.offset) for t in sent} == carried
+    assert len(sent) == len(carried)
+    assert 0.2 < len(sent) / 400 < 0.4
+    assert {(t.type, t.stream, t.location, t.topic, t.sampling_percent) for t in sent} == {
+        (TraceType.SENT, "orders", "orders-api", data, 30.0)
+    }
+    assert sorted(t.emitter_seq for t in sent) == list(range(len(sent)))
+    assert {t.attributes["row_id"] for t in sent} <= {str(n) for n in range(400)}
+
+
+def test_consumer_emits_received_with_group_and_offset_for_traced_records_only(
+    broker: BrokerProcess, topics: tuple[str, str], emitter: TraceEmitter
+) -> None:
+    data, trace_topic = topics
+    producer = TracedProducer(
+        {"bootstrap.servers": broker.bootstrap_servers}, emitter=emitter, stream="orders", sampling_percent=50
+    )
+    for n in range(100):
+        producer.produce(data, value=str(n).encode())
+    plain = TracedProducer({"bootstrap.servers": broker.bootstrap_servers}, emitter=emitter)  # no stream: untraced
+    plain.produce(data, value=b"untraced", headers=[("x", b"y")])
+    plain.flush(10)
+    producer.flush(10)
+
+    consumer = TracedConsumer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": "enricher",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": TEST_SESSION_TIMEOUT_MS,
+        },
+        emitter=emitter,
+    )
+    consumer.subscribe([data])
+    records = consume_all(consumer, 101)
+    consumer.close()
+    emitter.flush(10)
+
+    traced_positions = {(m.partition(), m.offset()) for m in records if trace_context(m.headers())}
+    received = [t for t in traces_of(broker, trace_topic) if t.type is TraceType.RECEIVED]
+    assert len(records) == 101
+    assert {(t.partition, t.offset) for t in received} == traced_positions
+    assert len(received) == len(traced_positions)
+    assert {(t.group, t.location, t.topic) for t in received} == {("enricher", "orders-api", data)}
+
+
+def test_processor_output_carries_the_input_id_and_gets_its_own_sent_trace(
+    broker: BrokerProcess, topics: tuple[str, str], emitter: TraceEmitter
+) -> None:
+    data, trace_topic = topics
+    source = TracedProducer({"bootstrap.servers": broker.bootstrap_servers}, emitter=emitter, stream="orders")
+    ids = {source.produce(data, value=b"in", partition=0) for _ in range(5)}
+    source.flush(10)
+    output = f"{data}-out"
+    ensure_topics(broker.bootstrap_servers, {output: 1})
+    consumer = TracedConsumer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": "proc",
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": TEST_SESSION_TIMEOUT_MS,
+        },
+        emitter=emitter,
+    )
+    consumer.subscribe([data])
+    processor_out = TracedProducer({"bootstrap.servers": broker.bootstrap_servers}, emitter=emitter)
+    from khipu.tracing import carry_trace_headers
+
+    for msg in consume_all(consumer, 5):
+        processor_out.produce(output, value=b"out", headers=carry_trace_headers(msg.headers()))
+    processor_out.flush(10)
+    consumer.close()
+
+    out_sent = [t for t in traces_of(broker, trace_topic) if t.type is TraceType.SENT and t.topic == output]
+    assert {t.message_id for t in out_sent} == ids
+    assert len(out_sent) == 5
+
+
+def test_failed_delivery_emits_no_sent_trace_and_the_apps_callback_still_fires(
+    broker: BrokerProcess, topics: tuple[str, str], emitter: TraceEmitter
+) -> None:
+    data, trace_topic = topics
+    failures: list[Any] = []
+    # The application's cluster is unreachable (nothing listens on this port): every write times out.
+    producer = TracedProducer(
+        {"bootstrap.servers": f"127.0.0.1:{free_port()}", "message.timeout.ms": 1500}, emitter=emitter, stream="orders"
+    )
+    for _ in range(20):
+        producer.produce(data, value=b"v", on_delivery=lambda err, msg: failures.append(err))
+    producer.flush(10)
+    emitter.flush(10)
+
+    assert len(failures) == 20 and all(err is not None for err in failures)
+    assert emitter.stats().emitted == 0
+    assert traces_of(broker, trace_topic) == []
+
+
+def test_with_the_trace_channel_down_the_app_delivers_everything_and_dropped_traces_are_counted(
+    broker: BrokerProcess, topics: tuple[str, str]
+) -> None:
+    data, _ = topics
+    dead = TraceEmitter(
+        TraceEmitterConfig(
+            bootstrap_servers=f"127.0.0.1:{free_port()}",
+            location="orders-api",
+            cluster="local",
+            queue_max_traces=500,
+            delivery_timeout_ms=2000,
+            commit_flush_timeout_s=0.5,
+            close_timeout_s=1.0,
+        )
+    )
+    delivered: list[Any] = []
+    producer = TracedProducer(
+        {"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 5},
+        emitter=dead,
+        stream="orders",
+        sampling_percent=100,
+    )
+    for n in range(5000):
+        producer.produce(data, value=b"v", on_delivery=lambda err, msg: delivered.append(err))
+        if n % 500 == 0:
+            producer.poll(0)
+    remaining = producer.flush(20)
+    stats = dead.close()
+
+    assert remaining == 0
+    assert len(delivered) == 5000 and not any(delivered)  # the application lost nothing
+    assert stats.emitted == 5000
+    assert stats.accepted <= 500  # never more than the bounded queue
+    assert stats.dropped_queue_full >= 4500
+    assert stats.delivered == 0
+    assert stats.dropped == stats.emitted  # every trace accounted for: none silently vanished
+
+
+def test_commit_delivers_pending_traces_before_the_offsets(broker: BrokerProcess, topics: tuple[str, str]) -> None:
+    data, trace_topic = topics
+    slow = TraceEmitter(
+        TraceEmitterConfig(
+            bootstrap_servers=broker.bootstrap_servers,
+            location="sink",
+            cluster="local",
+            topic=trace_topic,
+            producer_config={"linger.ms": "3000"},
+        )
+    )  # traces would wait 3 s
+    producer = TracedProducer({"bootstrap.servers": broker.bootstrap_servers}, emitter=slow, stream="orders")
+    for _ in range(10):
+        producer.produce(data, value=b"v")
+    producer.flush(10)
+    consumer = TracedConsumer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": "sink",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": TEST_SESSION_TIMEOUT_MS,
+        },
+        emitter=slow,
+    )
+    consumer.subscribe([data])
+    records = consume_all(consumer, 10)
+    consumer.commit(asynchronous=False)
+
+    received_now = [t for t in traces_of(broker, trace_topic) if t.type is TraceType.RECEIVED]
+    consumer.close()
+    slow.close()
+    assert len(records) == 10
+    assert len(received_now) == 10
+
+
+def test_consumer_without_group_id_is_refused_with_a_clear_error(emitter: TraceEmitter) -> None:
+    from khipu.tracing import TracingConfigError
+
+    with pytest.raises(TracingConfigError, match=r"group\.id"):
+        TracedConsumer({"bootstrap.servers": "127.0.0.1:1"}, emitter=emitter)
+    assert HEADER_MESSAGE_ID == "khipu-id"

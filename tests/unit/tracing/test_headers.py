@@ -1,0 +1,41 @@
+"""Trace headers: read from records, carried from input to output records by processors."""
+
+from __future__ import annotations
+
+from khipu.tracing import HEADER_MESSAGE_ID, HEADER_SAMPLING, HEADER_STREAM, TraceContext, carry_trace_headers
+from khipu.tracing.headers import trace_context
+
+TRACED = [(HEADER_MESSAGE_ID, b"m-1"), (HEADER_STREAM, b"orders"), (HEADER_SAMPLING, b"12.5"), ("other", b"x")]
+
+
+def test_context_is_read_from_trace_headers() -> None:
+    assert trace_context(TRACED) == TraceContext("m-1", "orders", 12.5)
+    assert trace_context(dict(TRACED)) == TraceContext("m-1", "orders", 12.5)
+
+
+def test_record_without_or_with_incomplete_trace_headers_is_untraced() -> None:
+    assert trace_context(None) is None
+    assert trace_context([("other", b"x")]) is None
+    assert trace_context([(HEADER_MESSAGE_ID, b"m-1")]) is None  # no stream: cannot be attributed
+    assert trace_context([(HEADER_MESSAGE_ID, b"\xff\xfe"), (HEADER_STREAM, b"s")]) is None
+
+
+def test_unreadable_sampling_falls_back_to_full_sampling_rather_than_failing_the_app() -> None:
+    context = trace_context([(HEADER_MESSAGE_ID, b"m"), (HEADER_STREAM, b"s"), (HEADER_SAMPLING, b"lots")])
+    assert context is not None and context.sampling_percent == 100.0
+
+
+def test_carried_headers_keep_the_outputs_own_headers_and_add_the_inputs_trace_context() -> None:
+    out = carry_trace_headers(TRACED, [("content-type", b"json"), (HEADER_MESSAGE_ID, b"stale")])
+    assert ("content-type", b"json") in out
+    assert trace_context(out) == TraceContext("m-1", "orders", 12.5)
+    assert [name for name, _ in out].count(HEADER_MESSAGE_ID) == 1
+
+
+def test_untraced_input_adds_nothing() -> None:
+    assert carry_trace_headers([("other", b"x")], {"content-type": b"json"}) == [("content-type", b"json")]
+
+
+def test_context_round_trips_through_headers() -> None:
+    context = TraceContext("id-7", "payments", 0.5)
+    assert trace_context(context.as_headers()) == context
