@@ -631,6 +631,7 @@ def run_demo(
     )
     demo = _Demo(config, topology)
     if stop is not None:
+
         def relay_stop() -> None:
             stop.wait()
             demo.stop.set()

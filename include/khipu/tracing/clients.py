@@ -100,10 +100,37 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
             if draw >= self._cut:  # the common case: not sampled, nothing to add
                 self._produce(topic, value, key, on_delivery=on_delivery)
                 return None
-            message_id = self._ids.with_bucket(int(draw * SAMPLING_BUCKETS))
+            assert self._stream is not None  # the cut is negative without a stream
+            drawn = TraceContext(
+                self._ids.with_bucket(int(draw * SAMPLING_BUCKETS)), self._stream, self._sampling_percent
+            )
+            return self._produce_traced(topic, value, key, -1, on_delivery, 0, None, drawn, True, attributes)
+        carried = trace_context(headers) if headers else None
+        context = carried or self._source_context(message_id)
+        if context is None:
+            self._produce(
+                topic,
+                value,
+                key,
+                partition=partition,
+                on_delivery=on_delivery,
+                timestamp=timestamp,
+                headers=_as_client_headers(headers),
+            )
+            return message_id
         return self._produce_traced(
-            topic, value, key, partition, on_delivery, timestamp, headers, message_id, attributes
+            topic, value, key, partition, on_delivery, timestamp, headers, context, carried is None, attributes
         )
+
+    def _source_context(self, message_id: str | None) -> TraceContext | None:
+        """The trace context of a message this source writes, or ``None`` when it is not sampled."""
+        if self._stream is None:
+            return None
+        if message_id is None:
+            message_id = self._ids.new_if_sampled(self._threshold)
+        elif sampling_bucket(message_id) >= self._threshold:
+            return None
+        return None if message_id is None else TraceContext(message_id, self._stream, self._sampling_percent)
 
     def _produce_traced(
         self,
@@ -114,42 +141,23 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
         on_delivery: DeliveryCallback | None,
         timestamp: int,
         headers: Headers | None,
-        message_id: str | None,
+        context: TraceContext,
+        add_headers: bool,
         attributes: Mapping[str, str] | None,
-    ) -> str | None:
-        context = trace_context(headers) if headers else None
-        if context is None and self._stream is not None:
-            if message_id is None:
-                message_id = self._ids.new_if_sampled(self._threshold)
-            elif sampling_bucket(message_id) >= self._threshold:
-                message_id, untraced_id = None, message_id
-                self._produce(
-                    topic,
-                    value,
-                    key,
-                    partition=partition,
-                    on_delivery=on_delivery,
-                    timestamp=timestamp,
-                    headers=_as_client_headers(headers),
-                )
-                return untraced_id
-            if message_id is not None:
-                context = TraceContext(message_id, self._stream, self._sampling_percent)
-                trace_headers = [(HEADER_MESSAGE_ID, message_id.encode()), *self._constant_headers]
-                headers = _with_headers(headers, trace_headers) if headers else trace_headers
-        if context is not None:
-            on_delivery = self._traced_callback(context, attributes, on_delivery)
-            message_id = context.message_id
+    ) -> str:
+        if add_headers:
+            trace_headers = [(HEADER_MESSAGE_ID, context.message_id.encode()), *self._constant_headers]
+            headers = _with_headers(headers, trace_headers) if headers else trace_headers
         self._produce(
             topic,
             value,
             key,
             partition=partition,
-            on_delivery=on_delivery,
+            on_delivery=self._traced_callback(context, attributes, on_delivery),
             timestamp=timestamp,
             headers=_as_client_headers(headers),
         )
-        return message_id
+        return context.message_id
 
     def flush(self, timeout: float = -1) -> int:
         """Flush the records, then the traces their delivery reports produced."""

@@ -34,7 +34,7 @@ def test_demo_burst_dag_runs_the_pipeline_and_its_traces_reach_the_trace_topic(
     from airflow.utils.state import DagRunState
 
     dag = DagBag(dag_folder=str(Path(__file__).resolve().parents[3] / "dags")).get_dag("khipu_demo_burst")
-    run = dag.test(run_conf={"count": 60, "rate_per_s": 200, "faults": {"processor_drop": 0.1}, "seed": 3})
+    run = dag.test(run_conf={"count": 60, "rate_per_s": 200, "faults": {"processor_drop": 0.2}, "seed": 3})
 
     assert run.state == DagRunState.SUCCESS
     ledgers = list((Path(__import__("os").environ["KHIPU_STATE_DIR"]) / "demo").glob("burst-*.jsonl"))

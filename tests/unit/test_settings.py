@@ -1,0 +1,38 @@
+"""Runtime settings come from the environment, validated, with errors naming the variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from khipu.settings import KhipuSettings, SettingsError
+
+
+def test_defaults_point_at_the_local_stack() -> None:
+    settings = KhipuSettings.from_env({})
+    assert settings.bootstrap_servers == "127.0.0.1:9092"
+    assert (settings.cluster, settings.trace_topic) == ("local", "khipu.traces")
+    assert settings.registry_path.name == "registry.yaml" and settings.state_dir.name == ".khipu"
+
+
+def test_broker_port_moves_the_default_bootstrap_and_env_round_trips() -> None:
+    settings = KhipuSettings.from_env({"KHIPU_BROKER_PORT": "29092", "KHIPU_STATE_DIR": "/tmp/x"})
+    assert settings.bootstrap_servers == "127.0.0.1:29092"
+    assert KhipuSettings.from_env(settings.as_env()) == settings
+    assert settings.state_dir == Path("/tmp/x")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"KHIPU_BROKER_PORT": "90000"}, "setting KHIPU_BROKER_PORT: got '90000'; expected a TCP port number"),
+        ({"KHIPU_AIRFLOW_PORT": "http"}, "setting KHIPU_AIRFLOW_PORT: got 'http'; expected a TCP port number"),
+        ({"KHIPU_TRACE_TOPIC": "bad topic"}, "setting KHIPU_TRACE_TOPIC: got 'bad topic'; expected 1-249"),
+        ({"KHIPU_BOOTSTRAP_SERVERS": " "}, "setting KHIPU_BOOTSTRAP_SERVERS: got ' '; expected 'host:port"),
+    ],
+)
+def test_bad_setting_names_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        KhipuSettings.from_env(env)
+    assert str(caught.value).startswith(message)
