@@ -15,12 +15,12 @@ from khipu.demo.faults import DemoConfigError, FaultRates
 from khipu.demo.ledger import LedgerError, build_truth, read_ledger
 from khipu.demo.pipeline import DemoConfig, DemoError, run_demo
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
+from khipu.errors import InvalidSetting
 from khipu.localstack.broker import BrokerError, ensure_topics
 from khipu.registry.loader import RegistryError, load_registry
 from khipu.registry.model import UnknownStreamError
-from khipu.settings import KhipuSettings, SettingsError
+from khipu.settings import KhipuSettings
 from khipu.trace.topic import TraceTopicError, read_trace_topic, tally_traces
-from khipu.tracing.config import TracingConfigError
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = KhipuSettings.from_env()
         return int(args.handler(args, settings) or 0)
-    except (SettingsError, RegistryError, UnknownStreamError, DemoConfigError, TracingConfigError, LedgerError) as exc:
+    except (InvalidSetting, RegistryError, UnknownStreamError, LedgerError) as exc:
         print(f"khipu: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (DemoError, BrokerError, TraceTopicError, RuntimeError) as exc:

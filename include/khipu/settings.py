@@ -11,16 +11,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from khipu.errors import InvalidSetting
 from khipu.registry.loader import NAME_PATTERN, NAME_RULE
 from khipu.tracing.config import DEFAULT_TRACE_TOPIC
 
 
-class SettingsError(ValueError):
+class SettingsError(InvalidSetting):
     """An environment setting is invalid; names the variable, the value and what is allowed."""
 
-    def __init__(self, variable: str, value: object, expected: str) -> None:
-        super().__init__(f"setting {variable}: got {value!r}; expected {expected}")
-        self.variable = variable
+    kind = "environment setting"
 
 
 def project_root() -> Path:

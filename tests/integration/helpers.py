@@ -15,6 +15,17 @@ from khipu.trace.topic import read_trace_topic
 TEST_SESSION_TIMEOUT_MS = 6000
 
 
+def consumer_config(broker: BrokerProcess, group: str) -> dict[str, object]:
+    """A group consumer reading from the beginning, committing only when told."""
+    return {
+        "bootstrap.servers": broker.bootstrap_servers,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "session.timeout.ms": TEST_SESSION_TIMEOUT_MS,
+    }
+
+
 def traces_of(broker: BrokerProcess, topic: str) -> list[Trace]:
     """Every trace on ``topic``; fails the test if any record on it is malformed."""
     records = read_trace_topic(broker.bootstrap_servers, topic)

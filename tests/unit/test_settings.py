@@ -26,10 +26,22 @@ def test_broker_port_moves_the_default_bootstrap_and_env_round_trips() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"KHIPU_BROKER_PORT": "90000"}, "setting KHIPU_BROKER_PORT: got '90000'; expected a TCP port number"),
-        ({"KHIPU_AIRFLOW_PORT": "http"}, "setting KHIPU_AIRFLOW_PORT: got 'http'; expected a TCP port number"),
-        ({"KHIPU_TRACE_TOPIC": "bad topic"}, "setting KHIPU_TRACE_TOPIC: got 'bad topic'; expected 1-249"),
-        ({"KHIPU_BOOTSTRAP_SERVERS": " "}, "setting KHIPU_BOOTSTRAP_SERVERS: got ' '; expected 'host:port"),
+        (
+            {"KHIPU_BROKER_PORT": "90000"},
+            "environment setting 'KHIPU_BROKER_PORT': got '90000'; expected a TCP port number",
+        ),
+        (
+            {"KHIPU_AIRFLOW_PORT": "http"},
+            "environment setting 'KHIPU_AIRFLOW_PORT': got 'http'; expected a TCP port number",
+        ),
+        (
+            {"KHIPU_TRACE_TOPIC": "bad topic"},
+            "environment setting 'KHIPU_TRACE_TOPIC': got 'bad topic'; expected 1-249",
+        ),
+        (
+            {"KHIPU_BOOTSTRAP_SERVERS": " "},
+            "environment setting 'KHIPU_BOOTSTRAP_SERVERS': got ' '; expected 'host:port",
+        ),
     ],
 )
 def test_bad_setting_names_the_variable(env: dict[str, str], message: str) -> None:

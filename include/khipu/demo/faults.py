@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from enum import StrEnum
 
+from khipu.errors import InvalidSetting
+
 
 class Fault(StrEnum):
     CONSUMER_SKIP = "consumer_skip"  # a sink commits past records it never processed
@@ -23,12 +25,10 @@ class Fault(StrEnum):
     TRACE_LOSS = "trace_loss"  # the trace of a hop is lost in the trace channel; the message is fine
 
 
-class DemoConfigError(ValueError):
+class DemoConfigError(InvalidSetting):
     """A demo setting is invalid; the message names it, the value and what is allowed."""
 
-    def __init__(self, setting: str, value: object, expected: str) -> None:
-        super().__init__(f"demo setting '{setting}': got {value!r}; expected {expected}")
-        self.setting = setting
+    kind = "demo setting"
 
 
 @dataclass(frozen=True, slots=True)

@@ -154,6 +154,44 @@ class _FaultyTraceEmitter(TraceEmitter):
         return super()._publish(trace)
 
 
+class _WriteLog:
+    """One component's acknowledged writes: counted, end offsets tracked, each recorded in the ledger."""
+
+    def __init__(self, ledger: LedgerWriter, hop: Hop, who: str) -> None:
+        self._ledger, self._hop, self._who = ledger, hop, who
+        self._lock = threading.Lock()
+        self._count = 0
+        self._end_offsets: dict[int, int] = {}
+
+    def recorder(self, message_id: str, **ledger_fields: Any) -> Callable[[KafkaError | None, Message], None]:
+        """A delivery callback recording the write of ``message_id`` once the broker acknowledged it."""
+
+        def record(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                log.warning("%s: write of %s failed: %s", self._who, message_id, err.str())
+                return
+            topic, partition, offset = _position(msg)
+            with self._lock:
+                self._count += 1
+                self._end_offsets[partition] = max(self._end_offsets.get(partition, 0), offset + 1)
+            self._ledger.append(
+                "written",
+                message_id=message_id,
+                hop=self._hop.id,
+                topic=topic,
+                partition=partition,
+                offset=offset,
+                **ledger_fields,
+            )
+
+        return record
+
+    def snapshot(self) -> tuple[int, dict[int, int]]:
+        """(acknowledged writes, end offset + 1 per partition written)."""
+        with self._lock:
+            return self._count, dict(self._end_offsets)
+
+
 class _Component(threading.Thread):
     """A demo application in a thread, with its own trace emitter."""
 
@@ -186,8 +224,7 @@ class _Source(_Component):
         self.hop = topology.source_hop
         self.topic = topology.source_topic.topic
         self.sampling = demo.sampling_percent
-        self.produced = 0
-        self.end_offsets: dict[int, int] = {}
+        self.writes = _WriteLog(demo.ledger, self.hop, "source")
         self.finished = threading.Event()
         self.producer = TracedProducer(
             demo.client_config({"enable.idempotence": True, "linger.ms": 5}),
@@ -232,38 +269,14 @@ class _Source(_Component):
                     key=str(number).encode(),
                     message_id=message_id,
                     attributes={"order_id": str(number)},
-                    on_delivery=self._on_delivery(message_id, sampled, fault),
+                    on_delivery=self.writes.recorder(message_id, sampled=sampled, source=True, fault=fault),
                 )
                 return
             except BufferError:  # the application's own queue is full: wait for the broker, as apps do
                 self.producer.poll(0.1)
 
-    def _on_delivery(self, message_id: str, sampled: bool, fault: str | None) -> Callable[[Any, Message], None]:
-        def record(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                log.warning("source: write of %s failed: %s", message_id, err.str())
-                return
-            topic, partition, offset = _position(msg)
-            with self._lock:
-                self.produced += 1
-                self.end_offsets[partition] = max(self.end_offsets.get(partition, 0), offset + 1)
-            self.demo.ledger.append(
-                "written",
-                message_id=message_id,
-                hop=self.hop.id,
-                topic=topic,
-                partition=partition,
-                offset=offset,
-                sampled=sampled,
-                source=True,
-                fault=fault,
-            )
-
-        return record
-
     def progress(self) -> tuple[int, dict[int, int]]:
-        with self._lock:
-            return self.produced, dict(self.end_offsets)
+        return self.writes.snapshot()
 
 
 class _ConsumerComponent(_Component):
@@ -382,8 +395,7 @@ class _Processor(_ConsumerComponent):
         self.batch: list[_Record] = []
         self.held: list[_Held] = []
         self.batch_started = 0.0
-        self.written = 0
-        self.end_offsets: dict[int, int] = {}
+        self.writes = _WriteLog(demo.ledger, self.write_hop, "processor")
         self._triggered: set[tuple[int, int]] = set()
         self._busy = threading.Lock()  # held while a polled record is not yet buffered, held or written
 
@@ -452,7 +464,7 @@ class _Processor(_ConsumerComponent):
                 value=json.dumps(order).encode(),
                 key=record.msg.key(),
                 headers=carry_trace_headers(record.msg.headers()),
-                on_delivery=self._on_delivery(record.message_id),
+                on_delivery=self.writes.recorder(record.message_id, source=False),
             )
         remaining = self.producer.flush(30)
         if remaining:
@@ -487,34 +499,12 @@ class _Processor(_ConsumerComponent):
             self.demo.ledger.append("dropped", message_id=record.message_id, hop=self.write_hop.id, fault=fault.value)
         self.batch, self.held = [], []
 
-    def _on_delivery(self, message_id: str) -> Callable[[Any, Message], None]:
-        def record(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                log.warning("processor: write of %s failed: %s", message_id, err.str())
-                return
-            topic, partition, offset = _position(msg)
-            with self._lock:
-                self.written += 1
-                self.end_offsets[partition] = max(self.end_offsets.get(partition, 0), offset + 1)
-            self.demo.ledger.append(
-                "written",
-                message_id=message_id,
-                hop=self.write_hop.id,
-                topic=topic,
-                partition=partition,
-                offset=offset,
-                source=False,
-            )
-
-        return record
-
     def idle(self) -> bool:
         with self._busy:
             return not self.batch and not self.held
 
     def output_end(self) -> dict[int, int]:
-        with self._lock:
-            return dict(self.end_offsets)
+        return self.writes.snapshot()[1]
 
 
 class _Sink(_ConsumerComponent):
@@ -724,7 +714,7 @@ def _progress_line(source: _Source, processor: _Processor, sinks: list[_Sink]) -
     parts = [
         f"produced {source.progress()[0]}",
         f"{processor.spec.group} received {processor.progress()[0]}",
-        f"wrote {processor.written}",
+        f"wrote {processor.writes.snapshot()[0]}",
     ]
     parts += [f"{s.spec.group} received {s.progress()[0]}" for s in sinks]
     return "demo: " + ", ".join(parts)

@@ -6,17 +6,16 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from khipu.errors import InvalidSetting
 from khipu.registry.loader import NAME_PATTERN, NAME_RULE
 
 DEFAULT_TRACE_TOPIC = "khipu.traces"
 
 
-class TracingConfigError(ValueError):
+class TracingConfigError(InvalidSetting):
     """A tracing setting is invalid; the message names the setting, the value and what is allowed."""
 
-    def __init__(self, setting: str, value: object, expected: str) -> None:
-        super().__init__(f"tracing setting '{setting}': got {value!r}; expected {expected}")
-        self.setting = setting
+    kind = "tracing setting"
 
 
 @dataclass(frozen=True, slots=True)

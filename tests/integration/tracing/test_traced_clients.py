@@ -19,7 +19,7 @@ from khipu.tracing import (
     TraceEmitterConfig,
     trace_context,
 )
-from tests.integration.helpers import TEST_SESSION_TIMEOUT_MS, consume_all, traces_of
+from tests.integration.helpers import consume_all, consumer_config, traces_of
 
 pytestmark = pytest.mark.integration
 
@@ -60,14 +60,7 @@ def test_sampled_writes_carry_the_id_and_get_one_sent_trace_at_the_acknowledged_
     producer.flush(10)
     emitter.flush(10)
 
-    reader = Consumer(
-        {
-            "bootstrap.servers": broker.bootstrap_servers,
-            "group.id": "check",
-            "auto.offset.reset": "earliest",
-            "session.timeout.ms": TEST_SESSION_TIMEOUT_MS,
-        }
-    )
+    reader = Consumer(consumer_config(broker, "check"))
     reader.subscribe([data])
     on_topic = consume_all(reader, 400)
     reader.close()
@@ -103,13 +96,7 @@ def test_consumer_emits_received_with_group_and_offset_for_traced_records_only(
     producer.flush(10)
 
     consumer = TracedConsumer(
-        {
-            "bootstrap.servers": broker.bootstrap_servers,
-            "group.id": "enricher",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "session.timeout.ms": TEST_SESSION_TIMEOUT_MS,
-        },
+        consumer_config(broker, "enricher"),
         emitter=emitter,
     )
     consumer.subscribe([data])
@@ -135,12 +122,7 @@ def test_processor_output_carries_the_input_id_and_gets_its_own_sent_trace(
     output = f"{data}-out"
     ensure_topics(broker.bootstrap_servers, {output: 1})
     consumer = TracedConsumer(
-        {
-            "bootstrap.servers": broker.bootstrap_servers,
-            "group.id": "proc",
-            "auto.offset.reset": "earliest",
-            "session.timeout.ms": TEST_SESSION_TIMEOUT_MS,
-        },
+        consumer_config(broker, "proc"),
         emitter=emitter,
     )
     consumer.subscribe([data])
@@ -230,13 +212,7 @@ def test_commit_delivers_pending_traces_before_the_offsets(broker: BrokerProcess
         producer.produce(data, value=b"v")
     producer.flush(10)
     consumer = TracedConsumer(
-        {
-            "bootstrap.servers": broker.bootstrap_servers,
-            "group.id": "sink",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "session.timeout.ms": TEST_SESSION_TIMEOUT_MS,
-        },
+        consumer_config(broker, "sink"),
         emitter=slow,
     )
     consumer.subscribe([data])
