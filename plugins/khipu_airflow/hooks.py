@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from airflow.sdk import BaseHook
+from sqlalchemy.engine import URL
 
+from khipu.store import Store
 from khipu.tracing.config import DEFAULT_TRACE_TOPIC, TraceEmitterConfig
 
 _KHIPU_PREFIX = "khipu."
@@ -79,3 +81,54 @@ class KhipuKafkaHook(BaseHook):  # type: ignore[misc]
             topic=self.trace_topic,
             producer_config={k: str(v) for k, v in client.items()},
         )
+
+
+class StoreConnectionError(ValueError):
+    """The Airflow connection does not describe a usable Khipu store."""
+
+
+class KhipuStoreHook(BaseHook):  # type: ignore[misc]
+    """The Khipu store from an Airflow connection (default ``khipu_store``).
+
+    ``sqlite`` connections name the database file in ``host``; ``postgres`` connections use host,
+    port, schema (the database), login and password; any connection may instead give a full
+    SQLAlchemy URL in its extra as ``{"url": ...}``.
+    """
+
+    conn_name_attr = "store_conn_id"
+    default_conn_name = "khipu_store"
+    conn_type = "sqlite"
+    hook_name = "Khipu store"
+
+    def __init__(self, store_conn_id: str = default_conn_name) -> None:
+        super().__init__()
+        self.store_conn_id = store_conn_id
+
+    def url(self) -> str:
+        """The SQLAlchemy URL (contains the password: do not log; ``Store.safe_url`` hides it)."""
+        conn = self.get_connection(self.store_conn_id)
+        extra = dict(conn.extra_dejson or {})
+        if extra.get("url"):
+            return str(extra["url"])
+        if conn.conn_type == "sqlite":
+            if not conn.host:
+                raise StoreConnectionError(
+                    f"connection {self.store_conn_id!r} (sqlite) needs the database file in host"
+                )
+            return f"sqlite:///{conn.host}"
+        if conn.conn_type in ("postgres", "postgresql"):
+            return URL.create(
+                "postgresql+psycopg2",
+                username=conn.login or None,
+                password=conn.password or None,
+                host=conn.host or None,
+                port=conn.port or None,
+                database=conn.schema or None,
+            ).render_as_string(hide_password=False)
+        raise StoreConnectionError(
+            f"connection {self.store_conn_id!r} has type {conn.conn_type!r}; expected sqlite or postgres, "
+            'or a SQLAlchemy URL in its extra as {"url": ...}'
+        )
+
+    def store(self) -> Store:
+        return Store(self.url())

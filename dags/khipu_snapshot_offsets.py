@@ -1,0 +1,88 @@
+"""
+### Khipu offset-watermark snapshots and consumer health
+
+Every minute: for each consumer group on a registered route (and, with `all_groups`, every
+group of the cluster), per partition, the committed offset next to the log-start and log-end
+offsets, written to the Khipu store in one transaction. Then every partition is judged by
+Burrow's rules (OK, WARN, STALL, STOP, REWIND) plus expiry risk, offset skips, rewinds and
+expired ranges are recorded as windows, and transitions raise alerts through the configured
+notifiers (task log; webhook connection `khipu_alert_webhook`; `KHIPU_NOTIFIERS`). Snapshots
+older than `keep_days` are pruned.
+
+Missed minutes are not back-filled (no catch-up): the snapshot history shows the gap.
+
+**Trigger by hand** (an extra snapshot now, e.g. of every group):
+
+    airflow dags trigger khipu_snapshot_offsets --conf '{"all_groups": true}'
+
+Connections: `khipu_kafka` (the cluster), `khipu_store` (the store).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pendulum
+from airflow.sdk import Param, dag, get_current_context, task
+
+from khipu_airflow.notifiers import notify_failure
+
+KAFKA = "khipu_kafka"
+STORE = "khipu_store"
+
+
+@dag(
+    dag_id="khipu_snapshot_offsets",
+    schedule="* * * * *",
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    dagrun_timeout=timedelta(minutes=5),
+    doc_md=__doc__,
+    tags=["khipu", "offsets", "health"],
+    on_failure_callback=notify_failure,
+    default_args={
+        "owner": "khipu",
+        "retries": 1,
+        "retry_delay": timedelta(seconds=10),
+        "on_failure_callback": notify_failure,
+    },
+    params={
+        "all_groups": Param(
+            False, type="boolean", description="snapshot every group of the cluster, not only the registry's"
+        ),
+        "keep_days": Param(7.0, type="number", exclusiveMinimum=0, description="snapshot retention in days"),
+    },
+)
+def khipu_snapshot_offsets() -> None:
+    @task
+    def snapshot_offsets() -> dict[str, Any]:
+        from khipu_airflow import offsets
+
+        return offsets.snapshot_offsets(KAFKA, STORE, bool(get_current_context()["params"]["all_groups"]))
+
+    @task
+    def evaluate_health(snapshot: dict[str, Any]) -> dict[str, Any]:
+        from khipu_airflow import offsets
+
+        return offsets.evaluate_health(KAFKA, STORE)
+
+    @task
+    def send_alerts(evaluation: dict[str, Any]) -> dict[str, Any]:
+        from khipu_airflow import offsets
+
+        return offsets.send_alerts(STORE)
+
+    @task
+    def prune_snapshots(evaluation: dict[str, Any]) -> dict[str, Any]:
+        from khipu_airflow import offsets
+
+        return offsets.prune_snapshots(STORE, float(get_current_context()["params"]["keep_days"]))
+
+    evaluation = evaluate_health(snapshot_offsets())
+    send_alerts(evaluation)
+    prune_snapshots(evaluation)
+
+
+khipu_snapshot_offsets()

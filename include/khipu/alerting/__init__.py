@@ -1,0 +1,1 @@
+"""Alerts: what is worth telling on-call (transitions, offset windows, task failures), and delivery."""

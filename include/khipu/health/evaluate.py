@@ -1,0 +1,147 @@
+"""A partition's health from its snapshot history: status, lag, time lag, expiry risk, new windows."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from khipu.errors import InvalidSetting
+from khipu.health.rules import Evaluation, OffsetObservation, PartitionStatus, evaluate_partition
+from khipu.health.windows import OffsetWindow, detect_windows, typical_advance
+from khipu.offsets.model import PartitionKey, PartitionSnapshot
+
+
+class HealthConfigError(InvalidSetting):
+    kind = "health setting"
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    """How partitions are judged. Snapshots come once a minute; durations are in ms."""
+
+    window_size: int = 10  # live observations per window (Burrow's "intervals")
+    min_window: int = 3  # fewer and movement is not judged
+    min_stop_ms: int = 120_000  # silence needed before STOP, whatever the window spans
+    recent_log_ends: int = 3  # newest log-end offsets for Burrow's "recently caught up" exception
+    skip_factor: float = 10.0  # a forward jump this many times the usual advance is a skip window...
+    skip_min_records: int = 1000  # ...and at least this many records
+    expiry_margin_ms: int = 600_000  # EXPIRY_RISK when the oldest unconsumed record is this close to retention
+    default_retention_ms: int | None = None  # when the broker does not report retention.ms
+
+    def __post_init__(self) -> None:
+        for name in ("window_size", "min_window", "recent_log_ends", "skip_min_records"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise HealthConfigError(name, getattr(self, name), "an integer >= 1")
+        for name in ("min_stop_ms", "expiry_margin_ms"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise HealthConfigError(name, getattr(self, name), "a duration in ms >= 0")
+        if not self.skip_factor > 1:
+            raise HealthConfigError("skip_factor", self.skip_factor, "a number > 1")
+        if self.default_retention_ms is not None and self.default_retention_ms == 0:
+            raise HealthConfigError("default_retention_ms", 0, "a retention in ms > 0, -1 for unlimited, or none")
+
+
+def health_config_from_env(environ: Mapping[str, str] | None = None) -> HealthConfig:
+    """``KHIPU_HEALTH_WINDOW`` (observations, default 10) and ``KHIPU_DEFAULT_RETENTION_MS`` (used when
+    the broker does not report a topic's ``retention.ms``; unset: unknown)."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for variable, name in (
+        ("KHIPU_HEALTH_WINDOW", "window_size"),
+        ("KHIPU_DEFAULT_RETENTION_MS", "default_retention_ms"),
+    ):
+        raw = env.get(variable)
+        if raw:
+            try:
+                values[name] = int(raw)
+            except ValueError:
+                raise HealthConfigError(variable, raw, "an integer") from None
+    return HealthConfig(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionHealth:
+    key: PartitionKey
+    status: PartitionStatus
+    evaluated_ms: int
+    lag: int | None
+    time_lag_ms: int | None
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    windows: tuple[OffsetWindow, ...] = ()
+
+
+def time_lag_ms(lag: int | None, backlog_started_ms: int | None, now_ms: int) -> int | None:
+    """Age of the oldest unconsumed record: since the log end first passed the committed offset."""
+    if lag is None:
+        return None
+    if lag == 0:
+        return 0
+    return None if backlog_started_ms is None else max(0, now_ms - backlog_started_ms)
+
+
+def at_expiry_risk(time_lag: int | None, retention_ms: int | None, margin_ms: int) -> bool:
+    """The oldest unconsumed record is within ``margin_ms`` of ageing out (unlimited retention: never)."""
+    if time_lag is None or retention_ms is None or retention_ms < 0:
+        return False
+    return time_lag >= retention_ms - margin_ms
+
+
+def evaluate_history(
+    history: Sequence[PartitionSnapshot],
+    now_ms: int,
+    config: HealthConfig,
+    backlog_started_ms: int | None = None,
+) -> PartitionHealth:
+    """Judge one group's partition from its snapshots (oldest first, at least one).
+
+    ``backlog_started_ms`` is when the log end first passed the current committed offset (the
+    store finds it; ``None`` when unknown).
+    """
+    latest = history[-1]
+    live = [s for s in history if s.live]
+    window = [
+        OffsetObservation(s.committed, s.snapshot_ms, s.lag)
+        for s in live[-config.window_size :]
+        if s.committed is not None
+    ]
+    recent_log_ends = [s.log_end for s in reversed(history[-config.recent_log_ends :]) if s.log_end is not None]
+    lag = latest.lag
+    evaluation: Evaluation = evaluate_partition(
+        window, recent_log_ends, lag or 0, now_ms, min_window=config.min_window, min_stop_ms=config.min_stop_ms
+    )
+    status, reasons = evaluation.status, [evaluation.reason]
+    age = time_lag_ms(lag, backlog_started_ms, now_ms)
+    retention = latest.retention_ms if latest.retention_ms is not None else config.default_retention_ms
+    expired = latest.committed is not None and latest.log_start is not None and latest.log_start > latest.committed
+    if expired or at_expiry_risk(age, retention, config.expiry_margin_ms):
+        status = PartitionStatus.EXPIRY_RISK
+        reasons.append(
+            f"records {latest.committed}..{latest.log_start} already aged out unread"
+            if expired
+            else f"oldest unconsumed record is {age} ms old, retention {retention} ms"
+        )
+    windows: tuple[OffsetWindow, ...] = ()
+    if len(history) >= 2:
+        windows = tuple(
+            detect_windows(
+                history[-2],
+                latest,
+                typical_advance(history[:-1]),
+                skip_factor=config.skip_factor,
+                skip_min_records=config.skip_min_records,
+            )
+        )
+    evidence = {
+        "window": [[o.offset, o.timestamp_ms, o.lag] for o in window],
+        "recent_log_ends": recent_log_ends,
+        "fired": [s.name for s in evaluation.fired],
+        "log_start": latest.log_start,
+        "log_end": latest.log_end,
+        "committed": latest.committed,
+        "group_state": latest.group_state,
+        "retention_ms": retention,
+    }
+    return PartitionHealth(latest.key, status, now_ms, lag, age, "; ".join(reasons), evidence, windows)

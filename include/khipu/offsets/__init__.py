@@ -1,0 +1,1 @@
+"""Offset-watermark snapshots: per group and partition, the committed offset next to the log's start and end."""

@@ -1,0 +1,482 @@
+"""The store's operations. Every write of one logical step is one transaction."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, Engine, and_, create_engine, delete, func, insert, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from khipu.alerting.decide import Transition
+from khipu.alerting.model import Alert, AlertState, Severity
+from khipu.health.evaluate import PartitionHealth
+from khipu.health.rules import PartitionStatus
+from khipu.health.windows import OffsetWindow, WindowKind
+from khipu.offsets.model import GROUP_STATES_WITHOUT_MEMBERS, PartitionKey, PartitionSnapshot, SnapshotRun
+from khipu.store import schema
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+class StoreError(RuntimeError):
+    """The store could not be reached or used; the message names the store without its password."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    offset: int
+    snapshot_ms: int  # when this committed offset was observed
+
+
+@dataclass(frozen=True, slots=True)
+class StoredStatus:
+    status: PartitionStatus
+    since_ms: int
+
+
+class Store:
+    def __init__(self, url: str, **engine_options: Any) -> None:
+        self.url = url
+        self.safe_url = make_url(url).render_as_string(hide_password=True)
+        if url.startswith("sqlite") and ":memory:" not in url:
+            database = make_url(url).database
+            if database:
+                Path(database).parent.mkdir(parents=True, exist_ok=True)
+        self.engine: Engine = create_engine(url, **engine_options)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def migrate(self) -> None:
+        """Create or upgrade the schema to the newest migration (safe to repeat)."""
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        try:
+            with self.engine.begin() as connection:
+                config.attributes["connection"] = connection
+                command.upgrade(config, "head")
+        except OperationalError as exc:
+            raise StoreError(f"cannot migrate the store at {self.safe_url}: {exc.orig}") from None
+
+    def _begin(self) -> Any:
+        try:
+            return self.engine.begin()
+        except OperationalError as exc:
+            raise StoreError(f"cannot reach the store at {self.safe_url}: {exc.orig}") from None
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def write_snapshot(self, run: SnapshotRun, rows: Sequence[PartitionSnapshot]) -> bool:
+        """Store one snapshot in one transaction; False when this cluster's snapshot at that time exists.
+
+        Each row is stored with whether its committed offset changed since the group's previous
+        snapshot of that partition.
+        """
+        table = schema.offset_snapshots
+        try:
+            with self._begin() as tx:
+                before = tx.execute(
+                    select(func.max(table.c.snapshot_ms)).where(
+                        table.c.cluster == run.cluster, table.c.snapshot_ms < run.snapshot_ms
+                    )
+                ).scalar()
+                previous: dict[PartitionKey, int | None] = {}
+                if before is not None:
+                    for row in tx.execute(
+                        select(table).where(table.c.cluster == run.cluster, table.c.snapshot_ms == before)
+                    ):
+                        previous[PartitionKey(row.cluster, row.group_id, row.topic, row.partition)] = (
+                            row.committed_offset
+                        )
+                tx.execute(
+                    insert(schema.snapshot_runs).values(
+                        cluster=run.cluster,
+                        snapshot_ms=run.snapshot_ms,
+                        groups=run.groups,
+                        partitions=run.partitions,
+                        duration_ms=run.duration_ms,
+                        errors=json.dumps(list(run.errors)),
+                    )
+                )
+                if rows:
+                    tx.execute(
+                        insert(table),
+                        [
+                            {
+                                **_snapshot_row(row),
+                                "committed_changed": row.committed is not None
+                                and row.key in previous
+                                and previous[row.key] != row.committed,
+                            }
+                            for row in rows
+                        ],
+                    )
+        except IntegrityError:
+            return False
+        return True
+
+    def snapshot_runs(self, cluster: str, since_ms: int = 0) -> list[SnapshotRun]:
+        table = schema.snapshot_runs
+        with self._begin() as tx:
+            result = tx.execute(
+                select(table)
+                .where(table.c.cluster == cluster, table.c.snapshot_ms >= since_ms)
+                .order_by(table.c.snapshot_ms)
+            )
+            return [
+                SnapshotRun(
+                    r.snapshot_ms, r.cluster, r.groups, r.partitions, r.duration_ms, tuple(json.loads(r.errors))
+                )
+                for r in result
+            ]
+
+    def histories(
+        self, cluster: str, since_ms: int, keys: Iterable[PartitionKey] | None = None
+    ) -> dict[PartitionKey, list[PartitionSnapshot]]:
+        """Snapshots since ``since_ms`` per partition key, oldest first (of ``keys`` only, when given)."""
+        table = schema.offset_snapshots
+        query = select(table).where(table.c.cluster == cluster, table.c.snapshot_ms >= since_ms)
+        wanted = set(keys) if keys is not None else None
+        if wanted is not None:
+            query = query.where(table.c.group_id.in_({k.group for k in wanted}))
+        result: dict[PartitionKey, list[PartitionSnapshot]] = defaultdict(list)
+        with self._begin() as tx:
+            for row in tx.execute(query.order_by(table.c.snapshot_ms)):
+                snapshot = _snapshot_from(row)
+                if wanted is None or snapshot.key in wanted:
+                    result[snapshot.key].append(snapshot)
+        return dict(result)
+
+    def latest_snapshot(self, cluster: str) -> list[PartitionSnapshot]:
+        """Every row of the cluster's newest snapshot."""
+        table = schema.offset_snapshots
+        with self._begin() as tx:
+            newest = tx.execute(select(func.max(table.c.snapshot_ms)).where(table.c.cluster == cluster)).scalar()
+            if newest is None:
+                return []
+            rows = tx.execute(
+                select(table)
+                .where(table.c.cluster == cluster, table.c.snapshot_ms == newest)
+                .order_by(table.c.group_id, table.c.topic, table.c.partition)
+            )
+            return [_snapshot_from(row) for row in rows]
+
+    def partition_history(self, key: PartitionKey, *, live_limit: int, recent_limit: int) -> list[PartitionSnapshot]:
+        """The newest ``recent_limit`` snapshots of a partition together with its newest ``live_limit``
+        live ones (taken while the group had members, however long ago), oldest first."""
+        table = schema.offset_snapshots
+        same = and_(*_key_filter(table, key))
+        live = and_(
+            table.c.committed_offset.is_not(None),
+            or_(table.c.group_state.is_(None), table.c.group_state.not_in(GROUP_STATES_WITHOUT_MEMBERS)),
+        )
+        with self._begin() as tx:
+            recent = tx.execute(select(table).where(same).order_by(table.c.snapshot_ms.desc()).limit(recent_limit))
+            lived = tx.execute(select(table).where(same, live).order_by(table.c.snapshot_ms.desc()).limit(live_limit))
+            merged = {row.snapshot_ms: _snapshot_from(row) for row in [*recent, *lived]}
+        return [merged[at] for at in sorted(merged)]
+
+    def backlog_started_ms(self, cluster: str, topic: str, partition: int, committed: int) -> int | None:
+        """When the log end first passed ``committed``: the first snapshot after the last one whose log end
+        was at or below it (or the oldest snapshot, when none was: then a lower bound on the age)."""
+        table = schema.offset_snapshots
+        same = and_(table.c.cluster == cluster, table.c.topic == topic, table.c.partition == partition)
+        with self._begin() as tx:
+            caught_up = tx.execute(
+                select(func.max(table.c.snapshot_ms)).where(same, table.c.log_end_offset <= committed)
+            ).scalar()
+            after = select(func.min(table.c.snapshot_ms)).where(same, table.c.log_end_offset > committed)
+            if caught_up is not None:
+                after = after.where(table.c.snapshot_ms > caught_up)
+            started = tx.execute(after).scalar()
+        return None if started is None else int(started)
+
+    def committed_offset_at(
+        self, cluster: str, group: str, topic: str, partition: int, at_ms: int
+    ) -> CommittedOffset | None:
+        """The group's latest committed offset on the partition as of ``at_ms``, from the snapshots."""
+        table = schema.offset_snapshots
+        with self._begin() as tx:
+            row = tx.execute(
+                select(table.c.committed_offset, table.c.snapshot_ms)
+                .where(
+                    table.c.cluster == cluster,
+                    table.c.group_id == group,
+                    table.c.topic == topic,
+                    table.c.partition == partition,
+                    table.c.snapshot_ms <= at_ms,
+                    table.c.committed_offset.is_not(None),
+                )
+                .order_by(table.c.snapshot_ms.desc())
+                .limit(1)
+            ).first()
+        return None if row is None else CommittedOffset(int(row.committed_offset), int(row.snapshot_ms))
+
+    def prune_snapshots(self, before_ms: int) -> int:
+        """Delete snapshots (and their run records) older than ``before_ms``; return the rows deleted."""
+        with self._begin() as tx:
+            deleted = tx.execute(
+                delete(schema.offset_snapshots).where(schema.offset_snapshots.c.snapshot_ms < before_ms)
+            )
+            tx.execute(delete(schema.snapshot_runs).where(schema.snapshot_runs.c.snapshot_ms < before_ms))
+            return int(deleted.rowcount or 0)
+
+    # -- health ---------------------------------------------------------------------------
+
+    def current_statuses(self, cluster: str) -> dict[PartitionKey, StoredStatus]:
+        table = schema.partition_health
+        with self._begin() as tx:
+            rows = tx.execute(select(table).where(table.c.cluster == cluster))
+            return {
+                PartitionKey(r.cluster, r.group_id, r.topic, r.partition): StoredStatus(
+                    PartitionStatus[r.status], r.since_ms
+                )
+                for r in rows
+            }
+
+    def save_evaluation(
+        self,
+        healths: Sequence[PartitionHealth],
+        changes: Sequence[Transition],
+        windows: Sequence[OffsetWindow],
+        alerts: Sequence[Alert],
+    ) -> None:
+        """Statuses, transitions, new windows and the alerts they raise, in one transaction (idempotent)."""
+        changed = {change.key: change for change in changes}
+        table = schema.partition_health
+        with self._begin() as tx:
+            existing = {
+                PartitionKey(r.cluster, r.group_id, r.topic, r.partition): r.since_ms
+                for r in tx.execute(
+                    select(table.c.cluster, table.c.group_id, table.c.topic, table.c.partition, table.c.since_ms)
+                )
+            }
+            for health in healths:
+                values = dict(
+                    status=health.status.name,
+                    evaluated_ms=health.evaluated_ms,
+                    lag=health.lag,
+                    time_lag_ms=health.time_lag_ms,
+                    reason=health.reason,
+                    evidence=json.dumps(health.evidence),
+                )
+                if health.key in changed or health.key not in existing:
+                    values["since_ms"] = health.evaluated_ms
+                if health.key in existing:
+                    tx.execute(update(table).where(*_key_filter(table, health.key)).values(**values))
+                else:
+                    tx.execute(
+                        insert(table).values(
+                            cluster=health.key.cluster,
+                            group_id=health.key.group,
+                            topic=health.key.topic,
+                            partition=health.key.partition,
+                            **values,
+                        )
+                    )
+            for change in changes:
+                tx.execute(
+                    insert(schema.health_transitions).values(
+                        cluster=change.key.cluster,
+                        group_id=change.key.group,
+                        topic=change.key.topic,
+                        partition=change.key.partition,
+                        from_status=change.from_status.name if change.from_status is not None else None,
+                        to_status=change.to_status.name,
+                        at_ms=change.at_ms,
+                        reason=change.health.reason,
+                        evidence=json.dumps(change.health.evidence),
+                    )
+                )
+            for window in windows:
+                _insert_ignoring_duplicate(
+                    tx,
+                    schema.offset_windows,
+                    dict(
+                        cluster=window.key.cluster,
+                        group_id=window.key.group,
+                        topic=window.key.topic,
+                        partition=window.key.partition,
+                        kind=window.kind.value,
+                        from_offset=window.from_offset,
+                        to_offset=window.to_offset,
+                        detected_ms=window.detected_ms,
+                        previous_committed=window.previous_committed,
+                        committed=window.committed,
+                    ),
+                )
+            for alert in alerts:
+                _insert_ignoring_duplicate(
+                    tx,
+                    schema.alerts,
+                    dict(
+                        alert_key=alert.key,
+                        subject=alert.subject,
+                        kind=alert.kind,
+                        state=alert.state.value,
+                        severity=alert.severity.value,
+                        title=alert.title,
+                        details=json.dumps(dict(alert.details)),
+                        at_ms=alert.at_ms,
+                    ),
+                )
+
+    def transitions(self, cluster: str, since_ms: int = 0) -> list[tuple[PartitionKey, str | None, str, int]]:
+        table = schema.health_transitions
+        with self._begin() as tx:
+            rows = tx.execute(
+                select(table)
+                .where(table.c.cluster == cluster, table.c.at_ms >= since_ms)
+                .order_by(table.c.at_ms, table.c.id)
+            )
+            return [
+                (PartitionKey(r.cluster, r.group_id, r.topic, r.partition), r.from_status, r.to_status, r.at_ms)
+                for r in rows
+            ]
+
+    def offset_windows(
+        self, cluster: str, topic: str | None = None, partition: int | None = None, covering_offset: int | None = None
+    ) -> list[OffsetWindow]:
+        """Stored windows, optionally of one partition and containing ``covering_offset``."""
+        table = schema.offset_windows
+        query = select(table).where(table.c.cluster == cluster)
+        if topic is not None:
+            query = query.where(table.c.topic == topic)
+        if partition is not None:
+            query = query.where(table.c.partition == partition)
+        if covering_offset is not None:
+            query = query.where(table.c.from_offset <= covering_offset, table.c.to_offset > covering_offset)
+        with self._begin() as tx:
+            return [
+                OffsetWindow(
+                    PartitionKey(r.cluster, r.group_id, r.topic, r.partition),
+                    WindowKind(r.kind),
+                    r.from_offset,
+                    r.to_offset,
+                    r.detected_ms,
+                    r.previous_committed,
+                    r.committed,
+                )
+                for r in tx.execute(query.order_by(table.c.detected_ms))
+            ]
+
+    # -- alerts ---------------------------------------------------------------------------
+
+    def pending_alerts(self) -> list[Alert]:
+        table = schema.alerts
+        with self._begin() as tx:
+            return [
+                _alert_from(r)
+                for r in tx.execute(
+                    select(table).where(table.c.delivered_ms.is_(None)).order_by(table.c.at_ms, table.c.id)
+                )
+            ]
+
+    def add_alert(self, alert: Alert) -> bool:
+        """Record an alert to send (False when that occurrence was recorded before)."""
+        with self._begin() as tx:
+            return _insert_ignoring_duplicate(
+                tx,
+                schema.alerts,
+                dict(
+                    alert_key=alert.key,
+                    subject=alert.subject,
+                    kind=alert.kind,
+                    state=alert.state.value,
+                    severity=alert.severity.value,
+                    title=alert.title,
+                    details=json.dumps(dict(alert.details)),
+                    at_ms=alert.at_ms,
+                ),
+            )
+
+    def mark_delivered(self, key: str, deliveries: dict[str, str], delivered_ms: int) -> None:
+        table = schema.alerts
+        with self._begin() as tx:
+            tx.execute(
+                update(table)
+                .where(table.c.alert_key == key)
+                .values(delivered_ms=delivered_ms, deliveries=json.dumps(deliveries))
+            )
+
+    def alerts(self, since_ms: int = 0) -> list[tuple[Alert, int | None, dict[str, str]]]:
+        """Alerts since ``since_ms`` with when they were delivered and how each notifier fared."""
+        table = schema.alerts
+        with self._begin() as tx:
+            rows = tx.execute(select(table).where(table.c.at_ms >= since_ms).order_by(table.c.at_ms, table.c.id))
+            return [(_alert_from(r), r.delivered_ms, json.loads(r.deliveries) if r.deliveries else {}) for r in rows]
+
+
+def _key_filter(table: Any, key: PartitionKey) -> tuple[Any, ...]:
+    return (
+        table.c.cluster == key.cluster,
+        table.c.group_id == key.group,
+        table.c.topic == key.topic,
+        table.c.partition == key.partition,
+    )
+
+
+def _insert_ignoring_duplicate(tx: Connection, table: Any, values: dict[str, Any]) -> bool:
+    """Insert unless a unique constraint says the row exists (a retried task); True when inserted."""
+    dialect = tx.dialect.name
+    if dialect == "postgresql":
+        statement: Any = postgresql_insert(table).values(**values).on_conflict_do_nothing()
+    elif dialect == "sqlite":
+        statement = sqlite_insert(table).values(**values).on_conflict_do_nothing()
+    else:
+        raise StoreError(f"the store supports SQLite and PostgreSQL, not {dialect}")
+    return bool(tx.execute(statement).rowcount)
+
+
+def _snapshot_row(row: PartitionSnapshot) -> dict[str, Any]:
+    return dict(
+        cluster=row.cluster,
+        group_id=row.group,
+        topic=row.topic,
+        partition=row.partition,
+        snapshot_ms=row.snapshot_ms,
+        committed_offset=row.committed,
+        log_start_offset=row.log_start,
+        log_end_offset=row.log_end,
+        group_state=row.group_state,
+        retention_ms=row.retention_ms,
+    )
+
+
+def _snapshot_from(row: Any) -> PartitionSnapshot:
+    return PartitionSnapshot(
+        row.snapshot_ms,
+        row.cluster,
+        row.group_id,
+        row.topic,
+        row.partition,
+        row.committed_offset,
+        row.log_start_offset,
+        row.log_end_offset,
+        row.group_state,
+        row.retention_ms,
+        bool(row.committed_changed),
+    )
+
+
+def _alert_from(row: Any) -> Alert:
+    return Alert(
+        key=row.alert_key,
+        subject=row.subject,
+        kind=row.kind,
+        state=AlertState(row.state),
+        severity=Severity(row.severity),
+        title=row.title,
+        at_ms=row.at_ms,
+        details=json.loads(row.details),
+    )

@@ -1,0 +1,99 @@
+"""The offset-snapshot DAG's tasks: connections -> khipu calls -> small JSON-able summaries."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+from typing import Any
+
+from khipu.alerting.dispatch import dispatch_pending
+from khipu.health.evaluate import health_config_from_env
+from khipu.health.service import evaluate_cluster
+from khipu.offsets.collect import collect_snapshot, groups_to_watch
+from khipu.registry.loader import load_registry
+from khipu.settings import KhipuSettings
+from khipu_airflow.hooks import KhipuKafkaHook, KhipuStoreHook
+from khipu_airflow.notifiers import configured_notifiers
+
+log = logging.getLogger(__name__)
+DAY_MS = 86_400_000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def snapshot_offsets(kafka_conn_id: str, store_conn_id: str, all_groups: bool) -> dict[str, Any]:
+    kafka, store = KhipuKafkaHook(kafka_conn_id), KhipuStoreHook(store_conn_id).store()
+    try:
+        store.migrate()
+        watched = groups_to_watch(load_registry(KhipuSettings.from_env().registry_path), kafka.cluster)
+        run, rows = collect_snapshot(kafka.client_config(), kafka.cluster, watched, now_ms(), all_groups=all_groups)
+        written = store.write_snapshot(run, rows)
+    finally:
+        store.close()
+    for error in run.errors:
+        log.warning("snapshot of %s: %s", kafka.cluster, error)
+    log.info(
+        "snapshot of %s at %d: %d groups, %d partitions in %d ms%s",
+        run.cluster,
+        run.snapshot_ms,
+        run.groups,
+        run.partitions,
+        run.duration_ms,
+        "" if written else " (already stored)",
+    )
+    return {
+        "cluster": run.cluster,
+        "snapshot_ms": run.snapshot_ms,
+        "groups": run.groups,
+        "partitions": run.partitions,
+        "errors": list(run.errors),
+        "written": written,
+    }
+
+
+def evaluate_health(kafka_conn_id: str, store_conn_id: str) -> dict[str, Any]:
+    cluster = KhipuKafkaHook(kafka_conn_id).cluster
+    store = KhipuStoreHook(store_conn_id).store()
+    try:
+        result = evaluate_cluster(store, cluster, health_config_from_env())
+    finally:
+        store.close()
+    log.info(
+        "health of %s: %s; %d transitions, %d offset windows, %d alerts",
+        cluster,
+        result.statuses,
+        result.transitions,
+        result.windows,
+        result.alerts,
+    )
+    return asdict(result)
+
+
+def send_alerts(store_conn_id: str) -> dict[str, Any]:
+    store = KhipuStoreHook(store_conn_id).store()
+    try:
+        report = dispatch_pending(store, configured_notifiers(), now_ms())
+    finally:
+        store.close()
+    log.info(
+        "alerts: %d sent, %d failed deliveries, %d left pending",
+        report.sent,
+        report.failed_deliveries,
+        report.undelivered,
+    )
+    if report.undelivered:
+        raise RuntimeError(f"{report.undelivered} alerts could not be delivered by any notifier; they stay pending")
+    return asdict(report)
+
+
+def prune_snapshots(store_conn_id: str, keep_days: float) -> dict[str, Any]:
+    store = KhipuStoreHook(store_conn_id).store()
+    try:
+        deleted = store.prune_snapshots(before_ms=now_ms() - int(keep_days * DAY_MS))
+    finally:
+        store.close()
+    log.info("pruned %d snapshot rows older than %g days", deleted, keep_days)
+    return {"deleted": deleted}

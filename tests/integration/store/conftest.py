@@ -1,0 +1,51 @@
+"""The store on both databases it supports: an SQLite file, and the PostgreSQL server on 127.0.0.1:5432
+(a database of its own per test session, dropped afterwards)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from khipu.store import Store
+
+POSTGRES_ADMIN_DSN = os.environ.get("KHIPU_TEST_POSTGRES_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres")
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    name = f"khipu_test_{secrets.token_hex(4)}"
+    admin = psycopg2.connect(POSTGRES_ADMIN_DSN)
+    admin.autocommit = True
+    with admin.cursor() as cursor:
+        cursor.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with admin.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'khipu.db'}"
+    else:
+        url = request.getfixturevalue("postgres_url")
+    built = Store(url)
+    built.migrate()
+    try:
+        yield built
+    finally:
+        if request.param == "postgresql":
+            from khipu.store.schema import metadata
+
+            with built.engine.begin() as tx:  # the next test starts from empty tables
+                for table in reversed(metadata.sorted_tables):
+                    tx.execute(table.delete())
+        built.close()
