@@ -1,7 +1,9 @@
 """Which health changes become alerts: one per transition, never one per minute.
 
-- A partition entering STALL, STOP, REWIND or EXPIRY_RISK fires (again on a move between two of
-  them, e.g. STALL -> STOP); leaving them for a quieter status sends a resolve.
+- Partition transitions are kept as history; alerts are per consumer group, whose status is its
+  worst partition's (as Burrow reports groups): a group entering STALL, STOP, REWIND or
+  EXPIRY_RISK fires once, listing its partitions (again on a move between two of those, e.g.
+  STALL -> STOP); leaving them for a quieter status sends a resolve.
 - Every new offset window (skip, rewind, expired) fires once; windows do not resolve.
 """
 
@@ -55,31 +57,70 @@ def transitions(
     return changed
 
 
-def alerts_for(changes: Sequence[Transition], windows: Sequence[OffsetWindow]) -> list[Alert]:
+@dataclass(frozen=True, slots=True)
+class GroupChange:
+    cluster: str
+    group: str
+    from_status: PartitionStatus | None  # None: the group's first evaluation
+    to_status: PartitionStatus
+    at_ms: int
+    partitions: tuple[PartitionHealth, ...]  # the group's partitions as just judged
+
+    @property
+    def subject(self) -> str:
+        return f"group {self.group} on {self.cluster}"
+
+
+def group_changes(
+    previous: Mapping[PartitionKey, PartitionStatus], current: Sequence[PartitionHealth]
+) -> list[GroupChange]:
+    """Groups whose worst partition status differs from before (a new group counts when it is not OK)."""
+    by_group: dict[tuple[str, str], list[PartitionHealth]] = {}
+    for health in current:
+        by_group.setdefault((health.key.cluster, health.key.group), []).append(health)
+    changes = []
+    for (cluster, group), healths in sorted(by_group.items()):
+        known = [previous[h.key] for h in healths if h.key in previous]
+        before = max(known) if known else None
+        after = max(h.status for h in healths)
+        if before != after and not (before is None and after is PartitionStatus.OK):
+            changes.append(GroupChange(cluster, group, before, after, healths[0].evaluated_ms, tuple(healths)))
+    return changes
+
+
+def alerts_for(changes: Sequence[GroupChange], windows: Sequence[OffsetWindow]) -> list[Alert]:
     alerts = []
     for change in changes:
-        subject = str(change.key)
+        affected = [h for h in change.partitions if h.status is change.to_status] or list(change.partitions)
+        where = ", ".join(f"{h.key.topic}[{h.key.partition}] lag {h.lag}" for h in affected[:5])
+        more = f" and {len(affected) - 5} more" if len(affected) > 5 else ""
         details = {
-            "cluster": change.key.cluster,
-            "group": change.key.group,
-            "topic": change.key.topic,
-            "partition": change.key.partition,
+            "cluster": change.cluster,
+            "group": change.group,
             "from_status": change.from_status.name if change.from_status is not None else None,
             "to_status": change.to_status.name,
-            "lag": change.health.lag,
-            "time_lag_ms": change.health.time_lag_ms,
-            "reason": change.health.reason,
-            "evidence": change.health.evidence,
+            "partitions": [
+                {
+                    "topic": h.key.topic,
+                    "partition": h.key.partition,
+                    "status": h.status.name,
+                    "lag": h.lag,
+                    "time_lag_ms": h.time_lag_ms,
+                    "reason": h.reason,
+                    "evidence": h.evidence,
+                }
+                for h in change.partitions
+            ],
         }
         if change.to_status in ALERTING:
             alerts.append(
                 Alert(
-                    key=f"partition:{subject}:{change.to_status.name}:{change.at_ms}",
-                    subject=subject,
-                    kind="partition_status",
+                    key=f"group:{change.cluster}/{change.group}:{change.to_status.name}:{change.at_ms}",
+                    subject=change.subject,
+                    kind="group_status",
                     state=AlertState.FIRING,
                     severity=_SEVERITY[change.to_status],
-                    title=f"{change.to_status.name}: {_where(change.key)} (lag {change.health.lag})",
+                    title=f"{change.to_status.name}: {change.subject}: {len(affected)} partition(s), {where}{more}",
                     at_ms=change.at_ms,
                     details=details,
                 )
@@ -87,12 +128,12 @@ def alerts_for(changes: Sequence[Transition], windows: Sequence[OffsetWindow]) -
         elif change.from_status in ALERTING:
             alerts.append(
                 Alert(
-                    key=f"partition:{subject}:resolved:{change.at_ms}",
-                    subject=subject,
-                    kind="partition_status",
+                    key=f"group:{change.cluster}/{change.group}:resolved:{change.at_ms}",
+                    subject=change.subject,
+                    kind="group_status",
                     state=AlertState.RESOLVED,
                     severity=Severity.INFO,
-                    title=f"resolved: {_where(change.key)} is {change.to_status.name} again",
+                    title=f"resolved: {change.subject} is {change.to_status.name} again",
                     at_ms=change.at_ms,
                     details=details,
                 )

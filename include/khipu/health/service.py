@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from khipu.alerting.decide import alerts_for, transitions
+from khipu.alerting.decide import alerts_for, group_changes, transitions
 from khipu.health.evaluate import HealthConfig, PartitionHealth, evaluate_history
 from khipu.store.store import Store
 
@@ -40,7 +40,7 @@ def evaluate_cluster(store: Store, cluster: str, config: HealthConfig) -> Cluste
     previous = {key: stored.status for key, stored in store.current_statuses(cluster).items()}
     changes = transitions(previous, healths)
     windows = [window for health in healths for window in health.windows]
-    alerts = alerts_for(changes, windows)
+    alerts = alerts_for(group_changes(previous, healths), windows)
     store.save_evaluation(healths, changes, windows, alerts)
     counts: dict[str, int] = {}
     for health in healths:

@@ -108,7 +108,7 @@ def test_a_consumer_that_stops_moving_stalls_then_stops_and_each_transition_aler
     assert seen.index(PartitionStatus.STALL) < seen.index(PartitionStatus.STOP)
 
     firing = [(a.kind, a.details["to_status"]) for a, _, _ in store.alerts() if a.state.value == "firing"]
-    assert firing == [("partition_status", "STALL"), ("partition_status", "STOP")]  # one per transition, not per minute
+    assert firing == [("group_status", "STALL"), ("group_status", "STOP")]  # one per transition, not per minute
     transitions = [(before, after) for _, before, after, _ in store.transitions("local")]
     assert transitions == [("OK", "STALL"), ("STALL", "STOP")]
     [stored] = [h for k, h in store.current_statuses("local").items() if k == key]

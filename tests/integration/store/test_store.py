@@ -6,7 +6,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from khipu.alerting.decide import alerts_for, transitions
+from khipu.alerting.decide import alerts_for, group_changes, transitions
 from khipu.health.evaluate import PartitionHealth
 from khipu.health.rules import PartitionStatus
 from khipu.health.windows import OffsetWindow, WindowKind
@@ -89,7 +89,7 @@ def test_statuses_keep_their_since_until_they_change_and_transitions_and_alerts_
         current = [health(status, minute)]
         changes = transitions(previous, current)
         windows = [window] if minute == 1 else []
-        store.save_evaluation(current, changes, windows, alerts_for(changes, windows))
+        store.save_evaluation(current, changes, windows, alerts_for(group_changes(previous, current), windows))
         if minute == 2:
             stored = store.current_statuses("local")[KEY]
             assert (stored.status, stored.since_ms) == (PartitionStatus.STALL, M)  # unchanged since minute 1
@@ -102,22 +102,21 @@ def test_statuses_keep_their_since_until_they_change_and_transitions_and_alerts_
     assert store.offset_windows("local", "orders", 0, covering_offset=10) == []  # the window ends before 10
     pending = store.pending_alerts()
     assert [(a.kind, a.state.value) for a in pending] == [
-        ("partition_status", "firing"),
+        ("group_status", "firing"),
         ("offset_window", "firing"),
-        ("partition_status", "resolved"),
+        ("group_status", "resolved"),
     ]
 
 
 def test_an_alert_is_recorded_once_and_delivery_is_remembered(store: Store) -> None:
-    changes = transitions({}, [health(PartitionStatus.STOP, 1)])
-    alert = alerts_for(changes, [])[0]
+    alert = alerts_for(group_changes({}, [health(PartitionStatus.STOP, 1)]), [])[0]
     assert store.add_alert(alert)
     assert not store.add_alert(alert)  # the same occurrence again (a retried task)
     store.mark_delivered(alert.key, {"log": "ok", "webhook": "error: HTTP 500"}, 2 * M)
     assert store.pending_alerts() == []
     [(stored, delivered_ms, deliveries)] = store.alerts()
     assert (stored.title, delivered_ms, deliveries["webhook"]) == (alert.title, 2 * M, "error: HTTP 500")
-    assert stored.details["evidence"] == {"window": [[1, 2, 3]]}
+    assert stored.details["partitions"][0]["evidence"] == {"window": [[1, 2, 3]]}
 
 
 def test_an_unreachable_store_names_it_without_the_password() -> None:
