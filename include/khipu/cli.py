@@ -7,10 +7,12 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from khipu import __version__
+from khipu.demo.control import DemoControl
 from khipu.demo.faults import DemoConfigError, FaultRates
 from khipu.demo.ledger import LedgerError, build_truth, read_ledger
 from khipu.demo.pipeline import DemoConfig, DemoError, run_demo
@@ -20,6 +22,7 @@ from khipu.localstack.broker import BrokerError, ensure_topics
 from khipu.registry.loader import RegistryError, load_registry
 from khipu.registry.model import UnknownStreamError
 from khipu.settings import KhipuSettings
+from khipu.store import Store, StoreError
 from khipu.trace.topic import TraceTopicError, read_trace_topic, tally_traces
 
 EXIT_USAGE = 2
@@ -42,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (InvalidSetting, RegistryError, UnknownStreamError, LedgerError) as exc:
         print(f"khipu: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (DemoError, BrokerError, TraceTopicError, RuntimeError) as exc:
+    except (DemoError, BrokerError, TraceTopicError, StoreError, RuntimeError) as exc:
         print(f"khipu: {exc}", file=sys.stderr)
         return EXIT_FAILED
 
@@ -85,6 +88,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--stream", default=DEMO_STREAM, help=f"registry stream to run (default {DEMO_STREAM})")
     run.add_argument("--ledger", type=Path, help="ground-truth ledger file (default <state>/demo/ledger.jsonl)")
     run.set_defaults(handler=_demo_run)
+    for action, text in (
+        ("pause", "make a demo consumer group stall: it stays a member, stops reading and committing"),
+        ("resume", "let a paused demo consumer group go on"),
+    ):
+        steer = demo.add_parser(action, help=text, description=text)
+        steer.add_argument("group", help="a consumer group of the demo stream, e.g. demo-sink-audit")
+        steer.add_argument("--stream", default=DEMO_STREAM, help=f"the demo's registry stream (default {DEMO_STREAM})")
+        steer.set_defaults(handler=_demo_steer, paused=action == "pause")
     truth = demo.add_parser("truth", help="summarize a ground-truth ledger per hop")
     truth.add_argument("ledger", type=Path)
     truth.add_argument("--run-id", help="only this run")
@@ -99,6 +110,17 @@ def _parser() -> argparse.ArgumentParser:
     count = traces.add_parser("count", help="count traces per hop and type, from the beginning to now")
     count.add_argument("--timeout", type=float, default=60.0, help="seconds to reach the end (default 60)")
     count.set_defaults(handler=_traces_count)
+
+    store = commands.add_parser("store", help="the Khipu store").add_subparsers(metavar="ACTION")
+    store.add_parser("migrate", help="create or upgrade the store's schema ($KHIPU_STORE_URL)").set_defaults(
+        handler=_store_migrate
+    )
+    health = commands.add_parser("health", help="consumer health per group and partition, from the store")
+    health.add_argument("--cluster", help="cluster name (default $KHIPU_CLUSTER)")
+    health.set_defaults(handler=_health)
+    alerts = commands.add_parser("alerts", help="alerts raised, newest last, from the store")
+    alerts.add_argument("--minutes", type=float, default=24 * 60, help="how far back (default 1440)")
+    alerts.set_defaults(handler=_alerts)
 
     topics = commands.add_parser("topics", help="Khipu's own topics").add_subparsers(metavar="ACTION")
     ensure = topics.add_parser("ensure", help="create the trace topic if missing")
@@ -156,6 +178,59 @@ def _demo_run(args: argparse.Namespace, settings: KhipuSettings) -> int:
     _print_hops(report.hop_summary)
     for location, stats in sorted(report.emitters.items()):
         print(f"emitter {location}: {stats.emitted} traces, {stats.delivered} delivered, {stats.dropped} dropped")
+    return 0
+
+
+def _demo_steer(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    topology = DemoTopology.from_stream(load_registry(settings.registry_path).stream(args.stream))
+    groups = [topology.processor.group, *(sink.group for sink in topology.sinks)]
+    if args.group not in groups:
+        raise DemoConfigError("group", args.group, "a consumer group of the demo: " + ", ".join(groups))
+    control = DemoControl(settings.state_dir / "demo" / "control.json")
+    paused = control.set_paused(args.group, args.paused)
+    print(f"{args.group} {'paused' if args.paused else 'resumed'}; paused now: {', '.join(sorted(paused)) or 'none'}")
+    return 0
+
+
+def _store_migrate(_args: argparse.Namespace, settings: KhipuSettings) -> int:
+    store = Store(settings.store_url)
+    store.migrate()
+    print(f"store {store.safe_url} is at the newest schema")
+    store.close()
+    return 0
+
+
+def _health(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    store = Store(settings.store_url)
+    cluster = args.cluster or settings.cluster
+    statuses = store.current_statuses(cluster)
+    latest = {s.key: s for s in store.latest_snapshot(cluster)}
+    store.close()
+    if not statuses:
+        print(f"no health recorded for cluster {cluster!r} yet (the DAG khipu_snapshot_offsets writes it)")
+        return 0
+    print(f"{'group':28} {'topic':28} {'part':>4} {'status':12} {'lag':>7}  since")
+    for key, stored in sorted(statuses.items()):
+        snapshot = latest.get(key)
+        lag = snapshot.lag if snapshot is not None else None
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(stored.since_ms / 1000))
+        print(
+            f"{key.group:28} {key.topic:28} {key.partition:>4} {stored.status.name:12} "
+            f"{'-' if lag is None else lag:>7}  {since}Z"
+        )
+    return 0
+
+
+def _alerts(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    store = Store(settings.store_url)
+    since = time.time_ns() // 1_000_000 - int(args.minutes * 60_000)
+    rows = store.alerts(since_ms=since)
+    store.close()
+    for alert, delivered_ms, deliveries in rows:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(alert.at_ms / 1000))
+        sent = ", ".join(f"{name} {outcome}" for name, outcome in deliveries.items()) if delivered_ms else "pending"
+        print(f"{at}Z {alert.state.value:8} {alert.severity.value:8} {alert.title}  [{sent}]")
+    print(f"{len(rows)} alert(s) in the last {args.minutes:g} minutes")
     return 0
 
 

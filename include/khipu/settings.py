@@ -36,6 +36,7 @@ class KhipuSettings:
     state_dir: Path
     broker_port: int
     airflow_port: int
+    store_url: str
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> KhipuSettings:
@@ -51,14 +52,16 @@ class KhipuSettings:
         ):
             if not NAME_PATTERN.match(value):
                 raise SettingsError(variable, value, NAME_RULE)
+        state_dir = Path(env.get("KHIPU_STATE_DIR", root / ".khipu"))
         return cls(
             bootstrap_servers=bootstrap,
             cluster=env.get("KHIPU_CLUSTER", "local"),
             trace_topic=env.get("KHIPU_TRACE_TOPIC", DEFAULT_TRACE_TOPIC),
             registry_path=Path(env.get("KHIPU_REGISTRY", root / "config" / "registry.yaml")),
-            state_dir=Path(env.get("KHIPU_STATE_DIR", root / ".khipu")),
+            state_dir=state_dir,
             broker_port=broker_port,
             airflow_port=_port(env, "KHIPU_AIRFLOW_PORT", 8080),
+            store_url=env.get("KHIPU_STORE_URL", f"sqlite:///{state_dir / 'khipu.db'}"),
         )
 
     def as_env(self) -> dict[str, str]:
@@ -71,6 +74,7 @@ class KhipuSettings:
             "KHIPU_STATE_DIR": str(self.state_dir),
             "KHIPU_BROKER_PORT": str(self.broker_port),
             "KHIPU_AIRFLOW_PORT": str(self.airflow_port),
+            "KHIPU_STORE_URL": self.store_url,
         }
 
 

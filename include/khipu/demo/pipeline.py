@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from khipu.demo.control import DemoControl
 from khipu.demo.faults import DemoConfigError, Fault, FaultPlan, FaultRates
 from khipu.demo.ledger import LedgerWriter, build_truth, read_ledger
 from khipu.demo.topology import DemoTopology
@@ -67,6 +68,7 @@ class DemoConfig:
     partitions: int = 3
     trace_partitions: int = 4
     session_timeout_ms: int = 6000
+    max_poll_interval_ms: int = 3_600_000  # a paused (stalled) demo consumer stays in its group for an hour
     settle_timeout_s: float = 120.0
     progress_interval_s: float = 5.0
 
@@ -299,6 +301,7 @@ class _ConsumerComponent(_Component):
                     "enable.auto.commit": False,
                     "session.timeout.ms": demo.config.session_timeout_ms,
                     "heartbeat.interval.ms": max(100, demo.config.session_timeout_ms // 10),
+                    "max.poll.interval.ms": demo.config.max_poll_interval_ms,
                 }
             ),
             emitter=self.emitter,
@@ -341,7 +344,7 @@ class _ConsumerComponent(_Component):
 
     def commit(self, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now - self._last_commit < _COMMIT_INTERVAL_S:
+        if not force and (now - self._last_commit < _COMMIT_INTERVAL_S or self.demo.control.is_paused(self.spec.group)):
             return
         self._last_commit = now
         offsets = self.committable()
@@ -356,7 +359,11 @@ class _ConsumerComponent(_Component):
             log.warning("%s: commit failed: %s", self.spec.group, exc.args[0].str() if exc.args else exc)
 
     def poll_one(self) -> _Record | None:
-        """The next record (recorded as received), or ``None`` after a poll timeout or a consume error."""
+        """The next record (recorded as received), or ``None`` after a poll timeout, a consume error, or
+        while the group is paused (``khipu demo pause``: it stays a member but neither reads nor commits)."""
+        if self.demo.control.is_paused(self.spec.group):
+            self.demo.stop.wait(_POLL_S)
+            return None
         msg = self.consumer.poll(_POLL_S)
         if msg is None:
             return None
@@ -568,6 +575,7 @@ class _Demo:
         self.plan = FaultPlan(config.faults, config.seed)
         self.sampling_percent = config.sampling_percent or topology.stream.sampling_percent
         self.ledger = LedgerWriter(config.ledger_path)
+        self.control = DemoControl(config.ledger_path.parent / "control.json")
         self.stop = threading.Event()
         self.emitters: dict[str, TraceEmitter] = {}
 

@@ -10,6 +10,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from sqlalchemy.engine import make_url
+
 from khipu.settings import KhipuSettings, project_root
 
 KAFKA_CONNECTION_ID = "khipu_kafka"
@@ -41,6 +43,9 @@ def airflow_env(settings: KhipuSettings, airflow_home: Path) -> dict[str, str]:
         "AIRFLOW__API__PORT": str(settings.airflow_port),
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        # Local stack: judge consumer health over 5 snapshots (5 minutes) so a stalled demo consumer
+        # shows within minutes; production keeps the default of 10.
+        "KHIPU_HEALTH_WINDOW": os.environ.get("KHIPU_HEALTH_WINDOW", "5"),
         "PATH": f"{venv_bin()}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
@@ -67,12 +72,19 @@ def connections(settings: KhipuSettings) -> dict[str, dict[str, object]]:
             "host": "local[*]",
             "extra": json.dumps({"deploy-mode": "client", "spark-binary": "spark-submit"}),
         },
-        STORE_CONNECTION_ID: {
+        STORE_CONNECTION_ID: _store_connection(settings.store_url),
+    }
+
+
+def _store_connection(url: str) -> dict[str, object]:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database:
+        return {
             "conn_type": "sqlite",
             "description": "The Khipu store (SQLite file of the local stack)",
-            "host": str(settings.state_dir / "khipu.db"),
-        },
-    }
+            "host": parsed.database,
+        }
+    return {"conn_type": "generic", "description": "The Khipu store", "extra": json.dumps({"url": url})}
 
 
 def run_airflow_cli(args: list[str], env: dict[str, str], log_path: Path, timeout_s: float = 600) -> None:

@@ -19,6 +19,7 @@ from khipu.localstack.broker import BrokerError, ensure_topics, port_open, start
 from khipu.localstack.processes import ProcessTable, child_env
 from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings, project_root
+from khipu.store import Store
 
 BROKER, AIRFLOW, DEMO = "broker", "airflow", "demo"
 COMPONENTS = (DEMO, AIRFLOW, BROKER)  # stop order
@@ -69,6 +70,11 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
     )
     if created:
         say(f"topics: created {', '.join(created)}")
+
+    store = Store(settings.store_url)
+    store.migrate()
+    store.close()
+    say(f"store: {store.safe_url} at the newest schema")
 
     env = child_env(airflow_env(settings, paths["airflow_home"]))
     if (airflow := table.running(AIRFLOW)) is not None:
@@ -162,5 +168,5 @@ def status(settings: KhipuSettings, say: Callable[[str], None] = print) -> bool:
         )
     say(f"Kafka bootstrap: {settings.bootstrap_servers}   trace topic: {settings.trace_topic}")
     say(f"logs: {paths['logs']}   demo ledger: {paths['ledger']}")
-    say("count traces per hop: .venv/bin/khipu traces count")
+    say("see it work: .venv/bin/khipu traces count | khipu health | khipu alerts | khipu demo pause demo-sink-audit")
     return all_up
