@@ -316,20 +316,7 @@ class Store:
                     ),
                 )
             for alert in alerts:
-                _insert_ignoring_duplicate(
-                    tx,
-                    schema.alerts,
-                    dict(
-                        alert_key=alert.key,
-                        subject=alert.subject,
-                        kind=alert.kind,
-                        state=alert.state.value,
-                        severity=alert.severity.value,
-                        title=alert.title,
-                        details=json.dumps(dict(alert.details)),
-                        at_ms=alert.at_ms,
-                    ),
-                )
+                _insert_ignoring_duplicate(tx, schema.alerts, _alert_row(alert))
 
     def transitions(self, cluster: str, since_ms: int = 0) -> list[tuple[PartitionKey, str | None, str, int]]:
         table = schema.health_transitions
@@ -385,20 +372,7 @@ class Store:
     def add_alert(self, alert: Alert) -> bool:
         """Record an alert to send (False when that occurrence was recorded before)."""
         with self._begin() as tx:
-            return _insert_ignoring_duplicate(
-                tx,
-                schema.alerts,
-                dict(
-                    alert_key=alert.key,
-                    subject=alert.subject,
-                    kind=alert.kind,
-                    state=alert.state.value,
-                    severity=alert.severity.value,
-                    title=alert.title,
-                    details=json.dumps(dict(alert.details)),
-                    at_ms=alert.at_ms,
-                ),
-            )
+            return _insert_ignoring_duplicate(tx, schema.alerts, _alert_row(alert))
 
     def mark_delivered(self, key: str, deliveries: dict[str, str], delivered_ms: int) -> None:
         table = schema.alerts
@@ -466,6 +440,19 @@ def _snapshot_from(row: Any) -> PartitionSnapshot:
         row.group_state,
         row.retention_ms,
         bool(row.committed_changed),
+    )
+
+
+def _alert_row(alert: Alert) -> dict[str, Any]:
+    return dict(
+        alert_key=alert.key,
+        subject=alert.subject,
+        kind=alert.kind,
+        state=alert.state.value,
+        severity=alert.severity.value,
+        title=alert.title,
+        details=json.dumps(dict(alert.details)),
+        at_ms=alert.at_ms,
     )
 
 
