@@ -1,0 +1,360 @@
+"""The verdict of every hop a message reached, from its traces, its route and committed offsets.
+
+A pure function: the traces gathered so far, the stream's route, a committed-offset lookup, the
+memo of when each group was first seen past the message, and ``now`` come in; verdicts, whether
+the message is decided, the updated memo and when to look again go out. The stateful processor
+only gathers inputs and applies it.
+
+Rules (Inca's central idea, sharpened):
+
+- A read hop (topic -> group) is decided only once the group's committed offset has passed every
+  position of the message on that topic and ``grace_ms`` has gone by since that was first seen:
+  until then the message is simply on its way, however long that takes (up to ``max_wait_ms``).
+  Then: no RECEIVED -> LOST, skipped by consumer (or TRACE_LOST when a later hop shows it
+  arrived); one -> DELIVERED; more -> DUPLICATE, rewind/replay when one offset was read twice,
+  producer retry when the id sits at several offsets.
+- A write hop with SENT traces is DELIVERED (DUPLICATE when the id was written at several
+  offsets), decided when the hops reading its topic are decided (and, for a processor, its input
+  read). Without a SENT but with the message seen on its topic: TRACE_LOST. A processor that
+  received the message and committed past it, with nothing written on: LOST, dropped in processor.
+- Hops past a loss get no verdict: the message never got there.
+- Still undecided ``max_wait_ms`` after the first trace: PENDING for what is open, and done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from khipu.detector.model import Cause, CommittedLookup, DetectorConfig, Verdict, VerdictKind
+from khipu.registry.model import ConsumerSpec, Hop, Stream, TopicRef
+from khipu.trace.model import Trace, TraceType
+
+Position = tuple[int, int]  # (partition, offset)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    verdicts: tuple[Verdict, ...]
+    done: bool
+    passed_at: Mapping[str, int] = field(default_factory=dict)
+    next_check_ms: int | None = None
+
+
+@dataclass(slots=True)
+class _Evidence:
+    sent: dict[Hop, list[Trace]]
+    received: dict[Hop, list[Trace]]
+    positions: dict[TopicRef, dict[Position, int | None]]  # position -> when written (None: not seen written)
+
+
+def _gather(traces: Sequence[Trace]) -> _Evidence:
+    sent: dict[Hop, list[Trace]] = {}
+    received: dict[Hop, list[Trace]] = {}
+    positions: dict[TopicRef, dict[Position, int | None]] = {}
+    for trace in sorted(traces, key=lambda t: (t.timestamp_ms, t.emitter_id, t.emitter_seq)):
+        hop = Hop.of_trace(trace)
+        at = positions.setdefault(hop.topic, {})
+        position = (trace.partition, trace.offset)
+        if trace.type is TraceType.SENT:
+            sent.setdefault(hop, []).append(trace)
+            at[position] = trace.timestamp_ms if at.get(position) is None else at[position]
+        else:
+            received.setdefault(hop, []).append(trace)
+            at.setdefault(position, None)
+    return _Evidence(sent, received, positions)
+
+
+class _Judge:
+    def __init__(
+        self,
+        message_id: str,
+        stream: Stream,
+        evidence: _Evidence,
+        committed: CommittedLookup,
+        passed_at: Mapping[str, int],
+        now_ms: int,
+        config: DetectorConfig,
+        timed_out: bool,
+    ) -> None:
+        self.timed_out = timed_out  # past max_wait: write hops are judged on the evidence there is
+        self.message_id, self.stream, self.evidence = message_id, stream, evidence
+        self.committed, self.now_ms, self.config = committed, now_ms, config
+        self.passed_at = dict(passed_at)
+        self.verdicts: list[Verdict] = []
+        self.open: list[Hop] = []
+        self.next_check: list[int] = []
+        self.read_final: dict[Hop, bool] = {}
+        source_sents = [t for hop, ts in evidence.sent.items() if self._is_source(hop) for t in ts]
+        self.source_sent_ms = min((t.timestamp_ms for t in source_sents), default=None)
+
+    # -- route questions ----------------------------------------------------------------------
+
+    def _is_source(self, hop: Hop) -> bool:
+        return any(p.location == hop.location and hop.topic in p.writes for p in self.stream.route.producers)
+
+    def _processor_at(self, location: str | None) -> ConsumerSpec | None:
+        return next((c for c in self.stream.route.consumers if c.is_processor and c.location == location), None)
+
+    def writers_of(self, topic: TopicRef) -> list[Hop]:
+        route = self.stream.route
+        hops = [Hop.write(p.location, topic) for p in route.producers if topic in p.writes]
+        hops += [Hop.write(c.location, topic) for c in route.consumers if topic in c.writes]
+        return hops
+
+    # -- read hops --------------------------------------------------------------------------
+
+    def read_hop(self, hop: Hop) -> None:
+        assert hop.group is not None
+        positions = self.evidence.positions.get(hop.topic, {})
+        all_final = True
+        for partition, offset in sorted(positions):
+            committed = self.committed(hop.topic.cluster, hop.group, hop.topic.topic, partition)
+            key = f"{hop.id}|{partition}|{offset}"
+            if committed is not None and committed > offset:
+                seen = self.passed_at.setdefault(key, self.now_ms)
+                if self.now_ms - seen < self.config.grace_ms:
+                    all_final = False
+                    self.next_check.append(seen + self.config.grace_ms)
+            else:
+                all_final = False
+                self.next_check.append(self.now_ms + self.config.recheck_ms)
+        self.read_final[hop] = all_final
+        if not all_final:
+            self.open.append(hop)
+            return
+        receives = self.evidence.received.get(hop, [])
+        per_position: dict[Position, int] = {}
+        for trace in receives:
+            per_position[(trace.partition, trace.offset)] = per_position.get((trace.partition, trace.offset), 0) + 1
+        first = receives[0] if receives else None
+        partition, offset = (first.partition, first.offset) if first else min(positions)
+        if not receives:
+            if self._arrived_past(hop):
+                self._verdict(
+                    hop,
+                    VerdictKind.TRACE_LOST,
+                    None,
+                    0,
+                    partition,
+                    offset,
+                    None,
+                    "no RECEIVED trace, but a later hop shows the group got the message",
+                )
+            else:
+                self._verdict(
+                    hop,
+                    VerdictKind.LOST,
+                    Cause.SKIPPED_BY_CONSUMER,
+                    0,
+                    partition,
+                    offset,
+                    None,
+                    f"group {hop.group} committed past offset {offset} and never received it",
+                )
+            return
+        written_ms = positions.get((first.partition, first.offset)) if first else None
+        latency = first.timestamp_ms - written_ms if first and written_ms is not None else None
+        if len(receives) == 1:
+            self._verdict(hop, VerdictKind.DELIVERED, None, 1, partition, offset, first, "received once", latency)
+        elif max(per_position.values()) > 1:
+            self._verdict(
+                hop,
+                VerdictKind.DUPLICATE,
+                Cause.REWIND_REPLAY,
+                len(receives),
+                partition,
+                offset,
+                first,
+                "the same offset was read more than once",
+                latency,
+            )
+        else:
+            self._verdict(
+                hop,
+                VerdictKind.DUPLICATE,
+                Cause.PRODUCER_RETRY,
+                len(receives),
+                partition,
+                offset,
+                first,
+                f"the id was read at {len(per_position)} offsets",
+                latency,
+            )
+
+    def _arrived_past(self, hop: Hop) -> bool:
+        """A processor that writes on what it received: its SENT traces prove it got the message."""
+        processor = next((c for c in self.stream.route.readers_of(hop.topic) if c.group == hop.group), None)
+        if processor is None or not processor.is_processor:
+            return False
+        return any(
+            Hop.write(processor.location, out) in self.evidence.sent or self.evidence.positions.get(out)
+            for out in processor.writes
+        )
+
+    # -- write hops -------------------------------------------------------------------------
+
+    def write_hop(self, hop: Hop) -> None:
+        sents = self.evidence.sent.get(hop, [])
+        readers = [Hop.read(hop.topic, c.group) for c in self.stream.route.readers_of(hop.topic)]
+        processor = self._processor_at(hop.location)
+        inputs = [Hop.read(t, processor.group) for t in processor.reads] if processor else []
+        blocked = not all(self.read_final.get(h, True) for h in [*readers, *inputs])  # hops not reached do not block
+        if blocked and not (self.timed_out and sents):
+            self.open.append(hop)
+            return
+        positions = self.evidence.positions.get(hop.topic, {})
+        if not sents:
+            partition, offset = min(positions) if positions else (None, None)
+            self._verdict(
+                hop,
+                VerdictKind.TRACE_LOST,
+                None,
+                0,
+                partition,
+                offset,
+                None,
+                f"no SENT trace, but the message was seen on {hop.topic}",
+            )
+            return
+        first = sents[0]
+        offsets = {(t.partition, t.offset) for t in sents}
+        latency = None
+        if processor:
+            received = [t for h in inputs for t in self.evidence.received.get(h, [])]
+            latency = first.timestamp_ms - received[0].timestamp_ms if received else None
+        if len(offsets) == 1:
+            self._verdict(
+                hop, VerdictKind.DELIVERED, None, 1, first.partition, first.offset, first, "written once", latency
+            )
+            return
+        cause = Cause.PRODUCER_RETRY
+        if processor:
+            input_reads = [(t.partition, t.offset) for h in inputs for t in self.evidence.received.get(h, [])]
+            if len(input_reads) > len(set(input_reads)):
+                cause = Cause.REWIND_REPLAY
+        self._verdict(
+            hop,
+            VerdictKind.DUPLICATE,
+            cause,
+            len(offsets),
+            first.partition,
+            first.offset,
+            first,
+            f"written at {len(offsets)} offsets",
+            latency,
+        )
+
+    def missing_processor_write(self, processor: ConsumerSpec, output: TopicRef) -> None:
+        """A processor received the message and wrote nothing on to ``output``."""
+        hop = Hop.write(processor.location, output)
+        inputs = [
+            Hop.read(t, processor.group)
+            for t in processor.reads
+            if self.evidence.received.get(Hop.read(t, processor.group))
+        ]
+        if not inputs or not all(self.read_final.get(h, False) for h in inputs):
+            self.open.append(hop)
+            return
+        received = self.evidence.received[inputs[0]][0]
+        self._verdict(
+            hop,
+            VerdictKind.LOST,
+            Cause.DROPPED_IN_PROCESSOR,
+            0,
+            None,
+            None,
+            None,
+            f"{processor.group} received it at {received.topic}[{received.partition}]@{received.offset}, "
+            f"committed past it, and wrote nothing to {output}",
+        )
+
+    # -- output -----------------------------------------------------------------------------
+
+    def _verdict(
+        self,
+        hop: Hop,
+        kind: VerdictKind,
+        cause: Cause | None,
+        count: int,
+        partition: int | None,
+        offset: int | None,
+        trace: Trace | None,
+        detail: str,
+        latency: int | None = None,
+    ) -> None:
+        observed = trace.timestamp_ms if trace else None
+        e2e = observed - self.source_sent_ms if observed is not None and self.source_sent_ms is not None else None
+        self.verdicts.append(
+            Verdict(
+                message_id=self.message_id,
+                stream=self.stream.name,
+                hop=hop.id,
+                hop_kind=hop.kind.value,
+                kind=kind,
+                cause=cause,
+                count=count,
+                topic=hop.topic.topic,
+                partition=partition,
+                offset=offset,
+                group=hop.group,
+                location=hop.location,
+                observed_ms=observed,
+                latency_ms=latency,
+                e2e_latency_ms=e2e,
+                decided_ms=self.now_ms,
+                detail=detail,
+            )
+        )
+
+    def pending(self, hop: Hop) -> None:
+        positions = self.evidence.positions.get(hop.topic, {})
+        partition, offset = min(positions) if positions else (None, None)
+        self._verdict(
+            hop,
+            VerdictKind.PENDING,
+            None,
+            0,
+            partition,
+            offset,
+            None,
+            f"undecided {self.config.max_wait_ms} ms after the first trace: handed to reconciliation",
+        )
+
+
+def decide(
+    message_id: str,
+    stream: Stream,
+    traces: Sequence[Trace],
+    committed: CommittedLookup,
+    passed_at: Mapping[str, int],
+    first_seen_ms: int,
+    now_ms: int,
+    config: DetectorConfig,
+) -> Decision:
+    """Judge every hop the message reached (see the module doc)."""
+    evidence = _gather(traces)
+    timed_out = now_ms - first_seen_ms >= config.max_wait_ms
+    judge = _Judge(message_id, stream, evidence, committed, passed_at, now_ms, config, timed_out)
+    route = stream.route
+    reached = sorted(evidence.positions, key=str)
+    for topic in reached:
+        for reader in route.readers_of(topic):
+            judge.read_hop(Hop.read(topic, reader.group))
+    for topic in reached:
+        writers = judge.writers_of(topic)
+        with_evidence = [h for h in writers if h in evidence.sent]
+        for hop in with_evidence or (writers if len(writers) == 1 else []):
+            judge.write_hop(hop)
+    for processor in (c for c in route.consumers if c.is_processor):
+        if any(evidence.received.get(Hop.read(t, processor.group)) for t in processor.reads):
+            for output in processor.writes:
+                if output not in evidence.positions:
+                    judge.missing_processor_write(processor, output)
+    if judge.open and timed_out:
+        for hop in judge.open:
+            judge.pending(hop)
+        judge.open.clear()
+    done = not judge.open
+    next_check = None if done else min([*judge.next_check, first_seen_ms + config.max_wait_ms])
+    return Decision(tuple(judge.verdicts), done, judge.passed_at, next_check)

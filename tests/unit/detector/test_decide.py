@@ -1,0 +1,197 @@
+"""The verdict rules as a numbered table of cases, each with the reason its answer is right.
+
+Route: producer p writes local/in; processor group proc (location proc) reads it and writes
+local/out; sinks s1 and s2 read local/out. Grace 30 s, max wait 15 min. Times in ms.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pytest
+
+from khipu.detector.decide import decide
+from khipu.detector.model import Cause, DetectorConfig, VerdictKind
+from khipu.registry import parse_registry
+from khipu.trace.model import Trace, TraceType
+
+STREAM = parse_registry("""
+version: 1
+clusters: {local: {}}
+streams:
+  orders:
+    owner: t
+    route:
+      producers: [{location: p, writes: [local/in]}]
+      consumers:
+        - {group: proc, reads: [local/in], writes: [local/out]}
+        - {group: s1, reads: [local/out]}
+        - {group: s2, reads: [local/out]}
+""").stream("orders")
+CONFIG = DetectorConfig(grace_ms=30_000, max_wait_ms=900_000, recheck_ms=5_000)
+SRC, PROC_IN, PROC_OUT = "p -> local/in", "local/in -> proc", "proc -> local/out"
+S1, S2 = "local/out -> s1", "local/out -> s2"
+D, L, DUP, TL, P = (
+    VerdictKind.DELIVERED,
+    VerdictKind.LOST,
+    VerdictKind.DUPLICATE,
+    VerdictKind.TRACE_LOST,
+    VerdictKind.PENDING,
+)
+_seq = iter(range(10_000))
+
+
+def sent(location: str, topic: str, offset: int, ts: int, partition: int = 0) -> Trace:
+    return Trace(
+        "m1",
+        "orders",
+        location,
+        "local",
+        TraceType.SENT,
+        ts,
+        topic,
+        partition,
+        offset,
+        None,
+        f"{location}-e",
+        next(_seq),
+        100.0,
+    )
+
+
+def recv(group: str, topic: str, offset: int, ts: int, partition: int = 0) -> Trace:
+    return Trace(
+        "m1",
+        "orders",
+        group,
+        "local",
+        TraceType.RECEIVED,
+        ts,
+        topic,
+        partition,
+        offset,
+        group,
+        f"{group}-e",
+        next(_seq),
+        100.0,
+    )
+
+
+def clean(*, skip: set[str] = frozenset()) -> list[Trace]:  # type: ignore[assignment]
+    """The full trace set of one message: in@5, out@7."""
+    traces = [
+        sent("p", "in", 5, 1000),
+        recv("proc", "in", 5, 1100),
+        sent("proc", "out", 7, 1200),
+        recv("s1", "out", 7, 1300),
+        recv("s2", "out", 7, 1400),
+    ]
+    names = [SRC, PROC_IN, PROC_OUT, S1, S2]
+    return [t for t, name in zip(traces, names, strict=True) if name not in skip]
+
+
+PAST = {("proc", "in"): 6, ("s1", "out"): 8, ("s2", "out"): 8}  # every group committed past the message
+EARLY = {key: 0 for key in PAST}
+
+
+class Case(NamedTuple):
+    number: int
+    traces: list[Trace]
+    committed: dict[tuple[str, str], int]
+    passed_for_ms: int | None  # how long ago the commits were first seen past (None: not before now)
+    now_ms: int
+    expected: dict[str, tuple[VerdictKind, Cause | None, int]]  # hop -> (verdict, cause, count)
+    done: bool
+    reason: str
+
+
+# fmt: off
+CASES = [
+    Case(1, clean(), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (D, None, 1), S2: (D, None, 1)},
+         True, "every trace present, every group past it for longer than the grace: delivered everywhere"),
+    Case(2, clean(), PAST, None, 70_000, {}, False,
+         "commits just seen past: the grace for trace flushing has not run yet, nothing is final"),
+    Case(3, clean(), EARLY, None, 70_000, {}, False,
+         "no group has committed past: the message is simply on its way"),
+    Case(4, clean(), {**PAST, ("s2", "out"): 7}, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), S1: (D, None, 1)}, False,
+         "s2 has not passed offset 7 yet: its hop and the write into out (whose readers are not final) wait"),
+    Case(5, clean(skip={S1}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1),
+          S1: (L, Cause.SKIPPED_BY_CONSUMER, 0), S2: (D, None, 1)}, True,
+         "s1 committed past offset 7 and never received it: lost, skipped by the consumer"),
+    Case(6, clean(skip={PROC_OUT, S1, S2}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (L, Cause.DROPPED_IN_PROCESSOR, 0)}, True,
+         "proc received it and committed past it, nothing reached out: dropped in the processor; "
+         "the sinks get no verdict, the message never got there"),
+    Case(7, clean(skip={PROC_OUT, S1, S2}), {**PAST, ("proc", "in"): 5}, None, 70_000, {}, False,
+         "proc received it but has not committed past it: it may still write it on (and the write into in "
+         "is decided with its reader)"),
+    Case(8, [*clean(), recv("s2", "out", 7, 1500)], PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (D, None, 1),
+          S2: (DUP, Cause.REWIND_REPLAY, 2)}, True,
+         "s2 read offset 7 twice: a duplicate from a rewind/replay"),
+    Case(9, [*clean(), sent("p", "in", 6, 1010), recv("proc", "in", 6, 1110), sent("proc", "out", 8, 1210),
+             recv("s1", "out", 8, 1310), recv("s2", "out", 8, 1410)],
+         {("proc", "in"): 7, ("s1", "out"): 9, ("s2", "out"): 9}, 60_000, 70_000,
+         {SRC: (DUP, Cause.PRODUCER_RETRY, 2), PROC_IN: (DUP, Cause.PRODUCER_RETRY, 2),
+          PROC_OUT: (DUP, Cause.PRODUCER_RETRY, 2), S1: (DUP, Cause.PRODUCER_RETRY, 2),
+          S2: (DUP, Cause.PRODUCER_RETRY, 2)}, True,
+         "the same id written at offsets 5 and 6: every hop sees it twice, a producer retry"),
+    Case(10, clean(skip={PROC_IN}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (TL, None, 0), PROC_OUT: (D, None, 1), S1: (D, None, 1), S2: (D, None, 1)},
+         True, "no RECEIVED from proc, but proc wrote it on: the message arrived, its trace did not"),
+    Case(11, clean(skip={SRC}), PAST, 60_000, 70_000,
+         {SRC: (TL, None, 0), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (D, None, 1), S2: (D, None, 1)},
+         True, "no SENT from the producer, but proc read it from in: written, trace lost"),
+    Case(12, clean(skip={PROC_OUT}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (TL, None, 0), S1: (D, None, 1), S2: (D, None, 1)},
+         True, "no SENT from proc, but the sinks read it from out: written on, trace lost"),
+    Case(13, clean(), {**PAST, ("s2", "out"): 7}, 60_000, 901_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (D, None, 1),
+          S2: (P, None, 0)}, True,
+         "15 min after the first trace s2 still has not passed it: PENDING for reconciliation; "
+         "the write into out is judged on its SENT trace"),
+    Case(14, clean(), {("proc", "in"): 6, ("s1", "out"): 8}, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), S1: (D, None, 1)}, False,
+         "s2's committed offset is unknown (no commit yet): it waits, it is not lost"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"case{c.number}" for c in CASES])
+def test_verdict_rule_table(case: Case) -> None:
+    def committed(cluster: str, group: str, topic: str, partition: int) -> int | None:
+        return case.committed.get((group, topic))
+
+    passed_at: dict[str, int] = {}
+    if case.passed_for_ms is not None:
+        first = decide("m1", STREAM, case.traces, committed, {}, 1000, case.now_ms - case.passed_for_ms, CONFIG)
+        passed_at = dict(first.passed_at)
+    decision = decide("m1", STREAM, case.traces, committed, passed_at, 1000, case.now_ms, CONFIG)
+    got = {v.hop: (v.kind, v.cause, v.count) for v in decision.verdicts}
+    assert got == case.expected, case.reason
+    assert decision.done is case.done, case.reason
+
+
+def test_latencies_are_measured_hop_to_hop_and_from_the_source() -> None:
+    def committed(cluster: str, group: str, topic: str, partition: int) -> int | None:
+        return PAST.get((group, topic))
+
+    first = decide("m1", STREAM, clean(), committed, {}, 1000, 10_000, CONFIG)
+    decision = decide("m1", STREAM, clean(), committed, first.passed_at, 1000, 50_000, CONFIG)
+    by_hop = {v.hop: v for v in decision.verdicts}
+    assert (by_hop[PROC_IN].latency_ms, by_hop[PROC_OUT].latency_ms, by_hop[S2].latency_ms) == (100, 100, 200)
+    assert (by_hop[S1].e2e_latency_ms, by_hop[S2].e2e_latency_ms) == (300, 400)
+    assert by_hop[S1].offset == 7 and by_hop[S1].group == "s1"
+
+
+def test_an_undecided_message_asks_to_be_looked_at_again() -> None:
+    def committed(cluster: str, group: str, topic: str, partition: int) -> int | None:
+        return PAST.get((group, topic))
+
+    decision = decide("m1", STREAM, clean(), committed, {}, 1000, 10_000, CONFIG)
+    assert not decision.done
+    assert decision.next_check_ms == 10_000 + CONFIG.grace_ms  # the grace after the commits were first seen past
+    assert set(decision.passed_at) == {"local/in -> proc|0|5", "local/out -> s1|0|7", "local/out -> s2|0|7"}
