@@ -222,6 +222,25 @@ class Store:
             ).first()
         return None if row is None else CommittedOffset(int(row.committed_offset), int(row.snapshot_ms))
 
+    def latest_committed(self, cluster: str, group: str) -> tuple[int, dict[tuple[str, int], int]] | None:
+        """The group's committed offsets from its newest snapshot: (snapshot_ms, {(topic, partition): offset})."""
+        table = schema.offset_snapshots
+        with self._begin() as tx:
+            newest = tx.execute(
+                select(func.max(table.c.snapshot_ms)).where(table.c.cluster == cluster, table.c.group_id == group)
+            ).scalar()
+            if newest is None:
+                return None
+            rows = tx.execute(
+                select(table.c.topic, table.c.partition, table.c.committed_offset).where(
+                    table.c.cluster == cluster,
+                    table.c.group_id == group,
+                    table.c.snapshot_ms == newest,
+                    table.c.committed_offset.is_not(None),
+                )
+            )
+            return int(newest), {(r.topic, r.partition): int(r.committed_offset) for r in rows}
+
     def prune_snapshots(self, before_ms: int) -> int:
         """Delete snapshots (and their run records) older than ``before_ms``; return the rows deleted."""
         with self._begin() as tx:

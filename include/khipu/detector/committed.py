@@ -1,0 +1,98 @@
+"""Committed offsets for the detector: the snapshot store when it is fresh, the broker otherwise.
+
+One provider per Python worker, cached per (cluster, group) for ``cache_ms``: deciding a
+micro-batch of messages costs a few group lookups, not one per message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
+from confluent_kafka.admin import AdminClient
+
+from khipu.store.store import Store
+
+log = logging.getLogger(__name__)
+_NO_OFFSET = -1001
+
+
+class CommittedOffsets:
+    """``lookup(cluster, group, topic, partition)`` -> the group's committed offset, or None when unknown."""
+
+    def __init__(
+        self,
+        clusters: Mapping[str, Mapping[str, Any]],
+        store_url: str | None = None,
+        store_fresh_ms: int = 15_000,
+        cache_ms: int = 2_000,
+        clock_ms: Any = None,
+    ) -> None:
+        self.clusters = {name: dict(config) for name, config in clusters.items()}
+        self.store_url = store_url
+        self.store_fresh_ms = store_fresh_ms
+        self.cache_ms = cache_ms
+        self._clock_ms = clock_ms
+        self._admins: dict[str, AdminClient] = {}
+        self._store: Store | None = None
+        self._cache: dict[tuple[str, str], tuple[int, dict[tuple[str, int], int]]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:  # shipped to executors without live clients
+        state = dict(self.__dict__)
+        state.update(_admins={}, _store=None, _cache={})
+        return state
+
+    def _now(self) -> int:
+        return int(self._clock_ms()) if self._clock_ms else time.time_ns() // 1_000_000
+
+    def __call__(self, cluster: str, group: str, topic: str, partition: int) -> int | None:
+        return self.lookup(cluster, group, topic, partition)
+
+    def lookup(self, cluster: str, group: str, topic: str, partition: int) -> int | None:
+        now = self._now()
+        cached = self._cache.get((cluster, group))
+        if cached is None or now - cached[0] >= self.cache_ms:
+            cached = (now, self._fetch(cluster, group, now))
+            self._cache[(cluster, group)] = cached
+        return cached[1].get((topic, partition))
+
+    def _fetch(self, cluster: str, group: str, now: int) -> dict[tuple[str, int], int]:
+        from_store = self._from_store(cluster, group, now)
+        if from_store is not None:
+            return from_store
+        config = self.clusters.get(cluster)
+        if config is None:
+            log.warning("no client settings for cluster %r: committed offsets of %s unknown", cluster, group)
+            return {}
+        admin = self._admins.get(cluster)
+        if admin is None:
+            admin = self._admins[cluster] = AdminClient(dict(config))
+        try:
+            result = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)], request_timeout=10)[
+                group
+            ].result(timeout=10)
+        except KafkaException as exc:
+            log.warning("committed offsets of %s on %s unavailable: %s", group, cluster, exc)
+            return {}
+        return {
+            (tp.topic, tp.partition): tp.offset
+            for tp in result.topic_partitions or []
+            if tp.error is None and tp.offset != _NO_OFFSET
+        }
+
+    def _from_store(self, cluster: str, group: str, now: int) -> dict[tuple[str, int], int] | None:
+        if not self.store_url:
+            return None
+        if self._store is None:
+            self._store = Store(self.store_url)
+        try:
+            latest = self._store.latest_committed(cluster, group)
+        except Exception as exc:  # the store is a shortcut; the broker is the fallback
+            log.warning("store unavailable for committed offsets (%s); asking the broker", exc)
+            return None
+        if latest is None or now - latest[0] > self.store_fresh_ms:
+            return None
+        return latest[1]

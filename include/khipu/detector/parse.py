@@ -1,0 +1,107 @@
+"""From Kafka-source rows (Spark's Kafka schema) to trace rows, and malformed records to quarantine.
+
+Shared by both sources (``khipu_kafka`` here, Spark's ``kafka`` where a cluster has the JVM
+connector): each record's value is decoded by the same strict codec applications use
+(:func:`khipu.trace.decode_trace`), so "valid" means the same everywhere. A record that is not a
+valid trace, or names a stream the registry does not define, goes to the quarantine with the
+reason and its raw bytes; the query keeps running.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import DataFrame
+
+from khipu.trace.codec import TraceDecodeError, decode_trace
+
+TRACE_COLUMNS = (
+    "message_id string, stream string, location string, cluster string, type string, timestamp_ms long, "
+    "topic string, partition int, offset long, `group` string, emitter_id string, emitter_seq long, "
+    "sampling_percent double, attributes string"
+)
+PARSED_SCHEMA = (
+    f"{TRACE_COLUMNS}, quarantine_reason string, raw_value binary, source_topic string, source_partition int, "
+    "source_offset long, kafka_timestamp_ms long"
+)
+_TRACE_FIELDS = [part.split()[0].strip("`") for part in TRACE_COLUMNS.split(", ")]
+
+
+def decode_rows(frames: Iterable[pd.DataFrame], known_streams: frozenset[str]) -> Iterator[pd.DataFrame]:
+    """mapInPandas body: decode every value; fill the trace columns or the quarantine reason."""
+    known = ", ".join(sorted(known_streams)) or "none"
+    for frame in frames:
+        rows: list[dict[str, Any]] = []
+        for value, topic, partition, offset, timestamp in zip(
+            frame["value"], frame["topic"], frame["partition"], frame["offset"], frame["timestamp"], strict=True
+        ):
+            row: dict[str, Any] = dict.fromkeys(_TRACE_FIELDS)
+            raw = bytes(value) if value is not None else None
+            try:
+                trace = decode_trace(raw)
+            except TraceDecodeError as exc:
+                row["quarantine_reason"] = str(exc)
+            else:
+                if trace.stream not in known_streams:
+                    row["quarantine_reason"] = f"unknown stream {trace.stream!r}; the registry defines: {known}"
+                else:
+                    row.update(
+                        message_id=trace.message_id,
+                        stream=trace.stream,
+                        location=trace.location,
+                        cluster=trace.cluster,
+                        type=trace.type.value,
+                        timestamp_ms=trace.timestamp_ms,
+                        topic=trace.topic,
+                        partition=trace.partition,
+                        offset=trace.offset,
+                        group=trace.group,
+                        emitter_id=trace.emitter_id,
+                        emitter_seq=trace.emitter_seq,
+                        sampling_percent=trace.sampling_percent,
+                        attributes=json.dumps(dict(trace.attributes)) if trace.attributes else None,
+                        quarantine_reason=None,
+                    )
+            row.update(
+                raw_value=raw if row.get("quarantine_reason") else None,
+                source_topic=topic,
+                source_partition=int(partition),
+                source_offset=int(offset),
+                kafka_timestamp_ms=int(pd.Timestamp(timestamp).value // 1_000_000)
+                if timestamp is not None and not pd.isna(timestamp)
+                else None,
+            )
+            rows.append(row)
+        yield pd.DataFrame(
+            rows,
+            columns=[
+                *_TRACE_FIELDS,
+                "quarantine_reason",
+                "raw_value",
+                "source_topic",
+                "source_partition",
+                "source_offset",
+                "kafka_timestamp_ms",
+            ],
+        )
+
+
+def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFrame:
+    """Decode a DataFrame of Spark's Kafka schema; split it with :func:`valid` / :func:`quarantined`."""
+    streams = frozenset(known_streams)
+    return kafka_rows.select("value", "topic", "partition", "offset", "timestamp").mapInPandas(
+        lambda frames: decode_rows(frames, streams), PARSED_SCHEMA
+    )
+
+
+def valid(parsed: DataFrame) -> DataFrame:
+    return parsed.where("quarantine_reason IS NULL").select(*[f"`{name}`" for name in _TRACE_FIELDS])
+
+
+def quarantined(parsed: DataFrame) -> DataFrame:
+    return parsed.where("quarantine_reason IS NOT NULL").select(
+        "quarantine_reason", "raw_value", "source_topic", "source_partition", "source_offset", "kafka_timestamp_ms"
+    )
