@@ -84,6 +84,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--delay-ms", type=int, default=3000, help="hold time of delayed records (default 3000)")
     run.add_argument("--seed", type=int, default=0, help="fault plan seed (default 0)")
+    run.add_argument(
+        "--trace-producer-config",
+        action="append",
+        metavar="KEY=VALUE",
+        default=[],
+        help="extra librdkafka setting for the demo's trace emitters; repeatable",
+    )
     run.add_argument("--run-id", help="run id prefixing message ids (default: random)")
     run.add_argument("--stream", default=DEMO_STREAM, help=f"registry stream to run (default {DEMO_STREAM})")
     run.add_argument("--ledger", type=Path, help="ground-truth ledger file (default <state>/demo/ledger.jsonl)")
@@ -168,6 +175,7 @@ def _demo_run(args: argparse.Namespace, settings: KhipuSettings) -> int:
         faults=FaultRates.parse(args.fault),
         delay_ms=args.delay_ms,
         seed=args.seed,
+        trace_producer_config=_key_values(args.trace_producer_config, "--trace-producer-config"),
         **options,  # type: ignore[arg-type]
     )
     stop = threading.Event()
@@ -179,6 +187,16 @@ def _demo_run(args: argparse.Namespace, settings: KhipuSettings) -> int:
     for location, stats in sorted(report.emitters.items()):
         print(f"emitter {location}: {stats.emitted} traces, {stats.delivered} delivered, {stats.dropped} dropped")
     return 0
+
+
+def _key_values(items: list[str], flag: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise DemoConfigError(flag, item, "KEY=VALUE")
+        pairs[key] = value
+    return pairs
 
 
 def _demo_steer(args: argparse.Namespace, settings: KhipuSettings) -> int:

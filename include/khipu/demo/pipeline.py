@@ -17,7 +17,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -69,6 +69,7 @@ class DemoConfig:
     trace_partitions: int = 4
     session_timeout_ms: int = 6000
     max_poll_interval_ms: int = 3_600_000  # a paused (stalled) demo consumer stays in its group for an hour
+    trace_producer_config: Mapping[str, str] = field(default_factory=dict)  # extra librdkafka settings for emitters
     settle_timeout_s: float = 120.0
     progress_interval_s: float = 5.0
 
@@ -588,6 +589,7 @@ class _Demo:
             location=location,
             cluster=self.topology.source_topic.cluster,
             topic=self.config.trace_topic,
+            producer_config=dict(self.config.trace_producer_config),
         )
         emitter: TraceEmitter
         if self.config.faults.trace_loss > 0:

@@ -6,7 +6,20 @@ the migrated database matches these definitions.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, MetaData, String, Table, Text, UniqueConstraint
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
 
 metadata = MetaData()
 
@@ -110,4 +123,77 @@ alerts = Table(
     Column("delivered_ms", BigInteger),  # null: not yet sent
     Column("deliveries", Text),  # JSON: notifier -> "ok" | error text
     Index("ix_alerts_pending", "delivered_ms"),
+)
+
+verdicts = Table(
+    "verdicts",
+    metadata,
+    Column("message_id", String(256), primary_key=True),
+    Column("hop", String(520), primary_key=True),
+    Column("stream", String(NAME), nullable=False),
+    Column("hop_kind", String(8), nullable=False),
+    Column("verdict", String(16), nullable=False),
+    Column("cause", String(32)),
+    Column("count", Integer, nullable=False),
+    Column("topic", String(NAME), nullable=False),
+    Column("partition", Integer),
+    Column("offset", BigInteger),
+    Column("group_id", String(NAME)),
+    Column("location", String(NAME)),
+    Column("observed_ms", BigInteger),
+    Column("latency_ms", BigInteger),
+    Column("e2e_latency_ms", BigInteger),
+    Column("decided_ms", BigInteger, nullable=False),
+    Column("detail", Text, nullable=False),
+    Index("ix_verdicts_stream_time", "stream", "decided_ms"),
+    Index("ix_verdicts_kind", "verdict", "decided_ms"),
+)
+
+verdict_metrics = Table(
+    "verdict_metrics",
+    metadata,
+    Column("stream", String(NAME), primary_key=True),
+    Column("hop", String(520), primary_key=True),
+    Column("minute_ms", BigInteger, primary_key=True),
+    Column("delivered", Integer, nullable=False),
+    Column("lost", Integer, nullable=False),
+    Column("duplicate", Integer, nullable=False),
+    Column("trace_lost", Integer, nullable=False),
+    Column("pending", Integer, nullable=False),
+    Column("loss_rate", Float, nullable=False),
+    Column("duplicate_rate", Float, nullable=False),
+    Column("latency_p50_ms", BigInteger),
+    Column("latency_p95_ms", BigInteger),
+    Column("latency_p99_ms", BigInteger),
+)
+
+quarantine = Table(
+    "quarantine",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("source_topic", String(NAME), nullable=False),
+    Column("source_partition", Integer, nullable=False),
+    Column("source_offset", BigInteger, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("raw_value", LargeBinary),
+    Column("kafka_timestamp_ms", BigInteger),
+    Column("quarantined_ms", BigInteger, nullable=False),
+    UniqueConstraint("source_topic", "source_partition", "source_offset", name="uq_quarantine_record"),
+)
+
+detector_heartbeat = Table(
+    "detector_heartbeat",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("query_name", String(64), nullable=False),
+    Column("run_id", String(64), nullable=False),
+    Column("batch_id", BigInteger, nullable=False),
+    Column("at_ms", BigInteger, nullable=False),
+    Column("input_rows", BigInteger, nullable=False),
+    Column("input_rows_per_s", Float),
+    Column("processed_rows_per_s", Float),
+    Column("batch_duration_ms", BigInteger),
+    Column("state_rows", BigInteger),
+    Column("state_bytes", BigInteger),
+    Index("ix_detector_heartbeat_time", "query_name", "at_ms"),
 )

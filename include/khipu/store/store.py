@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -376,6 +376,146 @@ class Store:
                 for r in tx.execute(query.order_by(table.c.detected_ms))
             ]
 
+    # -- detector outputs -----------------------------------------------------------------
+
+    def upsert_verdicts(self, rows: Sequence[Mapping[str, Any]]) -> set[tuple[str, str, int]]:
+        """Insert or replace verdicts by (message id, hop): a replayed batch never stores one twice.
+
+        Returns the (stream, hop, minute) metric keys the rows touch.
+        """
+        if not rows:
+            return set()
+        table = schema.verdicts
+        values = [
+            {
+                "message_id": r["message_id"],
+                "hop": r["hop"],
+                "group_id": r.get("group"),
+                **{c: r.get(c) for c in _VERDICT_COLUMNS if c != "group_id"},
+            }
+            for r in rows
+        ]
+        with self._begin() as tx:
+            dialect = tx.dialect.name
+            insert_of = postgresql_insert if dialect == "postgresql" else sqlite_insert
+            statement = insert_of(table)
+            tx.execute(
+                statement.on_conflict_do_update(
+                    index_elements=["message_id", "hop"],
+                    set_={c: getattr(statement.excluded, c) for c in _VERDICT_COLUMNS},
+                ),
+                values,
+            )
+        return {(r["stream"], r["hop"], int(r["decided_ms"]) // MINUTE_MS * MINUTE_MS) for r in rows}
+
+    def refresh_metrics(self, keys: Iterable[tuple[str, str, int]]) -> None:
+        """Recompute the given (stream, hop, minute) metrics from the stored verdicts (idempotent)."""
+        table, metrics = schema.verdicts, schema.verdict_metrics
+        with self._begin() as tx:
+            insert_of = postgresql_insert if tx.dialect.name == "postgresql" else sqlite_insert
+            for stream, hop, minute in sorted(set(keys)):
+                rows = tx.execute(
+                    select(table.c.verdict, table.c.latency_ms).where(
+                        table.c.stream == stream,
+                        table.c.hop == hop,
+                        table.c.decided_ms >= minute,
+                        table.c.decided_ms < minute + MINUTE_MS,
+                    )
+                ).all()
+                counts = {
+                    kind: sum(1 for r in rows if r.verdict == kind)
+                    for kind in ("DELIVERED", "LOST", "DUPLICATE", "TRACE_LOST", "PENDING")
+                }
+                judged = sum(counts.values()) or 1
+                latencies = [int(r.latency_ms) for r in rows if r.latency_ms is not None]
+                values = dict(
+                    stream=stream,
+                    hop=hop,
+                    minute_ms=minute,
+                    delivered=counts["DELIVERED"],
+                    lost=counts["LOST"],
+                    duplicate=counts["DUPLICATE"],
+                    trace_lost=counts["TRACE_LOST"],
+                    pending=counts["PENDING"],
+                    loss_rate=counts["LOST"] / judged,
+                    duplicate_rate=counts["DUPLICATE"] / judged,
+                    latency_p50_ms=_percentile(latencies, 0.50),
+                    latency_p95_ms=_percentile(latencies, 0.95),
+                    latency_p99_ms=_percentile(latencies, 0.99),
+                )
+                statement = insert_of(metrics).values(**values)
+                tx.execute(
+                    statement.on_conflict_do_update(
+                        index_elements=["stream", "hop", "minute_ms"],
+                        set_={k: v for k, v in values.items() if k not in ("stream", "hop", "minute_ms")},
+                    )
+                )
+
+    def verdicts(self, stream: str | None = None, since_ms: int = 0) -> list[dict[str, Any]]:
+        table = schema.verdicts
+        query = select(table).where(table.c.decided_ms >= since_ms)
+        if stream is not None:
+            query = query.where(table.c.stream == stream)
+        with self._begin() as tx:
+            return [dict(row._mapping) for row in tx.execute(query.order_by(table.c.decided_ms, table.c.message_id))]
+
+    def metrics(self, stream: str | None = None, since_ms: int = 0) -> list[dict[str, Any]]:
+        table = schema.verdict_metrics
+        query = select(table).where(table.c.minute_ms >= since_ms)
+        if stream is not None:
+            query = query.where(table.c.stream == stream)
+        with self._begin() as tx:
+            return [dict(row._mapping) for row in tx.execute(query.order_by(table.c.minute_ms, table.c.hop))]
+
+    def add_quarantine(self, rows: Sequence[Mapping[str, Any]], at_ms: int) -> int:
+        """Record malformed trace records (once each, by their position on the trace topic)."""
+        added = 0
+        with self._begin() as tx:
+            for row in rows:
+                added += _insert_ignoring_duplicate(
+                    tx,
+                    schema.quarantine,
+                    dict(
+                        source_topic=row["source_topic"],
+                        source_partition=row["source_partition"],
+                        source_offset=row["source_offset"],
+                        reason=row["quarantine_reason"],
+                        raw_value=row["raw_value"],
+                        kafka_timestamp_ms=row.get("kafka_timestamp_ms"),
+                        quarantined_ms=at_ms,
+                    ),
+                )
+        return added
+
+    def quarantined(self) -> list[dict[str, Any]]:
+        table = schema.quarantine
+        with self._begin() as tx:
+            return [
+                dict(r._mapping)
+                for r in tx.execute(select(table).order_by(table.c.source_partition, table.c.source_offset))
+            ]
+
+    def record_heartbeat(self, beat: Mapping[str, Any]) -> None:
+        with self._begin() as tx:
+            tx.execute(insert(schema.detector_heartbeat).values(**beat))
+            tx.execute(
+                delete(schema.detector_heartbeat).where(
+                    schema.detector_heartbeat.c.query_name == beat["query_name"],
+                    schema.detector_heartbeat.c.at_ms < int(beat["at_ms"]) - 86_400_000,
+                )
+            )
+
+    def latest_heartbeat(self, query_name: str) -> dict[str, Any] | None:
+        table = schema.detector_heartbeat
+        with self._begin() as tx:
+            row = tx.execute(
+                select(table)
+                .where(table.c.query_name == query_name)
+                .order_by(table.c.at_ms.desc(), table.c.id.desc())
+                .limit(1)
+            ).first()
+        return None if row is None else dict(row._mapping)
+
     # -- alerts ---------------------------------------------------------------------------
 
     def pending_alerts(self) -> list[Alert]:
@@ -408,6 +548,33 @@ class Store:
         with self._begin() as tx:
             rows = tx.execute(select(table).where(table.c.at_ms >= since_ms).order_by(table.c.at_ms, table.c.id))
             return [(_alert_from(r), r.delivered_ms, json.loads(r.deliveries) if r.deliveries else {}) for r in rows]
+
+
+_VERDICT_COLUMNS = (
+    "stream",
+    "hop_kind",
+    "verdict",
+    "cause",
+    "count",
+    "topic",
+    "partition",
+    "offset",
+    "group_id",
+    "location",
+    "observed_ms",
+    "latency_ms",
+    "e2e_latency_ms",
+    "decided_ms",
+    "detail",
+)
+MINUTE_MS = 60_000
+
+
+def _percentile(values: list[int], fraction: float) -> int | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))]
 
 
 def _key_filter(table: Any, key: PartitionKey) -> tuple[Any, ...]:

@@ -1,0 +1,73 @@
+"""Scoring a detector against the demo's ground truth: the verdict each (message, hop) should get.
+
+The expected verdict is what the evidence that really reached the trace topic allows:
+
+- the hop never happened (count 0): LOST, caused by the injected fault there
+  (consumer_skip -> skipped by consumer; processor_drop / rebalance_drop -> dropped in processor);
+- it happened but none of its traces arrived: TRACE_LOST;
+- it happened once (or several times with only one trace arriving): DELIVERED;
+- two or more traces arrived: DUPLICATE, rewind/replay when the offset was re-read there
+  (offset_rewind), producer retry otherwise (the id sits at several offsets).
+
+Hops the message never reached (downstream of a loss) have no row, and expect no verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from khipu.demo.ledger import GroundTruth, HopTruth
+
+_LOSS_CAUSES = {
+    "consumer_skip": "skipped_by_consumer",
+    "processor_drop": "dropped_in_processor",
+    "rebalance_drop": "dropped_in_processor",
+}
+
+Expected = tuple[str, str | None]  # (verdict, cause)
+
+
+def expected_verdict(row: HopTruth) -> Expected:
+    if row.count == 0:
+        cause = next((_LOSS_CAUSES[f] for f in sorted(row.faults) if f in _LOSS_CAUSES), None)
+        return "LOST", cause
+    if row.traces == 0:
+        return "TRACE_LOST", None
+    if row.traces == 1:
+        return "DELIVERED", None
+    return "DUPLICATE", "rewind_replay" if "offset_rewind" in row.faults else "producer_retry"
+
+
+def expected_verdicts(truth: GroundTruth) -> dict[tuple[str, str], Expected]:
+    return {
+        (row.message_id, row.hop): expected_verdict(row)
+        for row in truth.rows()
+        if truth.messages[row.message_id].sampled
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    expected: int
+    matched: int
+    wrong: dict[tuple[str, str], tuple[Expected, Expected]]  # (message, hop) -> (expected, got)
+    missing: dict[tuple[str, str], Expected]  # expected, no verdict
+    extra: dict[tuple[str, str], Expected]  # verdict for a hop with no truth
+
+    @property
+    def exact(self) -> bool:
+        return not self.wrong and not self.missing and not self.extra
+
+
+def score(truth: GroundTruth, verdicts: Iterable[Mapping[str, Any]]) -> Score:
+    """Compare stored verdict rows (message_id, hop, verdict, cause) with the ground truth."""
+    expected = expected_verdicts(truth)
+    got = {
+        (v["message_id"], v["hop"]): (v["verdict"], v["cause"]) for v in verdicts if v["message_id"] in truth.messages
+    }
+    wrong = {key: (want, got[key]) for key, want in expected.items() if key in got and got[key] != want}
+    missing = {key: want for key, want in expected.items() if key not in got}
+    extra = {key: value for key, value in got.items() if key not in expected}
+    return Score(len(expected), len(expected) - len(wrong) - len(missing), wrong, missing, extra)

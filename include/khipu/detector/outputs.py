@@ -1,0 +1,132 @@
+"""Where the detector's results go, written per micro-batch (``foreachBatch``), each idempotently.
+
+- verdicts: upserted into the store by (message id, hop), so a batch replayed after a restart
+  never stores a verdict twice; LOST verdicts are also produced to the lost-messages topic
+  (at-least-once: a replay may repeat one there; consumers key on message id + hop);
+- metrics per stream / hop / minute: recomputed from the stored verdicts of the minutes touched;
+- the raw-trace archive: Parquet partitioned by hour and batch, overwritten on replay;
+- malformed records: the store's quarantine, once per trace-topic position;
+- the heartbeat: every query's progress, into the store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import Producer
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.listener import StreamingQueryListener
+
+from khipu.detector.parse import quarantined, valid
+from khipu.store.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class VerdictWriter:
+    """foreachBatch of the verdict query."""
+
+    def __init__(self, store_url: str, lost_topic: str | None, producer_config: dict[str, Any]) -> None:
+        self.store_url, self.lost_topic, self.producer_config = store_url, lost_topic, producer_config
+        self._store: Store | None = None
+        self._producer: Producer | None = None
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        rows = [row.asDict() for row in batch.collect()]
+        if not rows:
+            return
+        if self._store is None:
+            self._store = Store(self.store_url)
+        keys = self._store.upsert_verdicts(rows)
+        lost = [r for r in rows if r["verdict"] == "LOST"]
+        if lost and self.lost_topic:
+            self._publish_lost(self.lost_topic, lost)
+        self._store.refresh_metrics(keys)
+        log.info("batch %d: %d verdicts (%d LOST)", batch_id, len(rows), len(lost))
+
+    def _publish_lost(self, topic: str, lost: list[dict[str, Any]]) -> None:
+        if self._producer is None:
+            self._producer = Producer({**self.producer_config, "enable.idempotence": True, "acks": "all"})
+        for row in lost:
+            self._producer.produce(topic, key=row["message_id"].encode(), value=json.dumps(row, default=str).encode())
+        remaining = self._producer.flush(30)
+        if remaining:
+            raise RuntimeError(f"{remaining} LOST verdicts not acknowledged by topic {topic!r}")
+
+
+class ArchiveWriter:
+    """foreachBatch of the parse query: valid traces to the archive, malformed records to quarantine."""
+
+    def __init__(self, store_url: str, archive_path: str) -> None:
+        self.store_url, self.archive_path = store_url, archive_path
+        self._store: Store | None = None
+
+    def __call__(self, parsed: DataFrame, batch_id: int) -> None:
+        parsed.persist()
+        try:
+            traces = (
+                valid(parsed)
+                .withColumn("hour", F.date_format(F.timestamp_millis("timestamp_ms"), "yyyy-MM-dd-HH"))
+                .withColumn("batch_id", F.lit(batch_id))
+            )
+            (
+                traces.write.mode("overwrite")
+                .option("partitionOverwriteMode", "dynamic")
+                .partitionBy("hour", "batch_id")
+                .parquet(self.archive_path)
+            )
+            bad = [row.asDict() for row in quarantined(parsed).collect()]
+            if bad:
+                if self._store is None:
+                    self._store = Store(self.store_url)
+                added = self._store.add_quarantine(bad, _now_ms())
+                log.warning("batch %d: %d malformed trace records quarantined (%d new)", batch_id, len(bad), added)
+        finally:
+            parsed.unpersist()
+
+
+class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
+    """Every query's progress into the store: last batch time, rates, duration, state rows."""
+
+    def __init__(self, store_url: str) -> None:
+        self.store = Store(store_url)
+
+    def onQueryStarted(self, event: Any) -> None:
+        log.info("query %s started (run %s)", event.name, event.runId)
+
+    def onQueryProgress(self, event: Any) -> None:
+        progress = event.progress
+        at = datetime.strptime(progress.timestamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+        operators = list(progress.stateOperators or [])
+        try:
+            self.store.record_heartbeat(
+                {
+                    "query_name": progress.name or "detector",
+                    "run_id": str(progress.runId),
+                    "batch_id": int(progress.batchId),
+                    "at_ms": int(at.timestamp() * 1000),
+                    "input_rows": int(progress.numInputRows),
+                    "input_rows_per_s": float(progress.inputRowsPerSecond or 0.0),
+                    "processed_rows_per_s": float(progress.processedRowsPerSecond or 0.0),
+                    "batch_duration_ms": int(progress.batchDuration or 0),
+                    "state_rows": sum(int(op.numRowsTotal) for op in operators),
+                    "state_bytes": sum(int(op.memoryUsedBytes) for op in operators),
+                }
+            )
+        except Exception as exc:  # a heartbeat that cannot be stored must not stop the detector
+            log.warning("heartbeat not stored: %s", exc)
+
+    def onQueryIdle(self, event: Any) -> None:
+        """Idle queries report through their next progress."""
+
+    def onQueryTerminated(self, event: Any) -> None:
+        log.info("query %s terminated%s", event.id, f": {event.exception}" if event.exception else "")
