@@ -20,6 +20,30 @@ log = logging.getLogger(__name__)
 _NO_OFFSET = -1001
 
 
+class TraceGaps:
+    """``trace_gap(location, topic, partition, offset)``: whether an emitter at ``location`` may have lost
+    the trace of that record, from the gap windows the archive query records (asked only for a
+    would-be LOST, so rarely)."""
+
+    def __init__(self, store_url: str) -> None:
+        self.store_url = store_url
+        self._store: Store | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_store=None)
+        return state
+
+    def __call__(self, location: str, topic: str, partition: int, offset: int) -> bool:
+        if self._store is None:
+            self._store = Store(self.store_url)
+        try:
+            return self._store.trace_lost_at(location, topic, partition, offset)
+        except Exception as exc:  # without gap information a lost trace reads as a lost message
+            log.warning("trace gaps of %s unavailable: %s", location, exc)
+            return False
+
+
 class CommittedOffsets:
     """``lookup(cluster, group, topic, partition)`` -> the group's committed offset, or None when unknown."""
 

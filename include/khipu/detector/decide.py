@@ -11,12 +11,15 @@ Rules (Inca's central idea, sharpened):
   position of the message on that topic and ``grace_ms`` has gone by since that was first seen:
   until then the message is simply on its way, however long that takes (up to ``max_wait_ms``).
   Then: no RECEIVED -> LOST, skipped by consumer (or TRACE_LOST when a later hop shows it
-  arrived); one -> DELIVERED; more -> DUPLICATE, rewind/replay when one offset was read twice,
-  producer retry when the id sits at several offsets.
+  arrived, or when the group's emitter lost a trace right there: a gap in its sequence numbers
+  between its traces of the offsets around this one); one -> DELIVERED; more ->
+  DUPLICATE, rewind/replay when one offset was read twice, producer retry when the id sits at
+  several offsets.
 - A write hop with SENT traces is DELIVERED (DUPLICATE when the id was written at several
   offsets), decided when the hops reading its topic are decided (and, for a processor, its input
   read). Without a SENT but with the message seen on its topic: TRACE_LOST. A processor that
-  received the message and committed past it, with nothing written on: LOST, dropped in processor.
+  received the message and committed past it, with nothing written on: LOST, dropped in processor
+  (a written record is seen downstream, so no gap lookup is needed there).
 - Hops past a loss get no verdict: the message never got there.
 - Still undecided ``max_wait_ms`` after the first trace: PENDING for what is open, and done.
 """
@@ -26,8 +29,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from khipu.detector.model import Cause, CommittedLookup, DetectorConfig, Verdict, VerdictKind
-from khipu.registry.model import ConsumerSpec, Hop, Stream, TopicRef
+from khipu.detector.model import (
+    Cause,
+    CommittedLookup,
+    DetectorConfig,
+    TraceGapLookup,
+    Verdict,
+    VerdictKind,
+    no_trace_gaps,
+)
+from khipu.registry.model import ConsumerSpec, Hop, HopKind, Stream, TopicRef
 from khipu.trace.model import Trace, TraceType
 
 Position = tuple[int, int]  # (partition, offset)
@@ -76,7 +87,9 @@ class _Judge:
         now_ms: int,
         config: DetectorConfig,
         timed_out: bool,
+        trace_gap: TraceGapLookup,
     ) -> None:
+        self.trace_gap = trace_gap
         self.timed_out = timed_out  # past max_wait: write hops are judged on the evidence there is
         self.message_id, self.stream, self.evidence = message_id, stream, evidence
         self.committed, self.now_ms, self.config = committed, now_ms, config
@@ -85,6 +98,7 @@ class _Judge:
         self.open: list[Hop] = []
         self.next_check: list[int] = []
         self.read_final: dict[Hop, bool] = {}
+        self.reached: set[Hop] = set()  # read hops the message evidently got to
         source_sents = [t for hop, ts in evidence.sent.items() if self._is_source(hop) for t in ts]
         self.source_sent_ms = min((t.timestamp_ms for t in source_sents), default=None)
 
@@ -130,6 +144,7 @@ class _Judge:
         first = receives[0] if receives else None
         partition, offset = (first.partition, first.offset) if first else min(positions)
         if not receives:
+            location = self._location_of(hop.group)
             if self._arrived_past(hop):
                 self._verdict(
                     hop,
@@ -140,6 +155,17 @@ class _Judge:
                     offset,
                     None,
                     "no RECEIVED trace, but a later hop shows the group got the message",
+                )
+            elif location is not None and self.trace_gap(location, hop.topic.topic, partition, offset):
+                self._verdict(
+                    hop,
+                    VerdictKind.TRACE_LOST,
+                    None,
+                    0,
+                    partition,
+                    offset,
+                    None,
+                    f"no RECEIVED trace, and {location}'s emitter lost a trace while it was due",
                 )
             else:
                 self._verdict(
@@ -181,6 +207,9 @@ class _Judge:
                 f"the id was read at {len(per_position)} offsets",
                 latency,
             )
+
+    def _location_of(self, group: str) -> str | None:
+        return next((c.location for c in self.stream.route.consumers if c.group == group), None)
 
     def _arrived_past(self, hop: Hop) -> bool:
         """A processor that writes on what it received: its SENT traces prove it got the message."""
@@ -246,17 +275,12 @@ class _Judge:
         )
 
     def missing_processor_write(self, processor: ConsumerSpec, output: TopicRef) -> None:
-        """A processor received the message and wrote nothing on to ``output``."""
+        """A processor got the message (its read hop was reached) and wrote nothing on to ``output``."""
         hop = Hop.write(processor.location, output)
-        inputs = [
-            Hop.read(t, processor.group)
-            for t in processor.reads
-            if self.evidence.received.get(Hop.read(t, processor.group))
-        ]
-        if not inputs or not all(self.read_final.get(h, False) for h in inputs):
-            self.open.append(hop)
+        inputs = [Hop.read(t, processor.group) for t in processor.reads if Hop.read(t, processor.group) in self.reached]
+        if not inputs:
             return
-        received = self.evidence.received[inputs[0]][0]
+        where = ", ".join(str(h.topic) for h in inputs)
         self._verdict(
             hop,
             VerdictKind.LOST,
@@ -265,8 +289,7 @@ class _Judge:
             None,
             None,
             None,
-            f"{processor.group} received it at {received.topic}[{received.partition}]@{received.offset}, "
-            f"committed past it, and wrote nothing to {output}",
+            f"{processor.group} got it from {where}, committed past it, and wrote nothing to {output}",
         )
 
     # -- output -----------------------------------------------------------------------------
@@ -285,6 +308,8 @@ class _Judge:
     ) -> None:
         observed = trace.timestamp_ms if trace else None
         e2e = observed - self.source_sent_ms if observed is not None and self.source_sent_ms is not None else None
+        if hop.kind is HopKind.READ and kind in (VerdictKind.DELIVERED, VerdictKind.DUPLICATE, VerdictKind.TRACE_LOST):
+            self.reached.add(hop)
         self.verdicts.append(
             Verdict(
                 message_id=self.message_id,
@@ -331,11 +356,12 @@ def decide(
     first_seen_ms: int,
     now_ms: int,
     config: DetectorConfig,
+    trace_gap: TraceGapLookup = no_trace_gaps,
 ) -> Decision:
     """Judge every hop the message reached (see the module doc)."""
     evidence = _gather(traces)
     timed_out = now_ms - first_seen_ms >= config.max_wait_ms
-    judge = _Judge(message_id, stream, evidence, committed, passed_at, now_ms, config, timed_out)
+    judge = _Judge(message_id, stream, evidence, committed, passed_at, now_ms, config, timed_out, trace_gap)
     route = stream.route
     reached = sorted(evidence.positions, key=str)
     for topic in reached:
@@ -347,10 +373,13 @@ def decide(
         for hop in with_evidence or (writers if len(writers) == 1 else []):
             judge.write_hop(hop)
     for processor in (c for c in route.consumers if c.is_processor):
-        if any(evidence.received.get(Hop.read(t, processor.group)) for t in processor.reads):
-            for output in processor.writes:
-                if output not in evidence.positions:
-                    judge.missing_processor_write(processor, output)
+        inputs = [Hop.read(t, processor.group) for t in processor.reads if t in evidence.positions]
+        missing = [out for out in processor.writes if out not in evidence.positions]
+        if any(h in judge.open for h in inputs):  # not yet known whether it got there: wait with it
+            judge.open.extend(Hop.write(processor.location, out) for out in missing)
+            continue
+        for output in missing:
+            judge.missing_processor_write(processor, output)
     if judge.open and timed_out:
         for hop in judge.open:
             judge.pending(hop)

@@ -68,3 +68,11 @@ class DetectorConfig:
 
 # committed(cluster, group, topic, partition) -> the group's committed offset (next to read), or None
 CommittedLookup = Callable[[str, str, str, int], int | None]
+
+# trace_gap(location, topic, partition, offset) -> whether an emitter at that location may have lost
+# the trace of that record: a gap in its sequence numbers between its traces of the offsets around it
+TraceGapLookup = Callable[[str, str, int, int], bool]
+
+
+def no_trace_gaps(location: str, topic: str, partition: int, offset: int) -> bool:
+    return False

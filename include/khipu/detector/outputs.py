@@ -6,6 +6,7 @@
 - metrics per stream / hop / minute: recomputed from the stored verdicts of the minutes touched;
 - the raw-trace archive: Parquet partitioned by hour and batch, overwritten on replay;
 - malformed records: the store's quarantine, once per trace-topic position;
+- emitter sequence numbers: their gaps are lost traces (what tells TRACE_LOST from LOST);
 - the heartbeat: every query's progress, into the store.
 """
 
@@ -84,10 +85,16 @@ class ArchiveWriter:
                 .partitionBy("hour", "batch_id")
                 .parquet(self.archive_path)
             )
+            sequences = traces.select(
+                "emitter_id", "location", "emitter_seq", "timestamp_ms", "topic", "partition", "offset"
+            ).collect()
+            if self._store is None:
+                self._store = Store(self.store_url)
+            gaps = self._store.record_emitter_sequences((tuple(row) for row in sequences), _now_ms())
+            if gaps:
+                log.warning("batch %d: %d new gaps in emitter sequences (lost traces)", batch_id, gaps)
             bad = [row.asDict() for row in quarantined(parsed).collect()]
             if bad:
-                if self._store is None:
-                    self._store = Store(self.store_url)
                 added = self._store.add_quarantine(bad, _now_ms())
                 log.warning("batch %d: %d malformed trace records quarantined (%d new)", batch_id, len(bad), added)
         finally:

@@ -22,7 +22,7 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 
 from khipu.detector.decide import decide
-from khipu.detector.model import CommittedLookup, DetectorConfig, Verdict
+from khipu.detector.model import CommittedLookup, DetectorConfig, TraceGapLookup, Verdict, no_trace_gaps
 from khipu.detector.parse import TRACE_COLUMNS
 from khipu.registry.model import Registry
 from khipu.trace.model import NO_ATTRIBUTES, Trace, TraceType
@@ -82,10 +82,17 @@ def verdict_row(verdict: Verdict) -> dict[str, Any]:
 
 
 class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
-    def __init__(self, registry: Registry, committed: CommittedLookup, config: DetectorConfig) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        committed: CommittedLookup,
+        config: DetectorConfig,
+        trace_gap: TraceGapLookup = no_trace_gaps,
+    ) -> None:
         self.registry = registry
         self.committed = committed
         self.config = config
+        self.trace_gap = trace_gap
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         ttl = self.config.max_wait_ms + SAFETY_TTL_MS
@@ -124,7 +131,9 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
         if stream is None:  # parsing quarantines unknown streams; a registry change could still get here
             self._drop()
             return
-        decision = decide(message_id, stream, traces, self.committed, passed_at, first_seen, now_ms, self.config)
+        decision = decide(
+            message_id, stream, traces, self.committed, passed_at, first_seen, now_ms, self.config, self.trace_gap
+        )
         fresh = [v for v in decision.verdicts if v.hop not in emitted]
         if decision.done:
             self._drop()

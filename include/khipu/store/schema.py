@@ -197,3 +197,46 @@ detector_heartbeat = Table(
     Column("state_bytes", BigInteger),
     Index("ix_detector_heartbeat_time", "query_name", "at_ms"),
 )
+
+emitter_progress = Table(
+    "emitter_progress",
+    metadata,
+    Column("emitter_id", String(NAME), primary_key=True),
+    Column("location", String(NAME), nullable=False),
+    Column("max_seq", BigInteger, nullable=False),
+    Column("max_seq_ms", BigInteger, nullable=False),
+    Column("positions", Text, nullable=False),  # JSON {"topic|partition": last offset traced there}
+    Column("last_position", String(520)),  # "topic|partition" of its newest trace
+    Column("updated_ms", BigInteger, nullable=False),
+)
+
+trace_gaps = Table(
+    "trace_gaps",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("emitter_id", String(NAME), nullable=False),
+    Column("location", String(NAME), nullable=False),
+    Column("from_seq", BigInteger, nullable=False),  # first missing sequence number
+    Column("to_seq", BigInteger, nullable=False),  # first sequence number after the gap
+    Column("after_ms", BigInteger, nullable=False),  # time of the trace before the gap
+    Column("before_ms", BigInteger, nullable=False),  # time of the trace after the gap
+    Column("noticed_ms", BigInteger, nullable=False),
+    Index("ix_trace_gaps_location_time", "location", "before_ms"),
+    Index("ix_trace_gaps_emitter", "emitter_id", "from_seq"),
+)
+
+gap_windows = Table(
+    "gap_windows",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("gap_id", Integer, nullable=False),
+    Column("emitter_id", String(NAME), nullable=False),
+    Column("location", String(NAME), nullable=False),
+    Column("topic", String(NAME), nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("lo_offset", BigInteger, nullable=False),  # the emitter's last offset here before the gap
+    Column("hi_offset", BigInteger),  # its first offset here after the gap (null: none yet)
+    Column("gap_size", Integer, nullable=False),  # traces the gap lost: it explains at most this many
+    Index("ix_gap_windows_position", "location", "topic", "partition", "lo_offset"),
+    Index("ix_gap_windows_open", "emitter_id", "hi_offset"),
+)

@@ -495,6 +495,171 @@ class Store:
                 for r in tx.execute(select(table).order_by(table.c.source_partition, table.c.source_offset))
             ]
 
+    def record_emitter_sequences(
+        self, observed: Iterable[tuple[str, str, int, int, str, int, int]], now_ms: int
+    ) -> int:
+        """Track each emitter's sequence numbers; record its gaps (lost traces); return the new gaps.
+
+        ``observed``: (emitter id, location, sequence number, trace time, topic, partition, offset)
+        of one batch of traces. A gap is kept with, per partition the emitter had traced (or traces
+        next), the offsets it had reached before the gap and first traced after it: a missing trace
+        at an offset strictly between them may be the lost one (:meth:`trace_lost_at`); a record the
+        group never traced (a skip) leaves no gap at all. Consumers work through runs of records
+        of one partition, so a gap of one or two traces is looked for only on the partitions of the
+        traces just before and after it. Numbers that show up late fill gaps.
+        Emitters number from 0, so an emitter first seen above 0 lost its first traces. (A detector
+        started at ``latest`` sees every emitter mid-way: start it at ``earliest``, the default.)
+        """
+        by_emitter: dict[str, tuple[str, list[tuple[int, int, str, int, int]]]] = {}
+        for emitter_id, location, seq, at_ms, topic, partition, offset in observed:
+            by_emitter.setdefault(emitter_id, (location, []))[1].append(
+                (int(seq), int(at_ms), topic, int(partition), int(offset))
+            )
+        progress, gaps, windows = schema.emitter_progress, schema.trace_gaps, schema.gap_windows
+        new_gaps = 0
+        with self._begin() as tx:
+            for emitter_id, (location, seen) in sorted(by_emitter.items()):
+                seen.sort()
+                row = tx.execute(select(progress).where(progress.c.emitter_id == emitter_id)).first()
+                known_max = int(row.max_seq) if row else None
+                late = [s for s, *_ in seen if known_max is not None and s <= known_max]
+                if late:
+                    self._fill_gaps(tx, emitter_id, late)
+                positions: dict[str, int] = json.loads(row.positions) if row else {}
+                open_windows: dict[str, list[int]] = {}
+                for window in tx.execute(
+                    select(windows.c.id, windows.c.topic, windows.c.partition).where(
+                        windows.c.emitter_id == emitter_id, windows.c.hi_offset.is_(None)
+                    )
+                ):
+                    open_windows.setdefault(f"{window.topic}|{window.partition}", []).append(int(window.id))
+                previous: tuple[int, int] | None = (int(row.max_seq), int(row.max_seq_ms)) if row else None
+                previous_key: str | None = row.last_position if row else None
+                fresh = [t for t in seen if known_max is None or t[0] > known_max]
+                if row is None and fresh and fresh[0][0] > 0:  # it lost traces before the first one seen
+                    previous = (-1, fresh[0][1])
+                for seq, at_ms, topic, partition, offset in fresh:
+                    key = f"{topic}|{partition}"
+                    if previous is not None and seq > previous[0] + 1:
+                        gap_id = tx.execute(
+                            insert(gaps).values(
+                                emitter_id=emitter_id,
+                                location=location,
+                                from_seq=previous[0] + 1,
+                                to_seq=seq,
+                                after_ms=previous[1],
+                                before_ms=at_ms,
+                                noticed_ms=now_ms,
+                            )
+                        ).inserted_primary_key[0]
+                        new_gaps += 1
+                        size = seq - previous[0] - 1
+                        # every partition it traced may hold the lost ones, and so may the one it traces now;
+                        # a short gap sits within the run of the trace before or after it
+                        candidates = [*positions.items(), *([] if key in positions else [(key, -1)])]
+                        if size <= 2:
+                            candidates = [(k, last) for k, last in candidates if k in (key, previous_key)]
+                        for window_key, last in candidates:
+                            window_topic, window_partition = window_key.rsplit("|", 1)
+                            window_id = tx.execute(
+                                insert(windows).values(
+                                    gap_id=gap_id,
+                                    emitter_id=emitter_id,
+                                    location=location,
+                                    topic=window_topic,
+                                    partition=int(window_partition),
+                                    lo_offset=last,
+                                    hi_offset=None,
+                                    gap_size=size,
+                                )
+                            ).inserted_primary_key[0]
+                            open_windows.setdefault(window_key, []).append(int(window_id))
+                    for window_id in open_windows.pop(key, []):
+                        tx.execute(update(windows).where(windows.c.id == window_id).values(hi_offset=offset))
+                    positions[key] = offset
+                    previous, previous_key = (seq, at_ms), key
+                if fresh:
+                    values = dict(
+                        location=location,
+                        max_seq=fresh[-1][0],
+                        max_seq_ms=fresh[-1][1],
+                        positions=json.dumps(positions),
+                        last_position=previous_key,
+                        updated_ms=now_ms,
+                    )
+                    if row:
+                        tx.execute(update(progress).where(progress.c.emitter_id == emitter_id).values(**values))
+                    else:
+                        tx.execute(insert(progress).values(emitter_id=emitter_id, **values))
+        return new_gaps
+
+    def _fill_gaps(self, tx: Connection, emitter_id: str, late: list[int]) -> None:
+        """Late numbers shrink or split their gap; a gap filled completely goes, with its windows."""
+        gaps, windows = schema.trace_gaps, schema.gap_windows
+        for seq in late:
+            for gap in tx.execute(
+                select(gaps).where(gaps.c.emitter_id == emitter_id, gaps.c.from_seq <= seq, gaps.c.to_seq > seq)
+            ).all():
+                pieces = [(start, stop) for start, stop in ((gap.from_seq, seq), (seq + 1, gap.to_seq)) if stop > start]
+                if not pieces:
+                    tx.execute(delete(windows).where(windows.c.gap_id == gap.id))
+                    tx.execute(delete(gaps).where(gaps.c.id == gap.id))
+                    continue
+                start, stop = pieces[0]
+                tx.execute(update(gaps).where(gaps.c.id == gap.id).values(from_seq=start, to_seq=stop))
+                for start, stop in pieces[1:]:
+                    tx.execute(
+                        insert(gaps).values(
+                            emitter_id=emitter_id,
+                            location=gap.location,
+                            from_seq=start,
+                            to_seq=stop,
+                            after_ms=gap.after_ms,
+                            before_ms=gap.before_ms,
+                            noticed_ms=gap.noticed_ms,
+                        )
+                    )
+
+    def trace_lost_at(self, location: str, topic: str, partition: int, offset: int) -> bool:
+        """Whether a location's emitter may have lost the trace of the record at this position.
+
+        Yes when one of its gap windows holds the offset and could be all lost traces: the gap lost
+        k traces, so a window with more than k records between its offsets (the group skipped some)
+        is no explanation; an open window (no trace after the gap there yet) covers its next k.
+        """
+        w = schema.gap_windows
+        with self._begin() as tx:
+            hit = tx.execute(
+                select(w.c.id)
+                .where(
+                    w.c.location == location,
+                    w.c.topic == topic,
+                    w.c.partition == partition,
+                    w.c.lo_offset < offset,
+                    or_(
+                        and_(
+                            w.c.hi_offset.is_not(None),
+                            w.c.hi_offset > offset,
+                            w.c.hi_offset - w.c.lo_offset - 1 <= w.c.gap_size,
+                        ),
+                        and_(w.c.hi_offset.is_(None), w.c.lo_offset + w.c.gap_size >= offset),
+                    ),
+                )
+                .limit(1)
+            ).first()
+        return hit is not None
+
+    def trace_gaps(self, location: str) -> list[tuple[int, int]]:
+        """Unfilled gaps of a location's emitters: (first missing number, first number after)."""
+        gaps = schema.trace_gaps
+        with self._begin() as tx:
+            rows = tx.execute(
+                select(gaps.c.from_seq, gaps.c.to_seq)
+                .where(gaps.c.location == location)
+                .order_by(gaps.c.emitter_id, gaps.c.from_seq)
+            )
+            return [(int(r.from_seq), int(r.to_seq)) for r in rows]
+
     def record_heartbeat(self, beat: Mapping[str, Any]) -> None:
         with self._begin() as tx:
             tx.execute(insert(schema.detector_heartbeat).values(**beat))

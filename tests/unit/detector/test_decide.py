@@ -103,6 +103,7 @@ class Case(NamedTuple):
     expected: dict[str, tuple[VerdictKind, Cause | None, int]]  # hop -> (verdict, cause, count)
     done: bool
     reason: str
+    gaps: frozenset[str] = frozenset()  # locations whose emitter lost a trace in the time that matters
 
 
 # fmt: off
@@ -156,6 +157,18 @@ CASES = [
     Case(14, clean(), {("proc", "in"): 6, ("s1", "out"): 8}, 60_000, 70_000,
          {SRC: (D, None, 1), PROC_IN: (D, None, 1), S1: (D, None, 1)}, False,
          "s2's committed offset is unknown (no commit yet): it waits, it is not lost"),
+    Case(15, clean(skip={S1}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (TL, None, 0), S2: (D, None, 1)},
+         True, "no RECEIVED from s1, but s1's emitter has a sequence gap while it was due: the trace was lost",
+         frozenset({"s1"})),
+    Case(16, clean(skip={S1}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1),
+          S1: (L, Cause.SKIPPED_BY_CONSUMER, 0), S2: (D, None, 1)}, True,
+         "a gap in s2's emitter says nothing about s1: still a skip", frozenset({"s2"})),
+    Case(17, clean(skip={PROC_OUT, S1, S2}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (L, Cause.DROPPED_IN_PROCESSOR, 0)}, True,
+         "nothing was seen downstream of proc: a written record would be, so this is a drop whatever "
+         "proc's emitter lost", frozenset({"proc"})),
 ]
 # fmt: on
 
@@ -165,11 +178,14 @@ def test_verdict_rule_table(case: Case) -> None:
     def committed(cluster: str, group: str, topic: str, partition: int) -> int | None:
         return case.committed.get((group, topic))
 
+    def trace_gap(location: str, topic: str, partition: int, offset: int) -> bool:
+        return location in case.gaps
+
     passed_at: dict[str, int] = {}
     if case.passed_for_ms is not None:
         first = decide("m1", STREAM, case.traces, committed, {}, 1000, case.now_ms - case.passed_for_ms, CONFIG)
         passed_at = dict(first.passed_at)
-    decision = decide("m1", STREAM, case.traces, committed, passed_at, 1000, case.now_ms, CONFIG)
+    decision = decide("m1", STREAM, case.traces, committed, passed_at, 1000, case.now_ms, CONFIG, trace_gap)
     got = {v.hop: (v.kind, v.cause, v.count) for v in decision.verdicts}
     assert got == case.expected, case.reason
     assert decision.done is case.done, case.reason

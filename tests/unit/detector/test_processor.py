@@ -24,8 +24,25 @@ class Offsets:
 
 
 def frame(traces: list[Any]) -> pd.DataFrame:
-    rows = [(t.message_id, t.stream, t.location, t.cluster, t.type.value, t.timestamp_ms, t.topic, t.partition,
-             t.offset, t.group, t.emitter_id, t.emitter_seq, t.sampling_percent, None) for t in traces]
+    rows = [
+        (
+            t.message_id,
+            t.stream,
+            t.location,
+            t.cluster,
+            t.type.value,
+            t.timestamp_ms,
+            t.topic,
+            t.partition,
+            t.offset,
+            t.group,
+            t.emitter_id,
+            t.emitter_seq,
+            t.sampling_percent,
+            None,
+        )
+        for t in traces
+    ]
     return pd.DataFrame(rows, columns=TRACE_FIELDS)
 
 

@@ -1,8 +1,8 @@
-"""verdicts, metrics, quarantine, detector heartbeat
+"""verdicts, metrics, quarantine, detector heartbeat, trace gaps
 
 Revision ID: 0002
 Revises: 0001
-Create Date: 2026-11-22 23:49:51.057403
+Create Date: 2026-11-23 00:00:05.071624
 """
 
 from __future__ import annotations
@@ -36,6 +36,34 @@ def upgrade() -> None:
         batch_op.create_index("ix_detector_heartbeat_time", ["query_name", "at_ms"], unique=False)
 
     op.create_table(
+        "emitter_progress",
+        sa.Column("emitter_id", sa.String(length=249), nullable=False),
+        sa.Column("location", sa.String(length=249), nullable=False),
+        sa.Column("max_seq", sa.BigInteger(), nullable=False),
+        sa.Column("max_seq_ms", sa.BigInteger(), nullable=False),
+        sa.Column("positions", sa.Text(), nullable=False),
+        sa.Column("last_position", sa.String(length=520), nullable=True),
+        sa.Column("updated_ms", sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint("emitter_id"),
+    )
+    op.create_table(
+        "gap_windows",
+        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
+        sa.Column("gap_id", sa.Integer(), nullable=False),
+        sa.Column("emitter_id", sa.String(length=249), nullable=False),
+        sa.Column("location", sa.String(length=249), nullable=False),
+        sa.Column("topic", sa.String(length=249), nullable=False),
+        sa.Column("partition", sa.Integer(), nullable=False),
+        sa.Column("lo_offset", sa.BigInteger(), nullable=False),
+        sa.Column("hi_offset", sa.BigInteger(), nullable=True),
+        sa.Column("gap_size", sa.Integer(), nullable=False),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    with op.batch_alter_table("gap_windows", schema=None) as batch_op:
+        batch_op.create_index("ix_gap_windows_open", ["emitter_id", "hi_offset"], unique=False)
+        batch_op.create_index("ix_gap_windows_position", ["location", "topic", "partition", "lo_offset"], unique=False)
+
+    op.create_table(
         "quarantine",
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
         sa.Column("source_topic", sa.String(length=249), nullable=False),
@@ -48,6 +76,22 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("source_topic", "source_partition", "source_offset", name="uq_quarantine_record"),
     )
+    op.create_table(
+        "trace_gaps",
+        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
+        sa.Column("emitter_id", sa.String(length=249), nullable=False),
+        sa.Column("location", sa.String(length=249), nullable=False),
+        sa.Column("from_seq", sa.BigInteger(), nullable=False),
+        sa.Column("to_seq", sa.BigInteger(), nullable=False),
+        sa.Column("after_ms", sa.BigInteger(), nullable=False),
+        sa.Column("before_ms", sa.BigInteger(), nullable=False),
+        sa.Column("noticed_ms", sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    with op.batch_alter_table("trace_gaps", schema=None) as batch_op:
+        batch_op.create_index("ix_trace_gaps_emitter", ["emitter_id", "from_seq"], unique=False)
+        batch_op.create_index("ix_trace_gaps_location_time", ["location", "before_ms"], unique=False)
+
     op.create_table(
         "verdict_metrics",
         sa.Column("stream", sa.String(length=249), nullable=False),
@@ -98,7 +142,18 @@ def downgrade() -> None:
 
     op.drop_table("verdicts")
     op.drop_table("verdict_metrics")
+    with op.batch_alter_table("trace_gaps", schema=None) as batch_op:
+        batch_op.drop_index("ix_trace_gaps_location_time")
+        batch_op.drop_index("ix_trace_gaps_emitter")
+
+    op.drop_table("trace_gaps")
     op.drop_table("quarantine")
+    with op.batch_alter_table("gap_windows", schema=None) as batch_op:
+        batch_op.drop_index("ix_gap_windows_position")
+        batch_op.drop_index("ix_gap_windows_open")
+
+    op.drop_table("gap_windows")
+    op.drop_table("emitter_progress")
     with op.batch_alter_table("detector_heartbeat", schema=None) as batch_op:
         batch_op.drop_index("ix_detector_heartbeat_time")
 
