@@ -286,6 +286,7 @@ def _traces_count(args: argparse.Namespace, settings: KhipuSettings) -> int:
     print(f"{'hop':55} {'type':9} {'traces':>8}")
     for (hop, trace_type), number in sorted(tally.by_hop.items()):
         print(f"{hop:55} {trace_type:9} {number:>8}")
+    print(f"emitter marks: {tally.marks}")
     for field, number in sorted(tally.malformed.items()):
         print(f"malformed (field {field}): {number}")
     return 0

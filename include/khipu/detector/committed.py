@@ -20,6 +20,33 @@ log = logging.getLogger(__name__)
 _NO_OFFSET = -1001
 
 
+class StreamReadProgress:
+    """``read_to()``: the time up to which the named query has read its whole input (cached ``cache_ms``);
+    0 until it has been caught up once: a detector still working through a backlog decides nothing yet."""
+
+    def __init__(self, store_url: str, query_name: str, cache_ms: int = 1_000) -> None:
+        self.store_url, self.query_name, self.cache_ms = store_url, query_name, cache_ms
+        self._store: Store | None = None
+        self._cached: tuple[int, int | None] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_store=None, _cached=None)
+        return state
+
+    def __call__(self) -> int | None:
+        now = time.time_ns() // 1_000_000
+        if self._cached is None or now - self._cached[0] >= self.cache_ms:
+            if self._store is None:
+                self._store = Store(self.store_url)
+            try:
+                self._cached = (now, self._store.read_to_ms(self.query_name) or 0)
+            except Exception as exc:  # unknown progress: decide on nothing yet rather than too early
+                log.warning("stream progress of %s unavailable: %s", self.query_name, exc)
+                self._cached = (now, 0)
+        return self._cached[1]
+
+
 class TraceGaps:
     """``trace_gap(location, topic, partition, offset)``: whether an emitter at ``location`` may have lost
     the trace of that record, from the gap windows the archive query records (asked only for a

@@ -88,8 +88,10 @@ class _Judge:
         config: DetectorConfig,
         timed_out: bool,
         trace_gap: TraceGapLookup,
+        clock_ms: int,
     ) -> None:
         self.trace_gap = trace_gap
+        self.clock_ms = clock_ms  # now, or the time up to which the trace topic is read, if earlier
         self.timed_out = timed_out  # past max_wait: write hops are judged on the evidence there is
         self.message_id, self.stream, self.evidence = message_id, stream, evidence
         self.committed, self.now_ms, self.config = committed, now_ms, config
@@ -127,7 +129,7 @@ class _Judge:
             key = f"{hop.id}|{partition}|{offset}"
             if committed is not None and committed > offset:
                 seen = self.passed_at.setdefault(key, self.now_ms)
-                if self.now_ms - seen < self.config.grace_ms:
+                if self.clock_ms - seen < self.config.grace_ms:
                     all_final = False
                     self.next_check.append(seen + self.config.grace_ms)
             else:
@@ -357,11 +359,19 @@ def decide(
     now_ms: int,
     config: DetectorConfig,
     trace_gap: TraceGapLookup = no_trace_gaps,
+    read_to_ms: int | None = None,
 ) -> Decision:
-    """Judge every hop the message reached (see the module doc)."""
+    """Judge every hop the message reached (see the module doc).
+
+    ``read_to_ms``: every trace produced before this time has been read (the detector is caught
+    up to it). Grace and maximum wait run on ``min(now_ms, read_to_ms)``: a detector behind on the
+    trace topic sees committed offsets ahead of the traces it has read, and must not conclude
+    from traces it has not read yet.
+    """
     evidence = _gather(traces)
-    timed_out = now_ms - first_seen_ms >= config.max_wait_ms
-    judge = _Judge(message_id, stream, evidence, committed, passed_at, now_ms, config, timed_out, trace_gap)
+    clock = now_ms if read_to_ms is None else min(now_ms, read_to_ms)
+    timed_out = clock - first_seen_ms >= config.max_wait_ms
+    judge = _Judge(message_id, stream, evidence, committed, passed_at, now_ms, config, timed_out, trace_gap, clock)
     route = stream.route
     reached = sorted(evidence.positions, key=str)
     for topic in reached:

@@ -14,7 +14,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from khipu.detector.committed import CommittedOffsets, TraceGaps
+from khipu.detector.committed import CommittedOffsets, StreamReadProgress, TraceGaps
 from khipu.detector.model import DetectorConfig
 from khipu.detector.outputs import ArchiveWriter, HeartbeatListener, VerdictWriter
 from khipu.detector.parse import parse_traces, valid
@@ -91,7 +91,13 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         valid(parse_traces(read_traces(spark, job), registry.streams))
         .groupBy("message_id")
         .transformWithStateInPandas(
-            statefulProcessor=VerdictProcessor(registry, committed, job.detector, TraceGaps(job.store_url)),
+            statefulProcessor=VerdictProcessor(
+                registry,
+                committed,
+                job.detector,
+                TraceGaps(job.store_url),
+                StreamReadProgress(job.store_url, VERDICT_QUERY),
+            ),
             outputStructType=VERDICT_SCHEMA,
             outputMode="Update",
             timeMode="ProcessingTime",

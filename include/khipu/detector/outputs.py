@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
-from khipu.detector.parse import quarantined, valid
+from khipu.detector.parse import quarantined, sequences, valid
 from khipu.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -85,12 +85,10 @@ class ArchiveWriter:
                 .partitionBy("hour", "batch_id")
                 .parquet(self.archive_path)
             )
-            sequences = traces.select(
-                "emitter_id", "location", "emitter_seq", "timestamp_ms", "topic", "partition", "offset"
-            ).collect()
+            seen = sequences(parsed).collect()
             if self._store is None:
                 self._store = Store(self.store_url)
-            gaps = self._store.record_emitter_sequences((tuple(row) for row in sequences), _now_ms())
+            gaps = self._store.record_emitter_sequences((tuple(row) for row in seen), _now_ms())
             if gaps:
                 log.warning("batch %d: %d new gaps in emitter sequences (lost traces)", batch_id, gaps)
             bad = [row.asDict() for row in quarantined(parsed).collect()]
@@ -99,6 +97,13 @@ class ArchiveWriter:
                 log.warning("batch %d: %d malformed trace records quarantined (%d new)", batch_id, len(bad), added)
         finally:
             parsed.unpersist()
+
+
+def _offsets(raw: Any) -> Any:
+    try:
+        return json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return raw
 
 
 class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
@@ -114,6 +119,10 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
         progress = event.progress
         at = datetime.strptime(progress.timestamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
         operators = list(progress.stateOperators or [])
+        sources = list(progress.sources or [])
+        caught_up = bool(sources) and all(
+            s.latestOffset is not None and _offsets(s.endOffset) == _offsets(s.latestOffset) for s in sources
+        )
         try:
             self.store.record_heartbeat(
                 {
@@ -127,6 +136,7 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
                     "batch_duration_ms": int(progress.batchDuration or 0),
                     "state_rows": sum(int(op.numRowsTotal) for op in operators),
                     "state_bytes": sum(int(op.memoryUsedBytes) for op in operators),
+                    "caught_up": caught_up,
                 }
             )
         except Exception as exc:  # a heartbeat that cannot be stored must not stop the detector

@@ -16,7 +16,8 @@ from typing import Any
 import pandas as pd
 from pyspark.sql import DataFrame
 
-from khipu.trace.codec import TraceDecodeError, decode_trace
+from khipu.trace.codec import TraceDecodeError, decode_record
+from khipu.trace.model import EmitterMark
 
 TRACE_COLUMNS = (
     "message_id string, stream string, location string, cluster string, type string, timestamp_ms long, "
@@ -38,32 +39,39 @@ def decode_rows(frames: Iterable[pd.DataFrame], known_streams: frozenset[str]) -
         for value, topic, partition, offset, timestamp in zip(
             frame["value"], frame["topic"], frame["partition"], frame["offset"], frame["timestamp"], strict=True
         ):
-            row: dict[str, Any] = dict.fromkeys(_TRACE_FIELDS)
+            row: dict[str, Any] = dict.fromkeys([*_TRACE_FIELDS, "quarantine_reason"])
             raw = bytes(value) if value is not None else None
             try:
-                trace = decode_trace(raw)
+                record = decode_record(raw)
             except TraceDecodeError as exc:
                 row["quarantine_reason"] = str(exc)
             else:
-                if trace.stream not in known_streams:
-                    row["quarantine_reason"] = f"unknown stream {trace.stream!r}; the registry defines: {known}"
+                if isinstance(record, EmitterMark):
+                    row.update(
+                        type="MARK",
+                        location=record.location,
+                        emitter_id=record.emitter_id,
+                        emitter_seq=record.emitter_seq,
+                        timestamp_ms=record.timestamp_ms,
+                    )
+                elif record.stream not in known_streams:
+                    row["quarantine_reason"] = f"unknown stream {record.stream!r}; the registry defines: {known}"
                 else:
                     row.update(
-                        message_id=trace.message_id,
-                        stream=trace.stream,
-                        location=trace.location,
-                        cluster=trace.cluster,
-                        type=trace.type.value,
-                        timestamp_ms=trace.timestamp_ms,
-                        topic=trace.topic,
-                        partition=trace.partition,
-                        offset=trace.offset,
-                        group=trace.group,
-                        emitter_id=trace.emitter_id,
-                        emitter_seq=trace.emitter_seq,
-                        sampling_percent=trace.sampling_percent,
-                        attributes=json.dumps(dict(trace.attributes)) if trace.attributes else None,
-                        quarantine_reason=None,
+                        message_id=record.message_id,
+                        stream=record.stream,
+                        location=record.location,
+                        cluster=record.cluster,
+                        type=record.type.value,
+                        timestamp_ms=record.timestamp_ms,
+                        topic=record.topic,
+                        partition=record.partition,
+                        offset=record.offset,
+                        group=record.group,
+                        emitter_id=record.emitter_id,
+                        emitter_seq=record.emitter_seq,
+                        sampling_percent=record.sampling_percent,
+                        attributes=json.dumps(dict(record.attributes)) if record.attributes else None,
                     )
             row.update(
                 raw_value=raw if row.get("quarantine_reason") else None,
@@ -98,7 +106,15 @@ def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFra
 
 
 def valid(parsed: DataFrame) -> DataFrame:
-    return parsed.where("quarantine_reason IS NULL").select(*[f"`{name}`" for name in _TRACE_FIELDS])
+    """The traces (emitter marks left out)."""
+    return parsed.where("quarantine_reason IS NULL AND type <> 'MARK'").select(*[f"`{name}`" for name in _TRACE_FIELDS])
+
+
+def sequences(parsed: DataFrame) -> DataFrame:
+    """Every emitter sequence number seen, from traces and marks (marks have no topic/partition/offset)."""
+    return parsed.where("quarantine_reason IS NULL").select(
+        "emitter_id", "location", "emitter_seq", "timestamp_ms", "topic", "partition", "offset"
+    )
 
 
 def quarantined(parsed: DataFrame) -> DataFrame:

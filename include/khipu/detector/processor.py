@@ -10,7 +10,7 @@ when its committed offsets may have moved or its grace has run out.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pandas as pd
@@ -88,11 +88,13 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
         committed: CommittedLookup,
         config: DetectorConfig,
         trace_gap: TraceGapLookup = no_trace_gaps,
+        read_to: Callable[[], int | None] | None = None,
     ) -> None:
         self.registry = registry
         self.committed = committed
         self.config = config
         self.trace_gap = trace_gap
+        self.read_to = read_to  # the time up to which the trace topic is read (None: take it as caught up)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         ttl = self.config.max_wait_ms + SAFETY_TTL_MS
@@ -131,8 +133,18 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
         if stream is None:  # parsing quarantines unknown streams; a registry change could still get here
             self._drop()
             return
+        read_to_ms = self.read_to() if self.read_to is not None else None
         decision = decide(
-            message_id, stream, traces, self.committed, passed_at, first_seen, now_ms, self.config, self.trace_gap
+            message_id,
+            stream,
+            traces,
+            self.committed,
+            passed_at,
+            first_seen,
+            now_ms,
+            self.config,
+            self.trace_gap,
+            read_to_ms,
         )
         fresh = [v for v in decision.verdicts if v.hop not in emitted]
         if decision.done:

@@ -87,6 +87,7 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
     def __init__(self, settings: dict[str, Any]) -> None:
         self.settings = settings
         self._metadata_consumer: Consumer | None = None
+        self._latest: dict[str, dict[str, int]] | None = None
 
     # -- planning (driver) ------------------------------------------------------------------
 
@@ -140,8 +141,13 @@ class KafkaStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         for tp, (low, _) in marks.items():
             begin.setdefault(tp, low)  # a partition added since the last batch: from its beginning
         latest = {tp: high for tp, (_, high) in marks.items()}
+        self._latest = to_json_offsets(latest)
         max_records = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         return to_json_offsets(plan_end(begin, latest, max_records))
+
+    def reportLatestOffset(self) -> dict[str, dict[str, int]] | None:
+        """The topic's true end when the last batch was planned: with a rate limit the batch may stop short."""
+        return self._latest
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin, finish = from_json_offsets(start), from_json_offsets(end)

@@ -195,6 +195,7 @@ detector_heartbeat = Table(
     Column("batch_duration_ms", BigInteger),
     Column("state_rows", BigInteger),
     Column("state_bytes", BigInteger),
+    Column("caught_up", Boolean, nullable=False),  # the batch read everything the topic held when it started
     Index("ix_detector_heartbeat_time", "query_name", "at_ms"),
 )
 

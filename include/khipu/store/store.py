@@ -501,19 +501,20 @@ class Store:
         """Track each emitter's sequence numbers; record its gaps (lost traces); return the new gaps.
 
         ``observed``: (emitter id, location, sequence number, trace time, topic, partition, offset)
-        of one batch of traces. A gap is kept with, per partition the emitter had traced (or traces
-        next), the offsets it had reached before the gap and first traced after it: a missing trace
-        at an offset strictly between them may be the lost one (:meth:`trace_lost_at`); a record the
-        group never traced (a skip) leaves no gap at all. Consumers work through runs of records
-        of one partition, so a gap of one or two traces is looked for only on the partitions of the
-        traces just before and after it. Numbers that show up late fill gaps.
+        of one batch of traces and emitter marks (a mark has no topic, partition or offset). A gap
+        is kept with, per partition the emitter had traced (or traces next), the offsets it had
+        reached before the gap and first traced after it: a missing trace at an offset strictly
+        between them may be the lost one (:meth:`trace_lost_at`); a record the group never traced
+        (a skip) leaves no gap at all. Consumers work through runs of records of one partition, so
+        a gap of one or two traces is looked for only on the partitions of the traces just before
+        and after it. Numbers that show up late fill gaps.
         Emitters number from 0, so an emitter first seen above 0 lost its first traces. (A detector
         started at ``latest`` sees every emitter mid-way: start it at ``earliest``, the default.)
         """
-        by_emitter: dict[str, tuple[str, list[tuple[int, int, str, int, int]]]] = {}
+        by_emitter: dict[str, tuple[str, list[tuple[int, int, str | None, int, int]]]] = {}
         for emitter_id, location, seq, at_ms, topic, partition, offset in observed:
             by_emitter.setdefault(emitter_id, (location, []))[1].append(
-                (int(seq), int(at_ms), topic, int(partition), int(offset))
+                (int(seq), int(at_ms), topic, int(partition or 0), int(offset or 0))
             )
         progress, gaps, windows = schema.emitter_progress, schema.trace_gaps, schema.gap_windows
         new_gaps = 0
@@ -538,8 +539,8 @@ class Store:
                 fresh = [t for t in seen if known_max is None or t[0] > known_max]
                 if row is None and fresh and fresh[0][0] > 0:  # it lost traces before the first one seen
                     previous = (-1, fresh[0][1])
-                for seq, at_ms, topic, partition, offset in fresh:
-                    key = f"{topic}|{partition}"
+                for seq, at_ms, seen_topic, partition, offset in fresh:
+                    position_key = f"{seen_topic}|{partition}" if seen_topic is not None else None  # None: a mark
                     if previous is not None and seq > previous[0] + 1:
                         gap_id = tx.execute(
                             insert(gaps).values(
@@ -556,9 +557,12 @@ class Store:
                         size = seq - previous[0] - 1
                         # every partition it traced may hold the lost ones, and so may the one it traces now;
                         # a short gap sits within the run of the trace before or after it
-                        candidates = [*positions.items(), *([] if key in positions else [(key, -1)])]
+                        candidates = [
+                            *positions.items(),
+                            *([] if position_key is None or position_key in positions else [(position_key, -1)]),
+                        ]
                         if size <= 2:
-                            candidates = [(k, last) for k, last in candidates if k in (key, previous_key)]
+                            candidates = [(k, last) for k, last in candidates if k in (position_key, previous_key)]
                         for window_key, last in candidates:
                             window_topic, window_partition = window_key.rsplit("|", 1)
                             window_id = tx.execute(
@@ -574,10 +578,13 @@ class Store:
                                 )
                             ).inserted_primary_key[0]
                             open_windows.setdefault(window_key, []).append(int(window_id))
-                    for window_id in open_windows.pop(key, []):
+                    previous = (seq, at_ms)
+                    if position_key is None:
+                        continue
+                    for window_id in open_windows.pop(position_key, []):
                         tx.execute(update(windows).where(windows.c.id == window_id).values(hi_offset=offset))
-                    positions[key] = offset
-                    previous, previous_key = (seq, at_ms), key
+                    positions[position_key] = offset
+                    previous_key = position_key
                 if fresh:
                     values = dict(
                         location=location,
@@ -669,6 +676,16 @@ class Store:
                     schema.detector_heartbeat.c.at_ms < int(beat["at_ms"]) - 86_400_000,
                 )
             )
+
+    def read_to_ms(self, query_name: str) -> int | None:
+        """The start of the newest batch of ``query_name`` that read its whole input: every trace
+        produced before this time has been read."""
+        table = schema.detector_heartbeat
+        with self._begin() as tx:
+            at = tx.execute(
+                select(func.max(table.c.at_ms)).where(table.c.query_name == query_name, table.c.caught_up.is_(True))
+            ).scalar()
+        return None if at is None else int(at)
 
     def latest_heartbeat(self, query_name: str) -> dict[str, Any] | None:
         table = schema.detector_heartbeat

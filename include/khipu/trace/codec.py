@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from khipu.trace.model import Trace, TraceType
+from khipu.trace.model import EmitterMark, Trace, TraceType
 
 TRACE_FORMAT_VERSION = 1
 MAX_TRACE_BYTES = 16_384
@@ -87,8 +87,44 @@ def encode_trace(trace: Trace) -> bytes:
     ).encode("utf-8")
 
 
+_MARK_FIELDS = frozenset({"v", "mark", "emitter_id", "location", "emitter_seq", "timestamp_ms"})
+
+
+def encode_mark(mark: EmitterMark) -> bytes:
+    """Serialize an emitter mark: ``{"v":1,"mark":true,"emitter_id":...,"location":...,"emitter_seq":...,
+    "timestamp_ms":...}``."""
+    return (
+        f'{{"v":1,"mark":true,"emitter_id":{_quote(mark.emitter_id)},"location":{_quote(mark.location)},'
+        f'"emitter_seq":{mark.emitter_seq},"timestamp_ms":{mark.timestamp_ms}}}'
+    ).encode()
+
+
+def decode_record(raw: bytes | bytearray | memoryview | None) -> Trace | EmitterMark:
+    """Parse a trace-topic record: a trace, or an emitter mark (``"mark": true``)."""
+    record = _load(raw)
+    if record.get("mark") is True:
+        if record.get("v") != TRACE_FORMAT_VERSION:
+            raise TraceDecodeError("v", f"unsupported format version {record.get('v')!r}; expected 1")
+        unknown = sorted(set(record) - _MARK_FIELDS)
+        if unknown:
+            raise TraceDecodeError(
+                unknown[0], "unknown field in an emitter mark; allowed: " + ", ".join(sorted(_MARK_FIELDS))
+            )
+        return EmitterMark(
+            _text(record, "emitter_id", MAX_NAME_CHARS),
+            _text(record, "location", MAX_NAME_CHARS),
+            _non_negative_int(record, "emitter_seq"),
+            _non_negative_int(record, "timestamp_ms"),
+        )
+    return trace_from_mapping(record)
+
+
 def decode_trace(raw: bytes | bytearray | memoryview | None) -> Trace:
     """Parse and validate one trace record; raise :class:`TraceDecodeError` when malformed."""
+    return trace_from_mapping(_load(raw))
+
+
+def _load(raw: bytes | bytearray | memoryview | None) -> dict[str, Any]:
     if raw is None:
         raise TraceDecodeError("<record>", "record value is empty (null); expected a JSON object")
     data = bytes(raw)
@@ -102,7 +138,7 @@ def decode_trace(raw: bytes | bytearray | memoryview | None) -> Trace:
         raise TraceDecodeError("<record>", f"not JSON ({exc.msg} at char {exc.pos})") from None
     if not isinstance(record, dict):
         raise TraceDecodeError("<record>", f"expected a JSON object, got {type(record).__name__}")
-    return trace_from_mapping(record)
+    return record
 
 
 def trace_from_mapping(record: Mapping[str, Any]) -> Trace:

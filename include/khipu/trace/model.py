@@ -18,6 +18,18 @@ class TraceType(StrEnum):
 NO_ATTRIBUTES: Mapping[str, str] = MappingProxyType({})
 
 
+class EmitterMark(NamedTuple):
+    """An emitter's "I am at sequence number N" (the number is taken from the same sequence as its traces).
+
+    Emitters publish one every few seconds while they have traffic, and on close: a trace lost just
+    before a quiet spell then shows as a gap before the mark, instead of never."""
+
+    emitter_id: str
+    location: str
+    emitter_seq: int
+    timestamp_ms: int
+
+
 class Trace(NamedTuple):
     """One knot on the cord: a traced message seen at one hop.
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from khipu.registry.model import Hop
-from khipu.trace.codec import TraceDecodeError, decode_trace
-from khipu.trace.model import Trace
+from khipu.trace.codec import TraceDecodeError, decode_record
+from khipu.trace.model import EmitterMark, Trace
 
 
 class TraceTopicError(RuntimeError):
@@ -21,28 +21,35 @@ class TraceTopicError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class TraceTally:
-    """Traces per (hop id, type), and malformed records per reason."""
+    """Traces per (hop id, type), emitter marks, and malformed records per field."""
 
     by_hop: Counter[tuple[str, str]] = field(default_factory=Counter)
     malformed: Counter[str] = field(default_factory=Counter)
+    marks: int = 0
 
     @property
     def total(self) -> int:
         return sum(self.by_hop.values())
 
 
-def tally_traces(traces: Iterable[Trace | TraceDecodeError]) -> TraceTally:
-    """Count decoded traces per hop and type, and decode errors per field."""
-    tally = TraceTally()
-    for item in traces:
+def tally_traces(records: Iterable[Trace | EmitterMark | TraceDecodeError]) -> TraceTally:
+    """Count decoded traces per hop and type, emitter marks, and decode errors per field."""
+    by_hop: Counter[tuple[str, str]] = Counter()
+    malformed: Counter[str] = Counter()
+    marks = 0
+    for item in records:
         if isinstance(item, TraceDecodeError):
-            tally.malformed[item.field] += 1
+            malformed[item.field] += 1
+        elif isinstance(item, EmitterMark):
+            marks += 1
         else:
-            tally.by_hop[(Hop.of_trace(item).id, item.type.value)] += 1
-    return tally
+            by_hop[(Hop.of_trace(item).id, item.type.value)] += 1
+    return TraceTally(by_hop, malformed, marks)
 
 
-def read_trace_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> list[Trace | TraceDecodeError]:
+def read_trace_topic(
+    bootstrap_servers: str, topic: str, timeout_s: float = 30.0
+) -> list[Trace | EmitterMark | TraceDecodeError]:
     """Every record of ``topic`` from its beginning to its end as of now, decoded (or the decode error).
 
     A partition's end is where it first reports end-of-partition (librdkafka derives it from the
@@ -67,7 +74,7 @@ def read_trace_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0
         partitions = sorted(topic_meta.partitions)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         at_end: set[int] = set()
-        records: list[Trace | TraceDecodeError] = []
+        records: list[Trace | EmitterMark | TraceDecodeError] = []
         deadline = time.monotonic() + timeout_s
         while len(at_end) < len(partitions):
             if time.monotonic() > deadline:
@@ -86,7 +93,7 @@ def read_trace_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0
                 if partition in at_end:
                     continue  # arrived after this partition's end was reached
                 try:
-                    records.append(decode_trace(msg.value()))
+                    records.append(decode_record(msg.value()))
                 except TraceDecodeError as exc:
                     records.append(exc)
         return records

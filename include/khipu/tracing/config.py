@@ -35,6 +35,7 @@ class TraceEmitterConfig:
     delivery_timeout_ms: int = 60_000
     commit_flush_timeout_s: float = 2.0
     close_timeout_s: float = 5.0
+    mark_interval_s: float = 2.0  # how often, while tracing, the emitter publishes its sequence number
     producer_config: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -48,6 +49,12 @@ class TraceEmitterConfig:
             raise TracingConfigError("queue_max_traces", self.queue_max_traces, "an integer in [1, 10000000]")
         if not isinstance(self.delivery_timeout_ms, int) or self.delivery_timeout_ms < 1000:
             raise TracingConfigError("delivery_timeout_ms", self.delivery_timeout_ms, "an integer >= 1000")
+        if (
+            isinstance(self.mark_interval_s, bool)
+            or not isinstance(self.mark_interval_s, (int, float))
+            or not 0.1 <= self.mark_interval_s <= 3600
+        ):
+            raise TracingConfigError("mark_interval_s", self.mark_interval_s, "a number of seconds in [0.1, 3600]")
         for name in ("commit_flush_timeout_s", "close_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 300:

@@ -5,7 +5,9 @@ It owns one idempotent ``acks=all`` producer. Its bounded queue is that producer
 further traces are dropped at once and counted, and the application carries on at full speed.
 Traces that cannot be delivered within ``delivery_timeout_ms`` are counted as failed. Every
 trace gets the next number of the emitter's sequence *before* any drop, so a later stage sees
-the gap and can tell a lost trace from a lost message.
+the gap and can tell a lost trace from a lost message. Every ``mark_interval_s`` while it has
+traced, and on close, the emitter also publishes a mark with its next number: a trace lost
+just before a quiet spell then shows as a gap too.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from khipu.trace.codec import encode_trace
-from khipu.trace.model import NO_ATTRIBUTES, Trace, TraceType
+from khipu.trace.codec import encode_mark, encode_trace
+from khipu.trace.model import NO_ATTRIBUTES, EmitterMark, Trace, TraceType
 from khipu.tracing.config import TraceEmitterConfig
 from khipu.tracing.headers import TraceContext
 
@@ -76,6 +78,7 @@ class TraceEmitter:
             "dropped_at_close": 0,
         }
         self._emitted = 0
+        self._marked_at_emitted = 0  # traces emitted when the last mark went out
         self._channel_healthy = True
         self._needs_new_producer = False
         self._last_warning = 0.0
@@ -133,6 +136,7 @@ class TraceEmitter:
         """Flush (bounded by ``close_timeout_s``), stop, and return the final counters."""
         if self._closed.is_set():
             return self.stats()
+        self._mark()
         remaining = self.flush()
         self._closed.set()
         self._poller.join(timeout=2)
@@ -268,8 +272,30 @@ class TraceEmitter:
             self._warn("trace channel error: %s", err.str())
 
     def _poll_loop(self) -> None:
+        next_mark = time.monotonic() + self.config.mark_interval_s
         while not self._closed.is_set():
             self._producer.poll(_POLL_INTERVAL_S)
+            if time.monotonic() >= next_mark:
+                next_mark = time.monotonic() + self.config.mark_interval_s
+                self._mark()
+
+    def _mark(self) -> None:
+        """Publish the emitter's next sequence number, when it traced since the last mark."""
+        with self._lock:
+            if self._emitted == self._marked_at_emitted:
+                return
+            self._marked_at_emitted = self._emitted
+        mark = EmitterMark(self.emitter_id, self._location, next(self._seq), self._clock_ms())
+        try:
+            self._producer.produce(
+                self._topic, encode_mark(mark), self.emitter_id.encode(), on_delivery=self._on_mark_delivery
+            )
+        except (BufferError, KafkaException) as exc:
+            self._warn("emitter mark not sent: %s", exc)
+
+    def _on_mark_delivery(self, err: KafkaError | None, _msg: Any) -> None:
+        if err is not None:
+            self._warn("emitter mark not delivered: %s", err.str())
 
     def _count(self, name: str, amount: int = 1) -> None:
         with self._lock:

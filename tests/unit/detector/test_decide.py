@@ -211,3 +211,15 @@ def test_an_undecided_message_asks_to_be_looked_at_again() -> None:
     assert not decision.done
     assert decision.next_check_ms == 10_000 + CONFIG.grace_ms  # the grace after the commits were first seen past
     assert set(decision.passed_at) == {"local/in -> proc|0|5", "local/out -> s1|0|7", "local/out -> s2|0|7"}
+
+
+def test_a_detector_behind_on_the_trace_topic_decides_nothing_until_it_has_read_past_the_grace() -> None:
+    def committed(cluster: str, group: str, topic: str, partition: int) -> int | None:
+        return PAST.get((group, topic))
+
+    traces = clean(skip={SRC})  # the producer's SENT trace is further down the topic, not read yet
+    first = decide("m1", STREAM, traces, committed, {}, 1000, 10_000, CONFIG, read_to_ms=5_000)
+    behind = decide("m1", STREAM, traces, committed, first.passed_at, 1000, 60_000, CONFIG, read_to_ms=30_000)
+    caught_up = decide("m1", STREAM, traces, committed, first.passed_at, 1000, 60_000, CONFIG, read_to_ms=45_000)
+    assert behind.verdicts == () and not behind.done  # 30 s read < 10 s seen + 30 s grace: wait
+    assert {v.hop: v.kind for v in caught_up.verdicts}[SRC] is TL  # read past the grace and still no SENT

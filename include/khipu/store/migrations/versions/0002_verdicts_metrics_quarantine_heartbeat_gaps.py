@@ -2,7 +2,7 @@
 
 Revision ID: 0002
 Revises: 0001
-Create Date: 2026-11-23 00:00:05.071624
+Create Date: 2026-11-23 00:15:28.525185
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ def upgrade() -> None:
         sa.Column("batch_duration_ms", sa.BigInteger(), nullable=True),
         sa.Column("state_rows", sa.BigInteger(), nullable=True),
         sa.Column("state_bytes", sa.BigInteger(), nullable=True),
+        sa.Column("caught_up", sa.Boolean(), nullable=False),
         sa.PrimaryKeyConstraint("id"),
     )
     with op.batch_alter_table("detector_heartbeat", schema=None) as batch_op:

@@ -1,0 +1,127 @@
+"""Real Spark (local mode) for detector tests, and a demo run whose traces the detector reads."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from khipu.demo.faults import FaultRates
+from khipu.demo.ledger import GroundTruth, build_truth, read_ledger
+from khipu.demo.pipeline import DemoConfig, run_demo
+from khipu.demo.topology import DEMO_STREAM, DemoTopology
+from khipu.detector.job import VERDICT_QUERY, DetectorJob
+from khipu.detector.model import DetectorConfig
+from khipu.localstack.broker import BrokerProcess, ensure_topics
+from khipu.registry import load_registry
+from khipu.store import Store
+from tests.integration.helpers import TEST_SESSION_TIMEOUT_MS
+
+ROOT = Path(__file__).resolve().parents[3]
+REGISTRY = ROOT / "config" / "registry.yaml"
+ALL_FAULTS = FaultRates(
+    consumer_skip=0.03,
+    processor_drop=0.03,
+    rebalance_drop=0.01,
+    offset_rewind=0.03,
+    producer_retry=0.03,
+    delay=0.03,
+    trace_loss=0.02,
+)
+FAST = DetectorConfig(grace_ms=4_000, max_wait_ms=120_000, recheck_ms=1_000)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("khipu-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@dataclass(frozen=True)
+class DemoTraces:
+    trace_topic: str
+    truth: GroundTruth
+    fault_counts: dict[str, int]
+
+
+def demo_traces(broker: BrokerProcess, tmp_path: Path, run_id: str, count: int, seed: int) -> DemoTraces:
+    """Run the demo with every fault onto a fresh trace topic; return its ground truth.
+
+    The trace emitters write one record per batch: Tansu reports a topic's end wrongly otherwise
+    (docs/local-stack.md), and the detector reads up to that end.
+    """
+    trace_topic = f"traces-{run_id}-{secrets.token_hex(3)}"
+    ensure_topics(broker.bootstrap_servers, {trace_topic: 3})
+    topology = DemoTopology.from_stream(load_registry(REGISTRY).stream(DEMO_STREAM))
+    config = DemoConfig(
+        bootstrap_servers=broker.bootstrap_servers,
+        ledger_path=tmp_path / f"{run_id}.jsonl",
+        trace_topic=trace_topic,
+        count=count,
+        rate_per_s=250,
+        faults=ALL_FAULTS,
+        seed=seed,
+        run_id=run_id,
+        delay_ms=1500,
+        session_timeout_ms=TEST_SESSION_TIMEOUT_MS,
+        trace_producer_config={"batch.num.messages": "1"},
+        progress_interval_s=60,
+    )
+    report = run_demo(config, topology, progress=lambda line: None)
+    return DemoTraces(trace_topic, build_truth(read_ledger(config.ledger_path, run_id=run_id)), report.fault_counts)
+
+
+def detector_job(broker: BrokerProcess, tmp_path: Path, trace_topic: str, name: str, **options: Any) -> DetectorJob:
+    store_url = f"sqlite:///{tmp_path / f'{name}.db'}"
+    store = Store(store_url)
+    store.migrate()
+    store.close()
+    return DetectorJob(
+        registry_path=REGISTRY,
+        bootstrap_servers=broker.bootstrap_servers,
+        store_url=store_url,
+        checkpoint_dir=tmp_path / f"{name}-checkpoint",
+        archive_dir=tmp_path / f"{name}-archive",
+        trace_topic=trace_topic,
+        trigger_seconds=1.0,
+        detector=FAST,
+        **options,
+    )
+
+
+def wait_until_settled(store_url: str, expected_messages: int, timeout_s: float = 240) -> list[dict[str, Any]]:
+    """Verdicts once the count stopped moving and the processor holds no state (every message decided)."""
+    store = Store(store_url)
+    deadline = time.monotonic() + timeout_s
+    last, stable = -1, 0
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            verdicts = store.verdicts()
+            beat = store.latest_heartbeat(VERDICT_QUERY)
+            settled = beat is not None and beat["state_rows"] == 0 and len(verdicts) == last > 0
+            stable = stable + 1 if settled else 0
+            if stable >= 2 and len({v["message_id"] for v in verdicts}) >= expected_messages:
+                return verdicts
+            last = len(verdicts)
+        raise AssertionError(f"detector did not settle within {timeout_s:.0f}s: {last} verdicts")
+    finally:
+        store.close()

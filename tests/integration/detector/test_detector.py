@@ -1,0 +1,194 @@
+"""The streaming detector end to end on the real broker and real Spark, scored against the demo's ground truth."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from khipu.demo.faults import Fault
+from khipu.demo.score import score
+from khipu.detector.job import ARCHIVE_QUERY, start_detector
+from khipu.localstack.broker import BrokerProcess, ensure_topics
+from khipu.store import Store
+from khipu.trace import Trace
+from khipu.trace.topic import read_trace_topic
+from tests.integration.detector.conftest import REGISTRY, demo_traces, detector_job, wait_until_settled
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[3]
+
+MALFORMED = [
+    (b"\x00\x01 not json", "not JSON"),
+    (json.dumps({"v": 2, "message_id": "x"}).encode(), "unsupported format version 2"),
+    (json.dumps({"v": 1}).encode(), "field 'message_id': missing"),
+    (b"x" * 20_000, "at most 16384 allowed"),
+]
+
+
+def test_verdicts_equal_the_ground_truth_with_every_fault_and_malformed_traces_are_quarantined(
+    broker: BrokerProcess, spark: Any, tmp_path: Path
+) -> None:
+    demo = demo_traces(broker, tmp_path, "acc", count=150, seed=5)
+    assert {f.value for f in Fault} <= set(demo.fault_counts), demo.fault_counts
+    # one record per batch: Tansu reports a topic's end wrongly otherwise (docs/local-stack.md)
+    bad = Producer({"bootstrap.servers": broker.bootstrap_servers, "batch.num.messages": 1, "linger.ms": 0})
+    for value, _ in MALFORMED:
+        bad.produce(demo.trace_topic, value=value, partition=0)
+    unknown_stream = json.dumps({**json.loads(_a_valid_trace(broker, demo.trace_topic)), "stream": "nope"})
+    bad.produce(demo.trace_topic, value=unknown_stream.encode(), partition=1)
+    bad.flush(10)
+    lost_topic = f"lost-{secrets.token_hex(3)}"
+    ensure_topics(broker.bootstrap_servers, {lost_topic: 1})
+
+    job = detector_job(broker, tmp_path, demo.trace_topic, "acc", lost_topic=lost_topic)
+    queries = start_detector(spark, job)
+    try:
+        verdicts = wait_until_settled(job.store_url, len([m for m in demo.truth.messages.values() if m.sampled]))
+    finally:
+        for query in queries:
+            query.stop()
+
+    result = score(demo.truth, verdicts)
+    assert result.exact, (result.wrong, result.missing, result.extra)
+    assert result.matched == result.expected > 600
+
+    store = Store(job.store_url)
+    quarantined = store.quarantined()
+    metrics = store.metrics("demo.orders")
+    beat = store.latest_heartbeat(ARCHIVE_QUERY)
+    store.close()
+    reasons = [q["reason"] for q in quarantined]
+    assert len(reasons) == len(MALFORMED) + 1
+    for _, reason in MALFORMED:
+        assert any(reason in r for r in reasons), (reason, reasons)
+    assert any("unknown stream 'nope'" in r for r in reasons)
+    assert all(q["raw_value"] for q in quarantined)  # the raw bytes are kept
+
+    by_kind: dict[str, int] = {}
+    for v in verdicts:
+        by_kind[v["verdict"]] = by_kind.get(v["verdict"], 0) + 1
+    assert sum(m["lost"] for m in metrics) == by_kind["LOST"]
+    assert sum(m["duplicate"] for m in metrics) == by_kind["DUPLICATE"]
+    assert any(m["latency_p99_ms"] is not None and m["loss_rate"] > 0 for m in metrics)
+    assert _record_count(broker, lost_topic) == by_kind["LOST"]  # every LOST verdict also on the lost topic
+    archived = spark.read.parquet(str(job.archive_dir))
+    traces_on_topic = [
+        r
+        for r in read_trace_topic(broker.bootstrap_servers, demo.trace_topic)
+        if isinstance(r, Trace) and r.stream != "nope"
+    ]  # the unknown-stream one is quarantined
+    assert archived.count() == len(traces_on_topic)  # every trace archived once (emitter marks are not traces)
+    assert {"hour", "batch_id"} <= set(archived.columns)
+    assert beat is not None and beat["input_rows"] >= 0
+
+
+def test_a_detector_killed_mid_stream_and_restarted_ends_with_the_verdicts_of_an_uninterrupted_run(
+    broker: BrokerProcess, spark: Any, tmp_path: Path
+) -> None:
+    demo = demo_traces(broker, tmp_path, "restart", count=120, seed=7)
+    sampled = len([m for m in demo.truth.messages.values() if m.sampled])
+    killed = detector_job(broker, tmp_path, demo.trace_topic, "killed")
+    command = [
+        sys.executable,
+        str(ROOT / "spark" / "detector.py"),
+        "--registry",
+        str(REGISTRY),
+        "--bootstrap-servers",
+        broker.bootstrap_servers,
+        "--trace-topic",
+        demo.trace_topic,
+        "--lost-topic",
+        "",
+        "--store-url",
+        killed.store_url,
+        "--checkpoint",
+        str(killed.checkpoint_dir),
+        "--archive",
+        str(killed.archive_dir),
+        "--trigger-seconds",
+        "1",
+        "--max-offsets-per-trigger",
+        "60",
+        "--grace-ms",
+        "3000",
+        "--recheck-ms",
+        "1000",
+        "--max-wait-ms",
+        "120000",
+        "--master",
+        "local[2]",
+        "--shuffle-partitions",
+        "2",
+    ]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    first = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        store = Store(killed.store_url)
+        deadline = time.monotonic() + 180
+        while not store.verdicts() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        partial = len(store.verdicts())
+        store.close()
+        assert partial > 0, "the detector never stored a verdict before the kill"
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # no goodbye: mid-stream, mid-batch perhaps
+        first.wait()
+    second = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        after_restart = wait_until_settled(killed.store_url, sampled)
+    finally:
+        os.killpg(second.pid, signal.SIGTERM)
+        second.wait(timeout=60)
+
+    uninterrupted = detector_job(broker, tmp_path, demo.trace_topic, "whole", lost_topic=None)
+    queries = start_detector(spark, uninterrupted)
+    try:
+        whole = wait_until_settled(uninterrupted.store_url, sampled)
+    finally:
+        for query in queries:
+            query.stop()
+
+    def key(rows: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
+        return {(r["message_id"], r["hop"], r["verdict"], r["cause"], r["count"]) for r in rows}
+
+    assert partial < len(after_restart)
+    assert key(after_restart) == key(whole)
+    assert len(after_restart) == len(key(after_restart))  # none stored twice
+    assert score(demo.truth, after_restart).exact
+
+
+def _a_valid_trace(broker: BrokerProcess, topic: str) -> str:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": f"peek-{secrets.token_hex(3)}",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    try:
+        msg = consumer.poll(10)
+        assert msg is not None and msg.error() is None
+        return bytes(msg.value()).decode()
+    finally:
+        consumer.close()
+
+
+def _record_count(broker: BrokerProcess, topic: str) -> int:
+    return len(read_trace_topic(broker.bootstrap_servers, topic))
