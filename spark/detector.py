@@ -9,10 +9,13 @@ KHIPU_STORE_URL, KHIPU_STATE_DIR); see --help. Restarting resumes from the check
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
+import socket
 import sys
+import time
 from pathlib import Path
 
 from khipu.detector.job import DetectorJob, start_detector
@@ -75,7 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.appName("khipu-detector").master(master).getOrCreate()
+    job.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    driver_file = job.checkpoint_dir / "driver.json"  # lets a supervisor on this host stop a hung detector
+    driver_file.write_text(
+        json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started_ms": time.time_ns() // 1_000_000})
+    )
+    builder = SparkSession.builder.appName("khipu-detector")
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # started directly; under spark-submit the master is set
+        builder = builder.master(master)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     queries = start_detector(spark, job)
     signal.signal(signal.SIGTERM, lambda *_: [q.stop() for q in queries])

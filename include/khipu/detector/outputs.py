@@ -107,43 +107,67 @@ def _offsets(raw: Any) -> Any:
 
 
 class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
-    """Every query's progress into the store: last batch time, rates, duration, state rows."""
+    """Every query's progress into the store: last batch time, rates, duration, state rows, and whether
+    the batch read everything its source held (what lets verdicts wait for a detector that is behind)."""
 
     def __init__(self, store_url: str) -> None:
         self.store = Store(store_url)
+        self.names: dict[str, str] = {}  # query id -> name (idle events carry only the id)
 
     def onQueryStarted(self, event: Any) -> None:
+        self.names[str(event.id)] = event.name or "detector"
         log.info("query %s started (run %s)", event.name, event.runId)
 
     def onQueryProgress(self, event: Any) -> None:
         progress = event.progress
-        at = datetime.strptime(progress.timestamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
         operators = list(progress.stateOperators or [])
         sources = list(progress.sources or [])
         caught_up = bool(sources) and all(
             s.latestOffset is not None and _offsets(s.endOffset) == _offsets(s.latestOffset) for s in sources
         )
-        try:
-            self.store.record_heartbeat(
-                {
-                    "query_name": progress.name or "detector",
-                    "run_id": str(progress.runId),
-                    "batch_id": int(progress.batchId),
-                    "at_ms": int(at.timestamp() * 1000),
-                    "input_rows": int(progress.numInputRows),
-                    "input_rows_per_s": float(progress.inputRowsPerSecond or 0.0),
-                    "processed_rows_per_s": float(progress.processedRowsPerSecond or 0.0),
-                    "batch_duration_ms": int(progress.batchDuration or 0),
-                    "state_rows": sum(int(op.numRowsTotal) for op in operators),
-                    "state_bytes": sum(int(op.memoryUsedBytes) for op in operators),
-                    "caught_up": caught_up,
-                }
-            )
-        except Exception as exc:  # a heartbeat that cannot be stored must not stop the detector
-            log.warning("heartbeat not stored: %s", exc)
+        self._record(
+            {
+                "query_name": progress.name or "detector",
+                "run_id": str(progress.runId),
+                "batch_id": int(progress.batchId),
+                "at_ms": _ms(progress.timestamp),
+                "input_rows": int(progress.numInputRows),
+                "input_rows_per_s": float(progress.inputRowsPerSecond or 0.0),
+                "processed_rows_per_s": float(progress.processedRowsPerSecond or 0.0),
+                "batch_duration_ms": int(progress.batchDuration or 0),
+                "state_rows": sum(int(op.numRowsTotal) for op in operators),
+                "state_bytes": sum(int(op.memoryUsedBytes) for op in operators),
+                "caught_up": caught_up,
+            }
+        )
 
     def onQueryIdle(self, event: Any) -> None:
-        """Idle queries report through their next progress."""
+        """An idle query has read everything there is: a caught-up heartbeat with no rows."""
+        self._record(
+            {
+                "query_name": self.names.get(str(event.id), "detector"),
+                "run_id": str(event.runId),
+                "batch_id": -1,
+                "at_ms": _ms(event.timestamp),
+                "input_rows": 0,
+                "input_rows_per_s": 0.0,
+                "processed_rows_per_s": 0.0,
+                "batch_duration_ms": 0,
+                "state_rows": None,
+                "state_bytes": None,
+                "caught_up": True,
+            }
+        )
 
     def onQueryTerminated(self, event: Any) -> None:
         log.info("query %s terminated%s", event.id, f": {event.exception}" if event.exception else "")
+
+    def _record(self, beat: dict[str, Any]) -> None:
+        try:
+            self.store.record_heartbeat(beat)
+        except Exception as exc:  # a heartbeat that cannot be stored must not stop the detector
+            log.warning("heartbeat not stored: %s", exc)
+
+
+def _ms(timestamp: str) -> int:
+    return int(datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp() * 1000)

@@ -11,7 +11,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, and_, create_engine, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, and_, create_engine, delete, event, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
@@ -52,7 +52,11 @@ class Store:
             database = make_url(url).database
             if database:
                 Path(database).parent.mkdir(parents=True, exist_ok=True)
+        if url.startswith("sqlite"):
+            engine_options.setdefault("connect_args", {"timeout": 30})
         self.engine: Engine = create_engine(url, **engine_options)
+        if url.startswith("sqlite"):
+            event.listen(self.engine, "connect", _sqlite_for_concurrent_writers)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -750,6 +754,14 @@ _VERDICT_COLUMNS = (
     "detail",
 )
 MINUTE_MS = 60_000
+
+
+def _sqlite_for_concurrent_writers(connection: Any, _record: Any) -> None:
+    """The local store is shared by the detector and Airflow tasks: write-ahead log, patient locks."""
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
 
 
 def _percentile(values: list[int], fraction: float) -> int | None:
