@@ -24,7 +24,7 @@ from khipu.settings import KhipuSettings
 
 
 def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
-    settings = KhipuSettings.from_env()
+    settings, defaults = KhipuSettings.from_env(), DetectorConfig()
     parser = argparse.ArgumentParser(
         prog="detector", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -45,9 +45,9 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
     parser.add_argument("--trigger-seconds", type=float, default=5.0)
     parser.add_argument("--max-offsets-per-trigger", type=int)
     parser.add_argument("--shuffle-partitions", type=int, default=4)
-    parser.add_argument("--grace-ms", type=int, default=DetectorConfig.grace_ms)
-    parser.add_argument("--max-wait-ms", type=int, default=DetectorConfig.max_wait_ms)
-    parser.add_argument("--recheck-ms", type=int, default=DetectorConfig.recheck_ms)
+    parser.add_argument("--grace-ms", type=int, default=defaults.grace_ms)
+    parser.add_argument("--max-wait-ms", type=int, default=defaults.max_wait_ms)
+    parser.add_argument("--recheck-ms", type=int, default=defaults.recheck_ms)
     parser.add_argument(
         "--master",
         default=os.environ.get("KHIPU_SPARK_MASTER", "local[*]"),
@@ -74,6 +74,7 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # one line per callback otherwise
     job, master = parse_args(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession

@@ -222,6 +222,8 @@ trace_gaps = Table(
     Column("after_ms", BigInteger, nullable=False),  # time of the trace before the gap
     Column("before_ms", BigInteger, nullable=False),  # time of the trace after the gap
     Column("noticed_ms", BigInteger, nullable=False),
+    Column("prev_position", String(520)),  # "topic|partition" of the trace just before the gap
+    Column("next_position", String(520)),  # ... and just after it (null: a mark)
     Index("ix_trace_gaps_location_time", "location", "before_ms"),
     Index("ix_trace_gaps_emitter", "emitter_id", "from_seq"),
 )

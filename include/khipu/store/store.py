@@ -555,18 +555,17 @@ class Store:
                                 after_ms=previous[1],
                                 before_ms=at_ms,
                                 noticed_ms=now_ms,
+                                prev_position=previous_key,
+                                next_position=position_key,
                             )
                         ).inserted_primary_key[0]
                         new_gaps += 1
                         size = seq - previous[0] - 1
-                        # every partition it traced may hold the lost ones, and so may the one it traces now;
-                        # a short gap sits within the run of the trace before or after it
+                        # every partition it traced may hold the lost ones, and so may the one it traces now
                         candidates = [
                             *positions.items(),
                             *([] if position_key is None or position_key in positions else [(position_key, -1)]),
                         ]
-                        if size <= 2:
-                            candidates = [(k, last) for k, last in candidates if k in (position_key, previous_key)]
                         for window_key, last in candidates:
                             window_topic, window_partition = window_key.rsplit("|", 1)
                             window_id = tx.execute(
@@ -634,31 +633,41 @@ class Store:
     def trace_lost_at(self, location: str, topic: str, partition: int, offset: int) -> bool:
         """Whether a location's emitter may have lost the trace of the record at this position.
 
-        Yes when one of its gap windows holds the offset and could be all lost traces: the gap lost
-        k traces, so a window with more than k records between its offsets (the group skipped some)
-        is no explanation; an open window (no trace after the gap there yet) covers its next k.
+        Candidates are its gap windows holding the offset (an open window, with no trace after the
+        gap there yet, covers the gap's size past its low offset). A gap lost k traces: a window
+        with more than k records between its offsets is no explanation (the group skipped some).
+        When the records missing across all the gap's windows are no more than k, they are all
+        lost traces; when they are more (a skip next to a lost trace), only the partitions of the
+        traces just before and after the gap count: consumers work through runs of one partition.
         """
-        w = schema.gap_windows
+        w, g = schema.gap_windows, schema.trace_gaps
         with self._begin() as tx:
-            hit = tx.execute(
-                select(w.c.id)
-                .where(
+            candidates = tx.execute(
+                select(w.c.gap_id, w.c.lo_offset, w.c.hi_offset, w.c.gap_size).where(
                     w.c.location == location,
                     w.c.topic == topic,
                     w.c.partition == partition,
                     w.c.lo_offset < offset,
                     or_(
-                        and_(
-                            w.c.hi_offset.is_not(None),
-                            w.c.hi_offset > offset,
-                            w.c.hi_offset - w.c.lo_offset - 1 <= w.c.gap_size,
-                        ),
+                        and_(w.c.hi_offset.is_not(None), w.c.hi_offset > offset),
                         and_(w.c.hi_offset.is_(None), w.c.lo_offset + w.c.gap_size >= offset),
                     ),
                 )
-                .limit(1)
-            ).first()
-        return hit is not None
+            ).all()
+            for candidate in candidates:
+                size = int(candidate.gap_size)
+                if candidate.hi_offset is not None and candidate.hi_offset - candidate.lo_offset - 1 > size:
+                    continue
+                siblings = tx.execute(
+                    select(w.c.topic, w.c.partition, w.c.lo_offset, w.c.hi_offset).where(w.c.gap_id == candidate.gap_id)
+                ).all()
+                missing = sum(max(0, s.hi_offset - s.lo_offset - 1) for s in siblings if s.hi_offset is not None)
+                if missing <= size:
+                    return True
+                gap = tx.execute(select(g.c.prev_position, g.c.next_position).where(g.c.id == candidate.gap_id)).first()
+                if gap is not None and f"{topic}|{partition}" in (gap.prev_position, gap.next_position):
+                    return True
+        return False
 
     def trace_gaps(self, location: str) -> list[tuple[int, int]]:
         """Unfilled gaps of a location's emitters: (first missing number, first number after)."""

@@ -2,7 +2,7 @@
 
 Revision ID: 0002
 Revises: 0001
-Create Date: 2026-11-23 00:15:28.525185
+Create Date: 2026-11-23 00:30:26.232560
 """
 
 from __future__ import annotations
@@ -87,6 +87,8 @@ def upgrade() -> None:
         sa.Column("after_ms", sa.BigInteger(), nullable=False),
         sa.Column("before_ms", sa.BigInteger(), nullable=False),
         sa.Column("noticed_ms", sa.BigInteger(), nullable=False),
+        sa.Column("prev_position", sa.String(length=520), nullable=True),
+        sa.Column("next_position", sa.String(length=520), nullable=True),
         sa.PrimaryKeyConstraint("id"),
     )
     with op.batch_alter_table("trace_gaps", schema=None) as batch_op:
