@@ -125,6 +125,10 @@ def _parser() -> argparse.ArgumentParser:
     health = commands.add_parser("health", help="consumer health per group and partition, from the store")
     health.add_argument("--cluster", help="cluster name (default $KHIPU_CLUSTER)")
     health.set_defaults(handler=_health)
+    verdicts = commands.add_parser("verdicts", help="the detector's verdicts per hop, the newest losses, its heartbeat")
+    verdicts.add_argument("--stream", help="one stream only")
+    verdicts.add_argument("--minutes", type=float, default=60, help="how far back (default 60)")
+    verdicts.set_defaults(handler=_verdicts)
     alerts = commands.add_parser("alerts", help="alerts raised, newest last, from the store")
     alerts.add_argument("--minutes", type=float, default=24 * 60, help="how far back (default 1440)")
     alerts.set_defaults(handler=_alerts)
@@ -235,6 +239,36 @@ def _health(args: argparse.Namespace, settings: KhipuSettings) -> int:
         print(
             f"{key.group:28} {key.topic:28} {key.partition:>4} {stored.status.name:12} "
             f"{'-' if lag is None else lag:>7}  {since}Z"
+        )
+    return 0
+
+
+def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    from khipu.detector.job import VERDICT_QUERY
+
+    store = Store(settings.store_url)
+    since = time.time_ns() // 1_000_000 - int(args.minutes * 60_000)
+    rows = store.verdicts(stream=args.stream, since_ms=since)
+    beat = store.latest_heartbeat(VERDICT_QUERY)
+    store.close()
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for row in rows:
+        kind = row["verdict"] + (f"/{row['cause']}" if row["cause"] else "")
+        per_hop = counts.setdefault((row["stream"], row["hop"]), {})
+        per_hop[kind] = per_hop.get(kind, 0) + 1
+    print(f"{len(rows)} verdicts in the last {args.minutes:g} minutes")
+    for (stream, hop), kinds in sorted(counts.items()):
+        print(f"{stream:14} {hop:52} " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
+    lost = [r for r in rows if r["verdict"] == "LOST"][-10:]
+    for row in lost:
+        print(f"LOST {row['message_id']} at {row['hop']} [{row['cause']}]: {row['detail']}")
+    if beat is None:
+        print("detector: no heartbeat yet (the DAG khipu_detector starts it)")
+    else:
+        age = (time.time_ns() // 1_000_000 - int(beat["at_ms"])) / 1000
+        print(
+            f"detector: last heartbeat {age:.0f}s ago, batch {beat['batch_id']}, {beat['input_rows_per_s']:.0f} "
+            f"rows/s in, state rows {beat['state_rows']}, caught up: {bool(beat['caught_up'])}"
         )
     return 0
 

@@ -633,41 +633,48 @@ class Store:
     def trace_lost_at(self, location: str, topic: str, partition: int, offset: int) -> bool:
         """Whether a location's emitter may have lost the trace of the record at this position.
 
-        Candidates are its gap windows holding the offset (an open window, with no trace after the
-        gap there yet, covers the gap's size past its low offset). A gap lost k traces: a window
-        with more than k records between its offsets is no explanation (the group skipped some).
-        When the records missing across all the gap's windows are no more than k, they are all
-        lost traces; when they are more (a skip next to a lost trace), only the partitions of the
-        traces just before and after the gap count: consumers work through runs of one partition.
+        The gaps whose windows hold the offset (an open window, with no trace after the gap there
+        yet, covers the gaps' sizes past its low offset) lost k traces between them. If more than k
+        records are missing in that stretch, the group skipped some: no explanation. If the
+        records missing across all those gaps' partitions are no more than k, they are all lost
+        traces; when they are more (a skip elsewhere next to a lost trace), only the partitions
+        of the traces just before and after a gap count: consumers work through runs of one
+        partition.
         """
         w, g = schema.gap_windows, schema.trace_gaps
         with self._begin() as tx:
             candidates = tx.execute(
-                select(w.c.gap_id, w.c.lo_offset, w.c.hi_offset, w.c.gap_size).where(
-                    w.c.location == location,
-                    w.c.topic == topic,
-                    w.c.partition == partition,
-                    w.c.lo_offset < offset,
-                    or_(
-                        and_(w.c.hi_offset.is_not(None), w.c.hi_offset > offset),
-                        and_(w.c.hi_offset.is_(None), w.c.lo_offset + w.c.gap_size >= offset),
-                    ),
+                select(w.c.gap_id, w.c.emitter_id, w.c.lo_offset, w.c.hi_offset, w.c.gap_size).where(
+                    w.c.location == location, w.c.topic == topic, w.c.partition == partition, w.c.lo_offset < offset
                 )
             ).all()
-            for candidate in candidates:
-                size = int(candidate.gap_size)
-                if candidate.hi_offset is not None and candidate.hi_offset - candidate.lo_offset - 1 > size:
-                    continue
-                siblings = tx.execute(
-                    select(w.c.topic, w.c.partition, w.c.lo_offset, w.c.hi_offset).where(w.c.gap_id == candidate.gap_id)
-                ).all()
-                missing = sum(max(0, s.hi_offset - s.lo_offset - 1) for s in siblings if s.hi_offset is not None)
-                if missing <= size:
-                    return True
-                gap = tx.execute(select(g.c.prev_position, g.c.next_position).where(g.c.id == candidate.gap_id)).first()
-                if gap is not None and f"{topic}|{partition}" in (gap.prev_position, gap.next_position):
-                    return True
-        return False
+            lost = sum(int(c.gap_size) for c in candidates if c.hi_offset is None or c.hi_offset > offset)
+            covering = [
+                c
+                for c in candidates
+                if (c.hi_offset is not None and c.hi_offset > offset)
+                or (c.hi_offset is None and c.lo_offset + lost >= offset)
+            ]
+            if not covering:
+                return False
+            lost = sum(int(c.gap_size) for c in covering)
+            closed = [c for c in covering if c.hi_offset is not None]
+            if closed and min(c.hi_offset for c in closed) - max(c.lo_offset for c in closed) - 1 > lost:
+                return False  # more records missing here than traces lost: the group skipped some
+            gap_ids = sorted({c.gap_id for c in covering})
+            stretches = {
+                (s.topic, s.partition, s.lo_offset, s.hi_offset)
+                for s in tx.execute(
+                    select(w.c.topic, w.c.partition, w.c.lo_offset, w.c.hi_offset).where(
+                        w.c.gap_id.in_(gap_ids), w.c.hi_offset.is_not(None)
+                    )
+                )
+            }
+            if sum(max(0, hi - lo - 1) for _, _, lo, hi in stretches) <= lost:
+                return True
+            here = f"{topic}|{partition}"
+            neighbours = tx.execute(select(g.c.prev_position, g.c.next_position).where(g.c.id.in_(gap_ids))).all()
+            return any(here in (n.prev_position, n.next_position) for n in neighbours)
 
     def trace_gaps(self, location: str) -> list[tuple[int, int]]:
         """Unfilled gaps of a location's emitters: (first missing number, first number after)."""

@@ -62,3 +62,10 @@ def test_an_emitter_first_seen_above_zero_lost_its_first_traces(store: Store) ->
     store.record_emitter_sequences([sent(1, 0, 1), sent(2, 0, 2)], 1)
     assert store.trace_lost_at("sink", T, 0, 0)
     assert store.trace_gaps("sink") == [(0, 1)]
+
+
+def test_two_lost_traces_in_a_row_are_explained_together(store: Store) -> None:
+    # partition 1 offsets 10, [11 lost], [12 lost], 13, with a trace of partition 0 between the two losses
+    rows = [sent(0, 1, 10), sent(2, 0, 5), sent(4, 1, 13)]
+    assert store.record_emitter_sequences(rows, 1) == 2
+    assert store.trace_lost_at("sink", T, 1, 11) and store.trace_lost_at("sink", T, 1, 12)

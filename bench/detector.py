@@ -1,0 +1,276 @@
+"""Detector figures from one run on this machine (not tests):
+
+1. sustained traces/s from the broker to stored verdicts, next to the raw confluent-kafka consume
+   rate of the same topic (the limit);
+2. time from a group's commit passing a lost message to the LOST verdict in the store, p50 / p95;
+3. state bytes per in-flight message at two traffic levels (flat means state follows messages in
+   flight, not traffic).
+
+    .venv/bin/python bench/detector.py [--messages 20000] [--grace-ms 2000]
+
+Synthetic traces of demo-shaped messages (5 hops) are written straight to a trace topic of its own
+broker, and the groups' committed offsets are set by the bench: the figures are the detector's.
+Trace records go one per batch (Tansu reports a topic's end wrongly otherwise, docs/local-stack.md).
+Targets: >= 25,000 traces/s, LOST p95 <= 15 s (with the grace it prints), state flat in traffic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from khipu.detector.job import VERDICT_QUERY, DetectorJob, start_detector
+from khipu.detector.model import DetectorConfig
+from khipu.localstack.broker import ensure_topics, free_port, start_broker, stop_process_group
+from khipu.store import Store
+from khipu.trace import Trace, TraceType, encode_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+REGISTRY = ROOT / "config" / "registry.yaml"
+IN, OUT = "demo.orders", "demo.orders-enriched"
+GROUPS = {"demo-enricher": IN, "demo-sink-store": OUT, "demo-sink-audit": OUT}
+PARTITIONS = 3
+
+
+def traces_of(message: int, run: str, now_ms: int, skip_sink: bool = False) -> list[Trace]:
+    """The five traces of one demo message; with skip_sink, demo-sink-store's RECEIVED is missing."""
+    mid, partition, offset = f"{run}-{message:08d}", message % PARTITIONS, message // PARTITIONS
+    seq = message * 5
+
+    def trace(location: str, kind: TraceType, topic: str, group: str | None, n: int) -> Trace:
+        return Trace(
+            mid,
+            "demo.orders",
+            location,
+            "local",
+            kind,
+            now_ms + n,
+            topic,
+            partition,
+            offset,
+            group,
+            f"{location}-bench",
+            seq + n,
+            100.0,
+        )
+
+    hops = [
+        trace("demo-producer", TraceType.SENT, IN, None, 0),
+        trace("demo-enricher", TraceType.RECEIVED, IN, "demo-enricher", 1),
+        trace("demo-enricher", TraceType.SENT, OUT, None, 2),
+        trace("demo-sink-store", TraceType.RECEIVED, OUT, "demo-sink-store", 3),
+        trace("demo-sink-audit", TraceType.RECEIVED, OUT, "demo-sink-audit", 4),
+    ]
+    return [t for t in hops if not (skip_sink and t.location == "demo-sink-store")]
+
+
+def produce(bootstrap: str, topic: str, traces: list[Trace]) -> None:
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "batch.num.messages": 1,
+            "linger.ms": 0,
+            "queue.buffering.max.messages": 2_000_000,
+        }
+    )
+    for trace in traces:
+        while True:
+            try:
+                producer.produce(topic, encode_trace(trace), trace.message_id.encode())
+                break
+            except BufferError:
+                producer.poll(0.1)
+    producer.flush(300)
+
+
+def commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    consumer.commit(offsets=[TopicPartition(topic, p, offset) for p in range(PARTITIONS)], asynchronous=False)
+    consumer.close()
+
+
+def raw_consume_rate(bootstrap: str, topic: str, expected: int) -> float:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"raw-{secrets.token_hex(3)}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    got, started = 0, None
+    while got < expected:
+        batch = consumer.consume(10_000, 1.0)
+        if batch and started is None:
+            started = time.perf_counter()
+        got += sum(1 for m in batch if m.error() is None)
+    elapsed = time.perf_counter() - (started or time.perf_counter())
+    consumer.close()
+    return got / elapsed if elapsed else float("inf")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--grace-ms", type=int, default=2_000)
+    parser.add_argument("--lost", type=int, default=40)
+    args = parser.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    work = Path(tempfile.mkdtemp(prefix="khipu-bench-"))
+    broker = start_broker(free_port(), work / "tansu.log")
+    bootstrap = broker.bootstrap_servers
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[*]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        ensure_topics(bootstrap, {IN: PARTITIONS, OUT: PARTITIONS})
+        print(
+            f"bench: {args.messages:,} messages x 5 traces, grace {args.grace_ms} ms, broker {bootstrap}",
+            file=sys.stderr,
+        )
+
+        # 1. throughput: a backlog of decidable messages (every group already past them)
+        topic, now = "bench.traces", time.time_ns() // 1_000_000
+        ensure_topics(bootstrap, {topic: 4})
+        produce(bootstrap, topic, [t for m in range(args.messages) for t in traces_of(m, "tp", now)])
+        for group, group_topic in GROUPS.items():
+            commit(bootstrap, group, group_topic, args.messages)
+        traces = args.messages * 5
+        raw = raw_consume_rate(bootstrap, topic, traces)
+        store_url = f"sqlite:///{work / 'throughput.db'}"
+        Store(store_url).migrate()
+        job = DetectorJob(
+            registry_path=REGISTRY,
+            bootstrap_servers=bootstrap,
+            store_url=store_url,
+            checkpoint_dir=work / "ckpt-throughput",
+            archive_dir=work / "archive",
+            trace_topic=topic,
+            lost_topic=None,
+            trigger_seconds=2.0,
+            detector=DetectorConfig(grace_ms=args.grace_ms, max_wait_ms=600_000, recheck_ms=1_000),
+        )
+        store = Store(store_url)
+        started = time.perf_counter()
+        queries = start_detector(spark, job)
+        first_batch = None
+        while True:
+            time.sleep(1)
+            if first_batch is None and store.latest_heartbeat(VERDICT_QUERY):
+                first_batch = time.perf_counter()
+            if len(store.verdicts()) >= traces:
+                break
+        finished = time.perf_counter()
+        for query in queries:
+            query.stop()
+        rate = traces / (finished - (first_batch or started))
+        print(
+            f"throughput: {rate:,.0f} traces/s to stored verdicts ({traces:,} traces, {finished - started:.0f} s "
+            f"with start-up); raw confluent-kafka consume of the same topic: {raw:,.0f} records/s"
+        )
+
+        # 2. LOST latency: live detector; each lost message's group commits past it at a known time
+        topic = "bench.lost"
+        ensure_topics(bootstrap, {topic: 4})
+        store_url = f"sqlite:///{work / 'latency.db'}"
+        Store(store_url).migrate()
+        store = Store(store_url)
+        job = DetectorJob(
+            registry_path=REGISTRY,
+            bootstrap_servers=bootstrap,
+            store_url=store_url,
+            checkpoint_dir=work / "ckpt-latency",
+            archive_dir=work / "archive2",
+            trace_topic=topic,
+            lost_topic=None,
+            trigger_seconds=1.0,
+            detector=DetectorConfig(grace_ms=args.grace_ms, max_wait_ms=600_000, recheck_ms=1_000),
+        )
+        queries = start_detector(spark, job)
+        base = 10_000_000  # offsets far from phase 1's
+        for group, group_topic in GROUPS.items():
+            commit(bootstrap, group, group_topic, base)
+        commit_times: dict[str, float] = {}
+        seen: dict[str, float] = {}
+        for n in range(args.lost):
+            message = base * PARTITIONS + n * PARTITIONS  # partition 0, offsets base + n
+            produce(bootstrap, topic, traces_of(message, "lost", time.time_ns() // 1_000_000, skip_sink=True))
+            time.sleep(0.3)
+            for group, group_topic in GROUPS.items():
+                commit(bootstrap, group, group_topic, base + n + 1)
+            commit_times[f"lost-{message:08d}"] = time.time()
+            for verdict in store.verdicts():
+                if verdict["verdict"] == "LOST" and verdict["message_id"] not in seen:
+                    seen[verdict["message_id"]] = time.time()
+        deadline = time.time() + 120
+        while len(seen) < args.lost and time.time() < deadline:
+            for verdict in store.verdicts():
+                if verdict["verdict"] == "LOST" and verdict["message_id"] not in seen:
+                    seen[verdict["message_id"]] = time.time()
+            time.sleep(0.2)
+        latencies = sorted(seen[m] - commit_times[m] for m in seen if m in commit_times)
+        for query in queries:
+            query.stop()
+        if latencies:
+            p95 = latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))]
+            print(
+                f"LOST latency (commit passing the message -> LOST verdict stored), {len(latencies)} losses: "
+                f"p50 {statistics.median(latencies):.1f} s, p95 {p95:.1f} s (grace {args.grace_ms / 1000:g} s)"
+            )
+
+        # 3. state per in-flight message at two traffic levels: messages nobody has committed past
+        for level, count in (("low", args.messages // 10), ("high", args.messages // 2)):
+            topic = f"bench.state.{level}"
+            ensure_topics(bootstrap, {topic: 4})
+            produce(bootstrap, topic, [t for m in range(count) for t in traces_of(20_000_000 + m, level, now)])
+            store_url = f"sqlite:///{work / f'state-{level}.db'}"
+            Store(store_url).migrate()
+            store = Store(store_url)
+            job = DetectorJob(
+                registry_path=REGISTRY,
+                bootstrap_servers=bootstrap,
+                store_url=store_url,
+                checkpoint_dir=work / f"ckpt-{level}",
+                archive_dir=work / f"archive-{level}",
+                trace_topic=topic,
+                lost_topic=None,
+                trigger_seconds=2.0,
+                detector=DetectorConfig(grace_ms=args.grace_ms, max_wait_ms=600_000, recheck_ms=60_000),
+            )
+            queries = start_detector(spark, job)
+            beat = None
+            while beat is None or not beat["state_rows"]:
+                time.sleep(2)
+                beat = store.latest_heartbeat(VERDICT_QUERY)
+            time.sleep(4)
+            beat = store.latest_heartbeat(VERDICT_QUERY)
+            for query in queries:
+                query.stop()
+            assert beat is not None
+            print(
+                f"state, {level} traffic: {count:,} messages in flight, {beat['state_rows']:,} state rows, "
+                f"{beat['state_bytes'] / count:,.0f} bytes per message"
+            )
+        return 0
+    finally:
+        spark.stop()
+        stop_process_group(broker.pid)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
