@@ -6,12 +6,12 @@
 3. state bytes per in-flight message at two traffic levels (flat means state follows messages in
    flight, not traffic).
 
-    .venv/bin/python bench/detector.py [--messages 20000] [--grace-ms 2000]
+    .venv/bin/python bench/detector.py [--messages 20000] [--grace-ms 2000] [--only throughput]
 
-Synthetic traces of demo-shaped messages (5 hops) are written straight to a trace topic of its own
+Synthetic traces of demo-shaped messages (5 hops) are written straight to trace topics of its own
 broker, and the groups' committed offsets are set by the bench: the figures are the detector's.
 Trace records go one per batch (Tansu reports a topic's end wrongly otherwise, docs/local-stack.md).
-Targets: >= 25,000 traces/s, LOST p95 <= 15 s (with the grace it prints), state flat in traffic.
+Targets: >= 25,000 traces/s, LOST p95 <= 15 s (with the grace printed), state flat in traffic.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -43,7 +44,6 @@ PARTITIONS = 3
 def traces_of(message: int, run: str, now_ms: int, skip_sink: bool = False) -> list[Trace]:
     """The five traces of one demo message; with skip_sink, demo-sink-store's RECEIVED is missing."""
     mid, partition, offset = f"{run}-{message:08d}", message % PARTITIONS, message // PARTITIONS
-    seq = message * 5
 
     def trace(location: str, kind: TraceType, topic: str, group: str | None, n: int) -> Trace:
         return Trace(
@@ -57,8 +57,8 @@ def traces_of(message: int, run: str, now_ms: int, skip_sink: bool = False) -> l
             partition,
             offset,
             group,
-            f"{location}-bench",
-            seq + n,
+            f"{location}-{run}",
+            message * 5 + n,
             100.0,
         )
 
@@ -118,16 +118,130 @@ def raw_consume_rate(bootstrap: str, topic: str, expected: int) -> float:
     return got / elapsed if elapsed else float("inf")
 
 
+def detector(
+    bootstrap: str, work: Path, name: str, topic: str, args: argparse.Namespace, recheck_ms: int = 1_000
+) -> tuple[DetectorJob, Store]:
+    store_url = f"sqlite:///{work / f'{name}.db'}"
+    store = Store(store_url)
+    store.migrate()
+    job = DetectorJob(
+        registry_path=REGISTRY,
+        bootstrap_servers=bootstrap,
+        store_url=store_url,
+        checkpoint_dir=work / f"ckpt-{name}",
+        archive_dir=work / f"archive-{name}",
+        trace_topic=topic,
+        lost_topic=None,
+        trigger_seconds=args.trigger_seconds,
+        max_offsets_per_trigger=args.max_per_batch,
+        detector=DetectorConfig(grace_ms=args.grace_ms, max_wait_ms=600_000, recheck_ms=recheck_ms),
+    )
+    return job, store
+
+
+def throughput(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) -> None:
+    """A backlog of decidable messages (every group already past them): traces/s to stored verdicts."""
+    topic, now = "bench.traces", time.time_ns() // 1_000_000
+    ensure_topics(bootstrap, {topic: 4})
+    produce(bootstrap, topic, [t for m in range(args.messages) for t in traces_of(m, "tp", now)])
+    for group, group_topic in GROUPS.items():
+        commit(bootstrap, group, group_topic, args.messages)
+    traces = args.messages * 5
+    raw = raw_consume_rate(bootstrap, topic, traces)
+    job, store = detector(bootstrap, work, "throughput", topic, args)
+    started = time.perf_counter()
+    queries = start_detector(spark, job)
+    first_batch = None
+    while len(store.verdicts()) < traces:
+        time.sleep(1)
+        if first_batch is None and store.latest_heartbeat(VERDICT_QUERY):
+            first_batch = time.perf_counter()
+    finished = time.perf_counter()
+    for query in queries:
+        query.stop()
+    rate = traces / (finished - started)
+    print(
+        f"throughput: {rate:,.0f} traces/s to stored verdicts ({traces:,} traces in {finished - started:.0f} s "
+        f"from query start; {args.grace_ms / 1000:g} s of it is the grace); raw confluent-kafka consume of the "
+        f"same topic: {raw:,.0f} records/s"
+    )
+
+
+def lost_latency(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) -> None:
+    """Live detector; each lost message's group commits past it at a known time."""
+    topic, base = "bench.lost", 10_000_000  # offsets far from the other parts'
+    ensure_topics(bootstrap, {topic: 4})
+    job, store = detector(bootstrap, work, "latency", topic, args)
+    queries = start_detector(spark, job)
+    for group, group_topic in GROUPS.items():
+        commit(bootstrap, group, group_topic, base)
+    committed_at: dict[str, float] = {}
+    seen: dict[str, float] = {}
+
+    def look() -> None:
+        for verdict in store.verdicts():
+            if verdict["verdict"] == "LOST" and verdict["message_id"] not in seen:
+                seen[verdict["message_id"]] = time.time()
+
+    for n in range(args.lost):
+        message = (base + n) * PARTITIONS  # partition 0, offset base + n
+        produce(bootstrap, topic, traces_of(message, "lost", time.time_ns() // 1_000_000, skip_sink=True))
+        time.sleep(0.3)
+        for group, group_topic in GROUPS.items():
+            commit(bootstrap, group, group_topic, base + n + 1)
+        committed_at[f"lost-{message:08d}"] = time.time()
+        look()
+    deadline = time.time() + 180
+    while len(seen) < args.lost and time.time() < deadline:
+        look()
+        time.sleep(0.2)
+    for query in queries:
+        query.stop()
+    latencies = sorted(seen[m] - committed_at[m] for m in seen if m in committed_at)
+    if latencies:
+        p95 = latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))]
+        print(
+            f"LOST latency (commit passing the message -> LOST verdict stored), {len(latencies)} of {args.lost} "
+            f"losses: p50 {statistics.median(latencies):.1f} s, p95 {p95:.1f} s (grace {args.grace_ms / 1000:g} s, "
+            f"trigger {args.trigger_seconds:g} s)"
+        )
+    else:
+        print("LOST latency: no LOST verdict within 180 s")
+
+
+def state_per_message(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) -> None:
+    """Messages nobody has committed past stay in flight: state bytes per message at two levels."""
+    now = time.time_ns() // 1_000_000
+    for level, count in (("low", args.messages // 10), ("high", args.messages // 2)):
+        topic = f"bench.state.{level}"
+        ensure_topics(bootstrap, {topic: 4})
+        produce(bootstrap, topic, [t for m in range(count) for t in traces_of(20_000_000 + m, level, now)])
+        job, store = detector(bootstrap, work, f"state-{level}", topic, args, recheck_ms=60_000)
+        queries = start_detector(spark, job)
+        beat = None
+        while beat is None or not beat["state_rows"] or beat["batch_id"] < 1:
+            time.sleep(2)
+            beat = store.latest_heartbeat(VERDICT_QUERY)
+        for query in queries:
+            query.stop()
+        print(
+            f"state, {level} traffic: {count:,} messages in flight, {beat['state_rows']:,} state rows, "
+            f"{beat['state_bytes'] / count:,.0f} bytes per message"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--grace-ms", type=int, default=2_000)
+    parser.add_argument("--trigger-seconds", type=float, default=2.0)
+    parser.add_argument("--max-per-batch", type=int, default=50_000, help="maxOffsetsPerTrigger")
     parser.add_argument("--lost", type=int, default=40)
+    parser.add_argument("--only", choices=("throughput", "latency", "state"), help="run one part only")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = Path(tempfile.mkdtemp(prefix="khipu-bench-"))
     broker = start_broker(free_port(), work / "tansu.log")
-    bootstrap = broker.bootstrap_servers
     from pyspark.sql import SparkSession
 
     spark = (
@@ -138,134 +252,17 @@ def main() -> int:
     )
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        ensure_topics(bootstrap, {IN: PARTITIONS, OUT: PARTITIONS})
+        ensure_topics(broker.bootstrap_servers, {IN: PARTITIONS, OUT: PARTITIONS})
         print(
-            f"bench: {args.messages:,} messages x 5 traces, grace {args.grace_ms} ms, broker {bootstrap}",
-            file=sys.stderr,
+            f"detector bench: {args.messages:,} messages x 5 traces, grace {args.grace_ms} ms, {os.cpu_count()} CPUs",
+            flush=True,
         )
-
-        # 1. throughput: a backlog of decidable messages (every group already past them)
-        topic, now = "bench.traces", time.time_ns() // 1_000_000
-        ensure_topics(bootstrap, {topic: 4})
-        produce(bootstrap, topic, [t for m in range(args.messages) for t in traces_of(m, "tp", now)])
-        for group, group_topic in GROUPS.items():
-            commit(bootstrap, group, group_topic, args.messages)
-        traces = args.messages * 5
-        raw = raw_consume_rate(bootstrap, topic, traces)
-        store_url = f"sqlite:///{work / 'throughput.db'}"
-        Store(store_url).migrate()
-        job = DetectorJob(
-            registry_path=REGISTRY,
-            bootstrap_servers=bootstrap,
-            store_url=store_url,
-            checkpoint_dir=work / "ckpt-throughput",
-            archive_dir=work / "archive",
-            trace_topic=topic,
-            lost_topic=None,
-            trigger_seconds=2.0,
-            detector=DetectorConfig(grace_ms=args.grace_ms, max_wait_ms=600_000, recheck_ms=1_000),
-        )
-        store = Store(store_url)
-        started = time.perf_counter()
-        queries = start_detector(spark, job)
-        first_batch = None
-        while True:
-            time.sleep(1)
-            if first_batch is None and store.latest_heartbeat(VERDICT_QUERY):
-                first_batch = time.perf_counter()
-            if len(store.verdicts()) >= traces:
-                break
-        finished = time.perf_counter()
-        for query in queries:
-            query.stop()
-        rate = traces / (finished - (first_batch or started))
-        print(
-            f"throughput: {rate:,.0f} traces/s to stored verdicts ({traces:,} traces, {finished - started:.0f} s "
-            f"with start-up); raw confluent-kafka consume of the same topic: {raw:,.0f} records/s"
-        )
-
-        # 2. LOST latency: live detector; each lost message's group commits past it at a known time
-        topic = "bench.lost"
-        ensure_topics(bootstrap, {topic: 4})
-        store_url = f"sqlite:///{work / 'latency.db'}"
-        Store(store_url).migrate()
-        store = Store(store_url)
-        job = DetectorJob(
-            registry_path=REGISTRY,
-            bootstrap_servers=bootstrap,
-            store_url=store_url,
-            checkpoint_dir=work / "ckpt-latency",
-            archive_dir=work / "archive2",
-            trace_topic=topic,
-            lost_topic=None,
-            trigger_seconds=1.0,
-            detector=DetectorConfig(grace_ms=args.grace_ms, max_wait_ms=600_000, recheck_ms=1_000),
-        )
-        queries = start_detector(spark, job)
-        base = 10_000_000  # offsets far from phase 1's
-        for group, group_topic in GROUPS.items():
-            commit(bootstrap, group, group_topic, base)
-        commit_times: dict[str, float] = {}
-        seen: dict[str, float] = {}
-        for n in range(args.lost):
-            message = base * PARTITIONS + n * PARTITIONS  # partition 0, offsets base + n
-            produce(bootstrap, topic, traces_of(message, "lost", time.time_ns() // 1_000_000, skip_sink=True))
-            time.sleep(0.3)
-            for group, group_topic in GROUPS.items():
-                commit(bootstrap, group, group_topic, base + n + 1)
-            commit_times[f"lost-{message:08d}"] = time.time()
-            for verdict in store.verdicts():
-                if verdict["verdict"] == "LOST" and verdict["message_id"] not in seen:
-                    seen[verdict["message_id"]] = time.time()
-        deadline = time.time() + 120
-        while len(seen) < args.lost and time.time() < deadline:
-            for verdict in store.verdicts():
-                if verdict["verdict"] == "LOST" and verdict["message_id"] not in seen:
-                    seen[verdict["message_id"]] = time.time()
-            time.sleep(0.2)
-        latencies = sorted(seen[m] - commit_times[m] for m in seen if m in commit_times)
-        for query in queries:
-            query.stop()
-        if latencies:
-            p95 = latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))]
-            print(
-                f"LOST latency (commit passing the message -> LOST verdict stored), {len(latencies)} losses: "
-                f"p50 {statistics.median(latencies):.1f} s, p95 {p95:.1f} s (grace {args.grace_ms / 1000:g} s)"
-            )
-
-        # 3. state per in-flight message at two traffic levels: messages nobody has committed past
-        for level, count in (("low", args.messages // 10), ("high", args.messages // 2)):
-            topic = f"bench.state.{level}"
-            ensure_topics(bootstrap, {topic: 4})
-            produce(bootstrap, topic, [t for m in range(count) for t in traces_of(20_000_000 + m, level, now)])
-            store_url = f"sqlite:///{work / f'state-{level}.db'}"
-            Store(store_url).migrate()
-            store = Store(store_url)
-            job = DetectorJob(
-                registry_path=REGISTRY,
-                bootstrap_servers=bootstrap,
-                store_url=store_url,
-                checkpoint_dir=work / f"ckpt-{level}",
-                archive_dir=work / f"archive-{level}",
-                trace_topic=topic,
-                lost_topic=None,
-                trigger_seconds=2.0,
-                detector=DetectorConfig(grace_ms=args.grace_ms, max_wait_ms=600_000, recheck_ms=60_000),
-            )
-            queries = start_detector(spark, job)
-            beat = None
-            while beat is None or not beat["state_rows"]:
-                time.sleep(2)
-                beat = store.latest_heartbeat(VERDICT_QUERY)
-            time.sleep(4)
-            beat = store.latest_heartbeat(VERDICT_QUERY)
-            for query in queries:
-                query.stop()
-            assert beat is not None
-            print(
-                f"state, {level} traffic: {count:,} messages in flight, {beat['state_rows']:,} state rows, "
-                f"{beat['state_bytes'] / count:,.0f} bytes per message"
-            )
+        if args.only in (None, "throughput"):
+            throughput(spark, broker.bootstrap_servers, work, args)
+        if args.only in (None, "latency"):
+            lost_latency(spark, broker.bootstrap_servers, work, args)
+        if args.only in (None, "state"):
+            state_per_message(spark, broker.bootstrap_servers, work, args)
         return 0
     finally:
         spark.stop()

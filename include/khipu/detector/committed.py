@@ -21,11 +21,12 @@ _NO_OFFSET = -1001
 
 
 class StreamReadProgress:
-    """``read_to()``: the time up to which the named query has read its whole input (cached ``cache_ms``);
-    0 until it has been caught up once: a detector still working through a backlog decides nothing yet."""
+    """``read_to()``: the time up to which every named query has read its whole input (cached ``cache_ms``);
+    0 until each has been caught up once: a detector still working through a backlog decides nothing
+    yet. The verdict query needs the archive query too: it records the emitter gaps verdicts rely on."""
 
-    def __init__(self, store_url: str, query_name: str, cache_ms: int = 1_000) -> None:
-        self.store_url, self.query_name, self.cache_ms = store_url, query_name, cache_ms
+    def __init__(self, store_url: str, query_names: tuple[str, ...], cache_ms: int = 1_000) -> None:
+        self.store_url, self.query_names, self.cache_ms = store_url, query_names, cache_ms
         self._store: Store | None = None
         self._cached: tuple[int, int | None] | None = None
 
@@ -40,9 +41,9 @@ class StreamReadProgress:
             if self._store is None:
                 self._store = Store(self.store_url)
             try:
-                self._cached = (now, self._store.read_to_ms(self.query_name) or 0)
+                self._cached = (now, min(self._store.read_to_ms(name) or 0 for name in self.query_names))
             except Exception as exc:  # unknown progress: decide on nothing yet rather than too early
-                log.warning("stream progress of %s unavailable: %s", self.query_name, exc)
+                log.warning("stream progress of %s unavailable: %s", ", ".join(self.query_names), exc)
                 self._cached = (now, 0)
         return self._cached[1]
 

@@ -90,13 +90,13 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
     verdicts = (
         valid(parse_traces(read_traces(spark, job), registry.streams))
         .groupBy("message_id")
-        .transformWithStateInPandas(
+        .transformWithState(
             statefulProcessor=VerdictProcessor(
                 registry,
                 committed,
                 job.detector,
                 TraceGaps(job.store_url),
-                StreamReadProgress(job.store_url, VERDICT_QUERY),
+                StreamReadProgress(job.store_url, (VERDICT_QUERY, ARCHIVE_QUERY)),
             ),
             outputStructType=VERDICT_SCHEMA,
             outputMode="Update",

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
-
-import pandas as pd
 
 from khipu.detector.model import DetectorConfig
 from khipu.detector.parse import TRACE_COLUMNS
@@ -23,7 +22,9 @@ class Offsets:
         return self.committed.get((group, topic))
 
 
-def frame(traces: list[Any]) -> pd.DataFrame:
+def frame(traces: list[Any]) -> list[Any]:
+    from pyspark.sql import Row
+
     rows = [
         (
             t.message_id,
@@ -43,7 +44,7 @@ def frame(traces: list[Any]) -> pd.DataFrame:
         )
         for t in traces
     ]
-    return pd.DataFrame(rows, columns=TRACE_FIELDS)
+    return [Row(**dict(zip(TRACE_FIELDS, row, strict=True))) for row in rows]
 
 
 def new_tester(committed: dict[tuple[str, str], int]) -> Any:
@@ -59,21 +60,21 @@ PAST = {("proc", "in"): 6, ("s1", "out"): 8, ("s2", "out"): 8}
 def test_a_delivered_message_is_decided_when_its_grace_ends_and_its_state_is_dropped() -> None:
     tws = new_tester(PAST)
     tws.setProcessingTime(10_000)
-    first = tws.testInPandas("m1", frame(clean()))
+    first = tws.test("m1", frame(clean()))
     assert len(first) == 0  # commits seen past just now: wait for the grace
-    assert len(tws.peekListState("traces", "m1")) == 5
+    assert len(json.loads(tws.peekValueState("message", "m1")[0])) == 5
     out = tws.setProcessingTime(40_000)  # the timer at 10 s + 30 s grace fires
-    assert sorted(out["verdict"]) == ["DELIVERED"] * 5
-    assert tws.peekListState("traces", "m1") == [] and tws.peekValueState("meta", "m1") is None
+    assert sorted(row["verdict"] for row in out) == ["DELIVERED"] * 5
+    assert tws.peekValueState("message", "m1") is None
 
 
 def test_a_skipped_message_is_reported_lost_once_with_its_cause() -> None:
     tws = new_tester(PAST)
     tws.setProcessingTime(10_000)
-    tws.testInPandas("m1", frame(clean(skip={"local/out -> s1"})))
+    tws.test("m1", frame(clean(skip={"local/out -> s1"})))
     out = tws.setProcessingTime(40_000)
-    lost = out[out["verdict"] == "LOST"]
-    assert list(lost["hop"]) == ["local/out -> s1"] and list(lost["cause"]) == ["skipped_by_consumer"]
+    lost = [row for row in out if row["verdict"] == "LOST"]
+    assert [(row["hop"], row["cause"]) for row in lost] == [("local/out -> s1", "skipped_by_consumer")]
     assert len(tws.setProcessingTime(100_000)) == 0  # decided and dropped: nothing is emitted twice
 
 
@@ -81,15 +82,15 @@ def test_hops_decided_early_are_emitted_once_while_the_rest_waits() -> None:
     committed = {**PAST, ("s2", "out"): 7}  # s2 lags behind
     tws = new_tester(committed)
     tws.setProcessingTime(10_000)
-    tws.testInPandas("m1", frame(clean()))
+    tws.test("m1", frame(clean()))
     early = tws.setProcessingTime(40_000)
-    assert sorted(early["hop"]) == ["local/in -> proc", "local/out -> s1", "p -> local/in"]
+    assert sorted(row["hop"] for row in early) == ["local/in -> proc", "local/out -> s1", "p -> local/in"]
     assert len(tws.setProcessingTime(45_000)) == 0  # rechecked, nothing new to say
     committed[("s2", "out")] = 8  # s2 catches up
     tws.setProcessingTime(50_000)
     late = tws.setProcessingTime(85_000)
-    assert sorted(late["hop"]) == ["local/out -> s2", "proc -> local/out"]
-    assert tws.peekListState("traces", "m1") == []
+    assert sorted(row["hop"] for row in late) == ["local/out -> s2", "proc -> local/out"]
+    assert tws.peekValueState("message", "m1") is None
 
 
 def test_trace_state_schema_matches_the_parsed_columns() -> None:
