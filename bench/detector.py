@@ -60,7 +60,10 @@ def traces_of(message: int, run: str, now_ms: int, skip_sink: bool = False) -> l
             f"{location}-{run}",
             message * 5 + n,
             100.0,
+            prev_offsets=back if kind is TraceType.RECEIVED else (),
         )
+
+    back = tuple(o for o in (offset - 1, offset - 2, offset - 3) if o >= 0)  # as an emitter points back
 
     hops = [
         trace("demo-producer", TraceType.SENT, IN, None, 0),

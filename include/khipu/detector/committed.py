@@ -23,7 +23,7 @@ _NO_OFFSET = -1001
 class StreamReadProgress:
     """``read_to()``: the time up to which every named query has read its whole input (cached ``cache_ms``);
     0 until each has been caught up once: a detector still working through a backlog decides nothing
-    yet. The verdict query needs the archive query too: it records the emitter gaps verdicts rely on."""
+    yet. The verdict query needs the archive query too: it records the back-pointers verdicts rely on."""
 
     def __init__(self, store_url: str, query_names: tuple[str, ...], cache_ms: int = 1_000) -> None:
         self.store_url, self.query_names, self.cache_ms = store_url, query_names, cache_ms
@@ -48,10 +48,11 @@ class StreamReadProgress:
         return self._cached[1]
 
 
-class TraceGaps:
-    """``trace_gap(location, topic, partition, offset)``: whether an emitter at ``location`` may have lost
-    the trace of that record, from the gap windows the archive query records (asked only for a
-    would-be LOST, so rarely)."""
+class PointedPositions:
+    """``pointed_at(location, cluster, topic, partition, offset)``: whether an emitter at ``location`` said
+    it received that record, from the pointers the archive query records (asked only for a would-be
+    LOST, so rarely). A store that cannot answer fails the batch (it is retried): answering "no"
+    would turn a lost trace into a false LOST."""
 
     def __init__(self, store_url: str) -> None:
         self.store_url = store_url
@@ -62,14 +63,10 @@ class TraceGaps:
         state.update(_store=None)
         return state
 
-    def __call__(self, location: str, topic: str, partition: int, offset: int) -> bool:
+    def __call__(self, location: str, cluster: str, topic: str, partition: int, offset: int) -> bool:
         if self._store is None:
             self._store = Store(self.store_url)
-        try:
-            return self._store.trace_lost_at(location, topic, partition, offset)
-        except Exception as exc:  # without gap information a lost trace reads as a lost message
-            log.warning("trace gaps of %s unavailable: %s", location, exc)
-            return False
+        return self._store.pointed_at(location, cluster, topic, partition, offset)
 
 
 class CommittedOffsets:

@@ -11,15 +11,15 @@ Rules (Inca's central idea, sharpened):
   position of the message on that topic and ``grace_ms`` has gone by since that was first seen:
   until then the message is simply on its way, however long that takes (up to ``max_wait_ms``).
   Then: no RECEIVED -> LOST, skipped by consumer (or TRACE_LOST when a later hop shows it
-  arrived, or when the group's emitter lost a trace right there: a gap in its sequence numbers
-  between its traces of the offsets around this one); one -> DELIVERED; more ->
+  arrived, or when an emitter of the group's location points at the record: a later RECEIVED
+  trace's back-pointer or a mark says it was received); one -> DELIVERED; more ->
   DUPLICATE, rewind/replay when one offset was read twice, producer retry when the id sits at
   several offsets.
 - A write hop with SENT traces is DELIVERED (DUPLICATE when the id was written at several
   offsets), decided when the hops reading its topic are decided (and, for a processor, its input
   read). Without a SENT but with the message seen on its topic: TRACE_LOST. A processor that
   received the message and committed past it, with nothing written on: LOST, dropped in processor
-  (a written record is seen downstream, so no gap lookup is needed there).
+  (a written record is seen downstream, so no pointer lookup is needed there).
 - Hops past a loss get no verdict: the message never got there.
 - Still undecided ``max_wait_ms`` after the first trace: PENDING for what is open, and done.
 """
@@ -33,10 +33,10 @@ from khipu.detector.model import (
     Cause,
     CommittedLookup,
     DetectorConfig,
-    TraceGapLookup,
+    PointerLookup,
     Verdict,
     VerdictKind,
-    no_trace_gaps,
+    nothing_pointed_at,
 )
 from khipu.registry.model import ConsumerSpec, Hop, HopKind, Stream, TopicRef
 from khipu.trace.model import Trace, TraceType
@@ -87,10 +87,10 @@ class _Judge:
         now_ms: int,
         config: DetectorConfig,
         timed_out: bool,
-        trace_gap: TraceGapLookup,
+        pointed_at: PointerLookup,
         clock_ms: int,
     ) -> None:
-        self.trace_gap = trace_gap
+        self.pointed_at = pointed_at
         self.clock_ms = clock_ms  # now, or the time up to which the trace topic is read, if earlier
         self.timed_out = timed_out  # past max_wait: write hops are judged on the evidence there is
         self.message_id, self.stream, self.evidence = message_id, stream, evidence
@@ -158,7 +158,8 @@ class _Judge:
                     None,
                     "no RECEIVED trace, but a later hop shows the group got the message",
                 )
-            elif location is not None and self.trace_gap(location, hop.topic.topic, partition, offset):
+            elif location is not None and (pointed := self._pointed_position(hop, location, positions)):
+                partition, offset = pointed
                 self._verdict(
                     hop,
                     VerdictKind.TRACE_LOST,
@@ -167,7 +168,7 @@ class _Judge:
                     partition,
                     offset,
                     None,
-                    f"no RECEIVED trace, and {location}'s emitter lost a trace while it was due",
+                    f"no RECEIVED trace, but {location}'s emitter received it: a later trace points back to it",
                 )
             else:
                 self._verdict(
@@ -212,6 +213,17 @@ class _Judge:
 
     def _location_of(self, group: str) -> str | None:
         return next((c.location for c in self.stream.route.consumers if c.group == group), None)
+
+    def _pointed_position(self, hop: Hop, location: str, positions: Mapping[Position, int | None]) -> Position | None:
+        """The first of the message's positions on the hop's topic that an emitter of ``location`` points at."""
+        return next(
+            (
+                (partition, offset)
+                for partition, offset in sorted(positions)
+                if self.pointed_at(location, hop.topic.cluster, hop.topic.topic, partition, offset)
+            ),
+            None,
+        )
 
     def _arrived_past(self, hop: Hop) -> bool:
         """A processor that writes on what it received: its SENT traces prove it got the message."""
@@ -358,7 +370,7 @@ def decide(
     first_seen_ms: int,
     now_ms: int,
     config: DetectorConfig,
-    trace_gap: TraceGapLookup = no_trace_gaps,
+    pointed_at: PointerLookup = nothing_pointed_at,
     read_to_ms: int | None = None,
 ) -> Decision:
     """Judge every hop the message reached (see the module doc).
@@ -371,7 +383,7 @@ def decide(
     evidence = _gather(traces)
     clock = now_ms if read_to_ms is None else min(now_ms, read_to_ms)
     timed_out = clock - first_seen_ms >= config.max_wait_ms
-    judge = _Judge(message_id, stream, evidence, committed, passed_at, now_ms, config, timed_out, trace_gap, clock)
+    judge = _Judge(message_id, stream, evidence, committed, passed_at, now_ms, config, timed_out, pointed_at, clock)
     route = stream.route
     reached = sorted(evidence.positions, key=str)
     for topic in reached:

@@ -14,7 +14,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from khipu.detector.committed import CommittedOffsets, StreamReadProgress, TraceGaps
+from khipu.detector.committed import CommittedOffsets, PointedPositions, StreamReadProgress
 from khipu.detector.model import DetectorConfig
 from khipu.detector.outputs import ArchiveWriter, HeartbeatListener, VerdictWriter
 from khipu.detector.parse import parse_traces, valid
@@ -95,7 +95,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
                 registry,
                 committed,
                 job.detector,
-                TraceGaps(job.store_url),
+                PointedPositions(job.store_url),
                 StreamReadProgress(job.store_url, (VERDICT_QUERY, ARCHIVE_QUERY)),
             ),
             outputStructType=VERDICT_SCHEMA,
@@ -117,7 +117,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
     archive_query = (
         parse_traces(read_traces(spark, job), registry.streams)
         .writeStream.queryName(ARCHIVE_QUERY)
-        .foreachBatch(ArchiveWriter(job.store_url, str(job.archive_dir)))
+        .foreachBatch(ArchiveWriter(job.store_url, str(job.archive_dir), 2 * job.detector.max_wait_ms + 3_600_000))
         .option("checkpointLocation", str(job.checkpoint_dir / ARCHIVE_QUERY))
         .trigger(**trigger)
         .start()

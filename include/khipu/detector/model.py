@@ -69,10 +69,10 @@ class DetectorConfig:
 # committed(cluster, group, topic, partition) -> the group's committed offset (next to read), or None
 CommittedLookup = Callable[[str, str, str, int], int | None]
 
-# trace_gap(location, topic, partition, offset) -> whether an emitter at that location may have lost
-# the trace of that record: a gap in its sequence numbers between its traces of the offsets around it
-TraceGapLookup = Callable[[str, str, int, int], bool]
+# pointed_at(location, cluster, topic, partition, offset) -> whether an emitter at that location said
+# it received that record (a later trace's back-pointer, or a mark): then only its trace was lost
+PointerLookup = Callable[[str, str, str, int, int], bool]
 
 
-def no_trace_gaps(location: str, topic: str, partition: int, offset: int) -> bool:
+def nothing_pointed_at(location: str, cluster: str, topic: str, partition: int, offset: int) -> bool:
     return False

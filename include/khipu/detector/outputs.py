@@ -6,7 +6,9 @@
 - metrics per stream / hop / minute: recomputed from the stored verdicts of the minutes touched;
 - the raw-trace archive: Parquet partitioned by hour and batch, overwritten on replay;
 - malformed records: the store's quarantine, once per trace-topic position;
-- emitter sequence numbers: their gaps are lost traces (what tells TRACE_LOST from LOST);
+- back-pointers: records an emitter says it received whose trace was not in the batch (what
+  tells TRACE_LOST from LOST), kept long enough for every message they concern to be decided;
+- emitter sequence numbers: their gaps count the traces each emitter lost (channel health);
 - the heartbeat: every query's progress, into the store.
 """
 
@@ -23,10 +25,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
-from khipu.detector.parse import quarantined, sequences, valid
+from khipu.detector.parse import archived, pointers, quarantined, sequences
 from khipu.store.store import Store
 
 log = logging.getLogger(__name__)
+PRUNE_EVERY_MS = 60_000
 
 
 def _now_ms() -> int:
@@ -67,15 +70,16 @@ class VerdictWriter:
 class ArchiveWriter:
     """foreachBatch of the parse query: valid traces to the archive, malformed records to quarantine."""
 
-    def __init__(self, store_url: str, archive_path: str) -> None:
-        self.store_url, self.archive_path = store_url, archive_path
+    def __init__(self, store_url: str, archive_path: str, keep_pointers_ms: int) -> None:
+        self.store_url, self.archive_path, self.keep_pointers_ms = store_url, archive_path, keep_pointers_ms
         self._store: Store | None = None
+        self._pruned_ms = 0
 
     def __call__(self, parsed: DataFrame, batch_id: int) -> None:
         parsed.persist()
         try:
             traces = (
-                valid(parsed)
+                archived(parsed)
                 .withColumn("hour", F.date_format(F.timestamp_millis("timestamp_ms"), "yyyy-MM-dd-HH"))
                 .withColumn("batch_id", F.lit(batch_id))
             )
@@ -85,10 +89,14 @@ class ArchiveWriter:
                 .partitionBy("hour", "batch_id")
                 .parquet(self.archive_path)
             )
-            seen = sequences(parsed).collect()
             if self._store is None:
                 self._store = Store(self.store_url)
-            gaps = self._store.record_emitter_sequences((tuple(row) for row in seen), _now_ms())
+            now = _now_ms()
+            self._store.record_pointers((tuple(row) for row in pointers(parsed).collect()), now)
+            if now - self._pruned_ms >= PRUNE_EVERY_MS:
+                self._store.prune_pointers(now - self.keep_pointers_ms)
+                self._pruned_ms = now
+            gaps = self._store.record_emitter_sequences((tuple(row) for row in sequences(parsed).collect()), now)
             if gaps:
                 log.warning("batch %d: %d new gaps in emitter sequences (lost traces)", batch_id, gaps)
             bad = [row.asDict() for row in quarantined(parsed).collect()]

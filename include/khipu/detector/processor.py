@@ -25,7 +25,7 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 
 from khipu.detector.decide import decide
-from khipu.detector.model import CommittedLookup, DetectorConfig, TraceGapLookup, Verdict, no_trace_gaps
+from khipu.detector.model import CommittedLookup, DetectorConfig, PointerLookup, Verdict, nothing_pointed_at
 from khipu.detector.parse import TRACE_COLUMNS
 from khipu.registry.model import Registry
 from khipu.trace.model import NO_ATTRIBUTES, Trace, TraceType
@@ -90,13 +90,13 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
         registry: Registry,
         committed: CommittedLookup,
         config: DetectorConfig,
-        trace_gap: TraceGapLookup = no_trace_gaps,
+        pointed_at: PointerLookup = nothing_pointed_at,
         read_to: Callable[[], int | None] | None = None,
     ) -> None:
         self.registry = registry
         self.committed = committed
         self.config = config
-        self.trace_gap = trace_gap
+        self.pointed_at = pointed_at
         self.read_to = read_to  # the time up to which the trace topic is read (None: take it as caught up)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
@@ -143,7 +143,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
             first_seen,
             now_ms,
             self.config,
-            self.trace_gap,
+            self.pointed_at,
             read_to_ms,
         )
         fresh = [v for v in decision.verdicts if v.hop not in emitted]

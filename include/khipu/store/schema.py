@@ -204,10 +204,10 @@ emitter_progress = Table(
     metadata,
     Column("emitter_id", String(NAME), primary_key=True),
     Column("location", String(NAME), nullable=False),
-    Column("max_seq", BigInteger, nullable=False),
-    Column("max_seq_ms", BigInteger, nullable=False),
-    Column("positions", Text, nullable=False),  # JSON {"topic|partition": last offset traced there}
-    Column("last_position", String(520)),  # "topic|partition" of its newest trace
+    Column("max_seq", BigInteger, nullable=False),  # its newest sequence number seen
+    Column("base_seq", BigInteger, nullable=False),  # numbers up to here are folded into the base
+    Column("base_ms", BigInteger),
+    Column("runs", Text, nullable=False),  # JSON [[first_seq, first_ms, last_seq, last_ms], ...] above the base
     Column("updated_ms", BigInteger, nullable=False),
 )
 
@@ -222,24 +222,19 @@ trace_gaps = Table(
     Column("after_ms", BigInteger, nullable=False),  # time of the trace before the gap
     Column("before_ms", BigInteger, nullable=False),  # time of the trace after the gap
     Column("noticed_ms", BigInteger, nullable=False),
-    Column("prev_position", String(520)),  # "topic|partition" of the trace just before the gap
-    Column("next_position", String(520)),  # ... and just after it (null: a mark)
     Index("ix_trace_gaps_location_time", "location", "before_ms"),
     Index("ix_trace_gaps_emitter", "emitter_id", "from_seq"),
 )
 
-gap_windows = Table(
-    "gap_windows",
+# Records an emitter said it received (a back-pointer or a mark) whose own trace was not in the same batch.
+trace_pointers = Table(
+    "trace_pointers",
     metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("gap_id", Integer, nullable=False),
-    Column("emitter_id", String(NAME), nullable=False),
-    Column("location", String(NAME), nullable=False),
-    Column("topic", String(NAME), nullable=False),
-    Column("partition", Integer, nullable=False),
-    Column("lo_offset", BigInteger, nullable=False),  # the emitter's last offset here before the gap
-    Column("hi_offset", BigInteger),  # its first offset here after the gap (null: none yet)
-    Column("gap_size", Integer, nullable=False),  # traces the gap lost: it explains at most this many
-    Index("ix_gap_windows_position", "location", "topic", "partition", "lo_offset"),
-    Index("ix_gap_windows_open", "emitter_id", "hi_offset"),
+    Column("location", String(NAME), primary_key=True),
+    Column("cluster", String(NAME), primary_key=True),
+    Column("topic", String(NAME), primary_key=True),
+    Column("partition", Integer, primary_key=True),
+    Column("offset", BigInteger, primary_key=True),
+    Column("seen_ms", BigInteger, nullable=False),
+    Index("ix_trace_pointers_seen", "seen_ms"),
 )

@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from khipu.alerting.decide import Transition
 from khipu.alerting.model import Alert, AlertState, Severity
+from khipu.detector.sequences import KEEP_RECENT, EmitterHistory, Run, absorb
 from khipu.health.evaluate import PartitionHealth
 from khipu.health.rules import PartitionStatus
 from khipu.health.windows import OffsetWindow, WindowKind
@@ -500,119 +501,84 @@ class Store:
             ]
 
     def record_emitter_sequences(
-        self, observed: Iterable[tuple[str, str, int, int, str, int, int]], now_ms: int
+        self,
+        observed: Iterable[tuple[str, str, int, int]],
+        now_ms: int,
+        keep: int = KEEP_RECENT,
     ) -> int:
-        """Track each emitter's sequence numbers; record its gaps (lost traces); return the new gaps.
+        """Track each emitter's sequence numbers; keep its gaps (lost traces); return how many gaps it has now
+        that it had not before.
 
-        ``observed``: (emitter id, location, sequence number, trace time, topic, partition, offset)
-        of one batch of traces and emitter marks (a mark has no topic, partition or offset). A gap
-        is kept with, per partition the emitter had traced (or traces next), the offsets it had
-        reached before the gap and first traced after it: a missing trace at an offset strictly
-        between them may be the lost one (:meth:`trace_lost_at`); a record the group never traced
-        (a skip) leaves no gap at all. Consumers work through runs of records of one partition, so
-        a gap of one or two traces is looked for only on the partitions of the traces just before
-        and after it. Numbers that show up late fill gaps.
-        Emitters number from 0, so an emitter first seen above 0 lost its first traces. (A detector
-        started at ``latest`` sees every emitter mid-way: start it at ``earliest``, the default.)
+        ``observed``: (emitter id, location, sequence number, trace time) of one batch of traces
+        and emitter marks. The gaps above each emitter's base are recomputed from the runs of
+        numbers seen (:func:`khipu.detector.sequences.absorb`), so traces arriving out of order
+        leave the same gaps as traces arriving in order. Emitters number from 0, so an emitter
+        first seen above 0 lost its first traces. (A detector started at ``latest`` sees every
+        emitter mid-way: start it at ``earliest``, the default.)
         """
-        by_emitter: dict[str, tuple[str, list[tuple[int, int, str | None, int, int]]]] = {}
-        for emitter_id, location, seq, at_ms, topic, partition, offset in observed:
-            by_emitter.setdefault(emitter_id, (location, []))[1].append(
-                (int(seq), int(at_ms), topic, int(partition or 0), int(offset or 0))
-            )
-        progress, gaps, windows = schema.emitter_progress, schema.trace_gaps, schema.gap_windows
+        by_emitter: dict[str, tuple[str, list[tuple[int, int]]]] = {}
+        for emitter_id, location, seq, at_ms in observed:
+            by_emitter.setdefault(emitter_id, (location, []))[1].append((int(seq), int(at_ms)))
+        progress, gaps = schema.emitter_progress, schema.trace_gaps
         new_gaps = 0
         with self._begin() as tx:
             for emitter_id, (location, seen) in sorted(by_emitter.items()):
-                seen.sort()
                 row = tx.execute(select(progress).where(progress.c.emitter_id == emitter_id)).first()
-                known_max = int(row.max_seq) if row else None
-                late = [s for s, *_ in seen if known_max is not None and s <= known_max]
-                if late:
-                    self._fill_gaps(tx, emitter_id, late)
-                positions: dict[str, int] = json.loads(row.positions) if row else {}
-                open_windows: dict[str, list[int]] = {}
-                for window in tx.execute(
-                    select(windows.c.id, windows.c.topic, windows.c.partition).where(
-                        windows.c.emitter_id == emitter_id, windows.c.hi_offset.is_(None)
+                history = _history(row) if row else EmitterHistory()
+                absorbed = absorb(history, seen, keep)
+                if absorbed.late:
+                    self._fill_gaps(tx, emitter_id, list(absorbed.late))
+                if not absorbed.changed:
+                    continue
+                stored = {
+                    (int(r.from_seq), int(r.to_seq)): (int(r.id), int(r.noticed_ms))
+                    for r in tx.execute(
+                        select(gaps.c.id, gaps.c.from_seq, gaps.c.to_seq, gaps.c.noticed_ms).where(
+                            gaps.c.emitter_id == emitter_id, gaps.c.from_seq > history.base_seq
+                        )
                     )
-                ):
-                    open_windows.setdefault(f"{window.topic}|{window.partition}", []).append(int(window.id))
-                previous: tuple[int, int] | None = (int(row.max_seq), int(row.max_seq_ms)) if row else None
-                previous_key: str | None = row.last_position if row else None
-                fresh = [t for t in seen if known_max is None or t[0] > known_max]
-                if row is None and fresh and fresh[0][0] > 0:  # it lost traces before the first one seen
-                    previous = (-1, fresh[0][1])
-                for seq, at_ms, seen_topic, partition, offset in fresh:
-                    position_key = f"{seen_topic}|{partition}" if seen_topic is not None else None  # None: a mark
-                    if previous is not None and seq > previous[0] + 1:
-                        gap_id = tx.execute(
-                            insert(gaps).values(
-                                emitter_id=emitter_id,
-                                location=location,
-                                from_seq=previous[0] + 1,
-                                to_seq=seq,
-                                after_ms=previous[1],
-                                before_ms=at_ms,
-                                noticed_ms=now_ms,
-                                prev_position=previous_key,
-                                next_position=position_key,
-                            )
-                        ).inserted_primary_key[0]
-                        new_gaps += 1
-                        size = seq - previous[0] - 1
-                        # every partition it traced may hold the lost ones, and so may the one it traces now
-                        candidates = [
-                            *positions.items(),
-                            *([] if position_key is None or position_key in positions else [(position_key, -1)]),
-                        ]
-                        for window_key, last in candidates:
-                            window_topic, window_partition = window_key.rsplit("|", 1)
-                            window_id = tx.execute(
-                                insert(windows).values(
-                                    gap_id=gap_id,
-                                    emitter_id=emitter_id,
-                                    location=location,
-                                    topic=window_topic,
-                                    partition=int(window_partition),
-                                    lo_offset=last,
-                                    hi_offset=None,
-                                    gap_size=size,
-                                )
-                            ).inserted_primary_key[0]
-                            open_windows.setdefault(window_key, []).append(int(window_id))
-                    previous = (seq, at_ms)
-                    if position_key is None:
-                        continue
-                    for window_id in open_windows.pop(position_key, []):
-                        tx.execute(update(windows).where(windows.c.id == window_id).values(hi_offset=offset))
-                    positions[position_key] = offset
-                    previous_key = position_key
-                if fresh:
-                    values = dict(
-                        location=location,
-                        max_seq=fresh[-1][0],
-                        max_seq_ms=fresh[-1][1],
-                        positions=json.dumps(positions),
-                        last_position=previous_key,
-                        updated_ms=now_ms,
+                }
+                new_gaps += sum((g.from_seq, g.to_seq) not in stored for g in absorbed.gaps)
+                if stored:
+                    tx.execute(delete(gaps).where(gaps.c.id.in_([gap_id for gap_id, _ in stored.values()])))
+                for gap in absorbed.gaps:
+                    noticed = stored.get((gap.from_seq, gap.to_seq), (0, now_ms))[1]
+                    tx.execute(
+                        insert(gaps).values(
+                            emitter_id=emitter_id,
+                            location=location,
+                            from_seq=gap.from_seq,
+                            to_seq=gap.to_seq,
+                            after_ms=gap.after_ms,
+                            before_ms=gap.before_ms,
+                            noticed_ms=noticed,
+                        )
                     )
-                    if row:
-                        tx.execute(update(progress).where(progress.c.emitter_id == emitter_id).values(**values))
-                    else:
-                        tx.execute(insert(progress).values(emitter_id=emitter_id, **values))
+                kept = absorbed.history
+                values = dict(
+                    location=location,
+                    max_seq=kept.max_seq,
+                    base_seq=kept.base_seq,
+                    base_ms=kept.base_ms,
+                    runs=json.dumps([[r.first_seq, r.first_ms, r.last_seq, r.last_ms] for r in kept.runs]),
+                    updated_ms=now_ms,
+                )
+                if row:
+                    tx.execute(update(progress).where(progress.c.emitter_id == emitter_id).values(**values))
+                else:
+                    tx.execute(insert(progress).values(emitter_id=emitter_id, **values))
         return new_gaps
 
     def _fill_gaps(self, tx: Connection, emitter_id: str, late: list[int]) -> None:
-        """Late numbers shrink or split their gap; a gap filled completely goes, with its windows."""
-        gaps, windows = schema.trace_gaps, schema.gap_windows
+        """Numbers at or below an emitter's base arrived very late: each shrinks or splits its gap; a gap
+        filled completely goes."""
+        gaps = schema.trace_gaps
         for seq in late:
             for gap in tx.execute(
                 select(gaps).where(gaps.c.emitter_id == emitter_id, gaps.c.from_seq <= seq, gaps.c.to_seq > seq)
             ).all():
                 pieces = [(start, stop) for start, stop in ((gap.from_seq, seq), (seq + 1, gap.to_seq)) if stop > start]
                 if not pieces:
-                    tx.execute(delete(windows).where(windows.c.gap_id == gap.id))
                     tx.execute(delete(gaps).where(gaps.c.id == gap.id))
                     continue
                 start, stop = pieces[0]
@@ -630,51 +596,52 @@ class Store:
                         )
                     )
 
-    def trace_lost_at(self, location: str, topic: str, partition: int, offset: int) -> bool:
-        """Whether a location's emitter may have lost the trace of the record at this position.
+    def record_pointers(self, pointers: Iterable[tuple[str, str, str, int, int]], seen_ms: int) -> int:
+        """Keep positions an emitter says it received: (location, cluster, topic, partition, offset).
 
-        The gaps whose windows hold the offset (an open window, with no trace after the gap there
-        yet, covers the gaps' sizes past its low offset) lost k traces between them. If more than k
-        records are missing in that stretch, the group skipped some: no explanation. If the
-        records missing across all those gaps' partitions are no more than k, they are all lost
-        traces; when they are more (a skip elsewhere next to a lost trace), only the partitions
-        of the traces just before and after a gap count: consumers work through runs of one
-        partition.
+        They come from back-pointers (:attr:`khipu.trace.model.Trace.prev_offset`) and emitter
+        marks whose own trace was not in the same batch. A position stored twice keeps its first
+        time. Returns how many were new.
         """
-        w, g = schema.gap_windows, schema.trace_gaps
+        table = schema.trace_pointers
+        rows = sorted({(str(loc), str(c), str(t), int(p), int(o)) for loc, c, t, p, o in pointers})
+        added = 0
         with self._begin() as tx:
-            candidates = tx.execute(
-                select(w.c.gap_id, w.c.emitter_id, w.c.lo_offset, w.c.hi_offset, w.c.gap_size).where(
-                    w.c.location == location, w.c.topic == topic, w.c.partition == partition, w.c.lo_offset < offset
+            for location, cluster, topic, partition, offset in rows:
+                added += _insert_ignoring_duplicate(
+                    tx,
+                    table,
+                    dict(
+                        location=location,
+                        cluster=cluster,
+                        topic=topic,
+                        partition=partition,
+                        offset=offset,
+                        seen_ms=seen_ms,
+                    ),
                 )
-            ).all()
-            lost = sum(int(c.gap_size) for c in candidates if c.hi_offset is None or c.hi_offset > offset)
-            covering = [
-                c
-                for c in candidates
-                if (c.hi_offset is not None and c.hi_offset > offset)
-                or (c.hi_offset is None and c.lo_offset + lost >= offset)
-            ]
-            if not covering:
-                return False
-            lost = sum(int(c.gap_size) for c in covering)
-            closed = [c for c in covering if c.hi_offset is not None]
-            if closed and min(c.hi_offset for c in closed) - max(c.lo_offset for c in closed) - 1 > lost:
-                return False  # more records missing here than traces lost: the group skipped some
-            gap_ids = sorted({c.gap_id for c in covering})
-            stretches = {
-                (s.topic, s.partition, s.lo_offset, s.hi_offset)
-                for s in tx.execute(
-                    select(w.c.topic, w.c.partition, w.c.lo_offset, w.c.hi_offset).where(
-                        w.c.gap_id.in_(gap_ids), w.c.hi_offset.is_not(None)
-                    )
+        return added
+
+    def pointed_at(self, location: str, cluster: str, topic: str, partition: int, offset: int) -> bool:
+        """Whether an emitter of the location said it received the record at this position."""
+        t = schema.trace_pointers
+        with self._begin() as tx:
+            found = tx.execute(
+                select(t.c.offset).where(
+                    t.c.location == location,
+                    t.c.cluster == cluster,
+                    t.c.topic == topic,
+                    t.c.partition == partition,
+                    t.c.offset == offset,
                 )
-            }
-            if sum(max(0, hi - lo - 1) for _, _, lo, hi in stretches) <= lost:
-                return True
-            here = f"{topic}|{partition}"
-            neighbours = tx.execute(select(g.c.prev_position, g.c.next_position).where(g.c.id.in_(gap_ids))).all()
-            return any(here in (n.prev_position, n.next_position) for n in neighbours)
+            ).first()
+        return found is not None
+
+    def prune_pointers(self, before_ms: int) -> int:
+        """Drop pointers first seen before ``before_ms`` (the messages they could explain are decided)."""
+        t = schema.trace_pointers
+        with self._begin() as tx:
+            return int(tx.execute(delete(t).where(t.c.seen_ms < before_ms)).rowcount or 0)
 
     def trace_gaps(self, location: str) -> list[tuple[int, int]]:
         """Unfilled gaps of a location's emitters: (first missing number, first number after)."""
@@ -862,4 +829,12 @@ def _alert_from(row: Any) -> Alert:
         title=row.title,
         at_ms=row.at_ms,
         details=json.loads(row.details),
+    )
+
+
+def _history(row: Any) -> EmitterHistory:
+    return EmitterHistory(
+        base_seq=int(row.base_seq),
+        base_ms=None if row.base_ms is None else int(row.base_ms),
+        runs=tuple(Run(int(a), int(b), int(c), int(d)) for a, b, c, d in json.loads(row.runs)),
     )

@@ -1,8 +1,10 @@
 """Wire format of a trace record: versioned JSON, strictly decoded.
 
-Version 1 is documented in docs/trace-format.md. Decoding never guesses: a record that is not
-valid UTF-8 JSON, lacks a field, carries an unknown field, or has a value of the wrong type or
-range raises :class:`TraceDecodeError` naming the field and what was expected.
+Versions 1 and 2 are documented in docs/trace-format.md; emitters write version 2 (version 1
+plus ``prev_offsets`` on traces and ``received`` on marks), readers accept both. Decoding never
+guesses: a record that is not valid UTF-8 JSON, lacks a field, carries a field its version does
+not define, or has a value of the wrong type or range raises :class:`TraceDecodeError` naming
+the field and what was expected.
 """
 
 from __future__ import annotations
@@ -14,8 +16,12 @@ from typing import Any
 
 from khipu.trace.model import EmitterMark, Trace, TraceType
 
-TRACE_FORMAT_VERSION = 1
+TRACE_FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MAX_TRACE_BYTES = 16_384
+MAX_MARK_BYTES = 262_144  # a mark lists the partitions its emitter received from lately
+MAX_MARK_ENTRIES = 4_096
+MAX_PREV_OFFSETS = 16
 MAX_ID_CHARS = 256
 MAX_NAME_CHARS = 249  # Kafka's own limit for topic names; used for every name field
 MAX_ATTRIBUTES = 32
@@ -41,6 +47,7 @@ _FIELDS = frozenset(
         "attributes",
     }
 )
+_FIELDS_BY_VERSION = {1: _FIELDS, 2: _FIELDS | {"prev_offsets"}}
 
 
 class TraceDecodeError(ValueError):
@@ -53,15 +60,15 @@ class TraceDecodeError(ValueError):
 
 
 _TEMPLATE = (
-    '{"v":1,"message_id":%s,"stream":%s,"location":%s,"cluster":%s,"type":"%s","timestamp_ms":%d,'
+    '{"v":2,"message_id":%s,"stream":%s,"location":%s,"cluster":%s,"type":"%s","timestamp_ms":%d,'
     '"topic":%s,"partition":%d,"offset":%d,"group":%s,"emitter_id":%s,"emitter_seq":%d,'
-    '"sampling_percent":%r,"attributes":%s}'
+    '"sampling_percent":%r,"attributes":%s,"prev_offsets":[%s]}'
 )
 _quote = json.encoder.encode_basestring  # type: ignore[attr-defined]  # the C string escaper json.dumps uses
 
 
 def encode_trace(trace: Trace) -> bytes:
-    """Serialize a trace to its version-1 JSON bytes (one JSON object, UTF-8).
+    """Serialize a trace to its version-2 JSON bytes (one JSON object, UTF-8).
 
     Formatted directly rather than through ``json.dumps`` of a dict: this runs once per traced
     message on the application's thread, and is 5x cheaper this way.
@@ -83,39 +90,55 @@ def encode_trace(trace: Trace) -> bytes:
             trace.emitter_seq,
             float(trace.sampling_percent),
             json.dumps(dict(trace.attributes), separators=(",", ":"), ensure_ascii=False) if trace.attributes else "{}",
+            ",".join(str(int(offset)) for offset in trace.prev_offsets),
         )
     ).encode("utf-8")
 
 
 _MARK_FIELDS = frozenset({"v", "mark", "emitter_id", "location", "emitter_seq", "timestamp_ms"})
+_MARK_FIELDS_BY_VERSION = {1: _MARK_FIELDS, 2: _MARK_FIELDS | {"received"}}
 
 
 def encode_mark(mark: EmitterMark) -> bytes:
-    """Serialize an emitter mark: ``{"v":1,"mark":true,"emitter_id":...,"location":...,"emitter_seq":...,
-    "timestamp_ms":...}``."""
+    """Serialize an emitter mark: ``{"v":2,"mark":true,"emitter_id":...,"location":...,"emitter_seq":...,
+    "timestamp_ms":...,"received":[[cluster, topic, partition, offset], ...]}``."""
+    received = ",".join(
+        f"[{_quote(cluster)},{_quote(topic)},{int(partition)},{int(offset)}]"
+        for cluster, topic, partition, offset in mark.received
+    )
     return (
-        f'{{"v":1,"mark":true,"emitter_id":{_quote(mark.emitter_id)},"location":{_quote(mark.location)},'
-        f'"emitter_seq":{mark.emitter_seq},"timestamp_ms":{mark.timestamp_ms}}}'
+        f'{{"v":2,"mark":true,"emitter_id":{_quote(mark.emitter_id)},"location":{_quote(mark.location)},'
+        f'"emitter_seq":{mark.emitter_seq},"timestamp_ms":{mark.timestamp_ms},"received":[{received}]}}'
     ).encode()
 
 
 def decode_record(raw: bytes | bytearray | memoryview | None) -> Trace | EmitterMark:
-    """Parse a trace-topic record: a trace, or an emitter mark (``"mark": true``)."""
-    record = _load(raw)
+    """Parse a trace-topic record: a trace, or an emitter mark (``"mark": true``, allowed to be larger)."""
+    size = 0 if raw is None else len(raw)
+    too_big_for_a_trace = TraceDecodeError("<record>", f"record is {size} bytes; at most {MAX_TRACE_BYTES} allowed")
+    try:
+        record = _load(raw, MAX_MARK_BYTES)
+    except TraceDecodeError:
+        if size > MAX_TRACE_BYTES:  # an oversized blob: its size is the first thing wrong with it
+            raise too_big_for_a_trace from None
+        raise
     if record.get("mark") is True:
-        if record.get("v") != TRACE_FORMAT_VERSION:
-            raise TraceDecodeError("v", f"unsupported format version {record.get('v')!r}; expected 1")
-        unknown = sorted(set(record) - _MARK_FIELDS)
+        version = _version(record)
+        allowed = _MARK_FIELDS_BY_VERSION[version]
+        unknown = sorted(set(record) - allowed)
         if unknown:
             raise TraceDecodeError(
-                unknown[0], "unknown field in an emitter mark; allowed: " + ", ".join(sorted(_MARK_FIELDS))
+                unknown[0], f"unknown field in a version-{version} emitter mark; allowed: " + ", ".join(sorted(allowed))
             )
         return EmitterMark(
             _text(record, "emitter_id", MAX_NAME_CHARS),
             _text(record, "location", MAX_NAME_CHARS),
             _non_negative_int(record, "emitter_seq"),
             _non_negative_int(record, "timestamp_ms"),
+            _received(record),
         )
+    if size > MAX_TRACE_BYTES:
+        raise too_big_for_a_trace
     return trace_from_mapping(record)
 
 
@@ -124,12 +147,12 @@ def decode_trace(raw: bytes | bytearray | memoryview | None) -> Trace:
     return trace_from_mapping(_load(raw))
 
 
-def _load(raw: bytes | bytearray | memoryview | None) -> dict[str, Any]:
+def _load(raw: bytes | bytearray | memoryview | None, max_bytes: int = MAX_TRACE_BYTES) -> dict[str, Any]:
     if raw is None:
         raise TraceDecodeError("<record>", "record value is empty (null); expected a JSON object")
     data = bytes(raw)
-    if len(data) > MAX_TRACE_BYTES:
-        raise TraceDecodeError("<record>", f"record is {len(data)} bytes; at most {MAX_TRACE_BYTES} allowed")
+    if len(data) > max_bytes:
+        raise TraceDecodeError("<record>", f"record is {len(data)} bytes; at most {max_bytes} allowed")
     try:
         record = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -143,12 +166,13 @@ def _load(raw: bytes | bytearray | memoryview | None) -> dict[str, Any]:
 
 def trace_from_mapping(record: Mapping[str, Any]) -> Trace:
     """Validate an already-parsed record (e.g. a Spark row as a dict) into a :class:`Trace`."""
-    version = record.get("v")
-    if version != TRACE_FORMAT_VERSION:
-        raise TraceDecodeError("v", f"unsupported format version {version!r}; expected {TRACE_FORMAT_VERSION}")
-    unknown = sorted(set(record) - _FIELDS)
+    version = _version(record)
+    allowed = _FIELDS_BY_VERSION[version]
+    unknown = sorted(set(record) - allowed)
     if unknown:
-        raise TraceDecodeError(unknown[0], f"unknown field in format version 1; allowed: {', '.join(sorted(_FIELDS))}")
+        raise TraceDecodeError(
+            unknown[0], f"unknown field in format version {version}; allowed: {', '.join(sorted(allowed))}"
+        )
 
     message_id = _text(record, "message_id", MAX_ID_CHARS)
     names = {name: _text(record, name, MAX_NAME_CHARS) for name in _NAME_FIELDS}
@@ -158,6 +182,7 @@ def trace_from_mapping(record: Mapping[str, Any]) -> Trace:
         group = _text(record, "group", MAX_NAME_CHARS)
     elif group is not None:
         raise TraceDecodeError("group", f"must be null for SENT traces, got {group!r}")
+    prev_offsets = _prev_offsets(record, trace_type)
 
     return Trace(
         message_id=message_id,
@@ -174,7 +199,58 @@ def trace_from_mapping(record: Mapping[str, Any]) -> Trace:
         emitter_seq=_non_negative_int(record, "emitter_seq"),
         sampling_percent=_sampling_percent(record),
         attributes=_attributes(record),
+        prev_offsets=prev_offsets,
     )
+
+
+def _version(record: Mapping[str, Any]) -> int:
+    version = record.get("v")
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
+        raise TraceDecodeError(
+            "v", f"unsupported format version {version!r}; expected one of {', '.join(map(str, READABLE_VERSIONS))}"
+        )
+    return int(version)
+
+
+def _prev_offsets(record: Mapping[str, Any], trace_type: TraceType) -> tuple[int, ...]:
+    value = record.get("prev_offsets")
+    if value is None or value == []:
+        return ()
+    if trace_type is TraceType.SENT:
+        raise TraceDecodeError("prev_offsets", f"must be empty for SENT traces, got {value!r}")
+    if not isinstance(value, list):
+        raise TraceDecodeError("prev_offsets", f"expected a list of offsets, got {type(value).__name__} {value!r}")
+    if len(value) > MAX_PREV_OFFSETS:
+        raise TraceDecodeError("prev_offsets", f"{len(value)} offsets; at most {MAX_PREV_OFFSETS} allowed")
+    for offset in value:
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise TraceDecodeError("prev_offsets", f"expected integers >= 0, got {offset!r}")
+    return tuple(value)
+
+
+def _received(record: Mapping[str, Any]) -> tuple[tuple[str, str, int, int], ...]:
+    value = record.get("received")
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise TraceDecodeError("received", f"expected a list of [cluster, topic, partition, offset], got {value!r}")
+    if len(value) > MAX_MARK_ENTRIES:
+        raise TraceDecodeError("received", f"{len(value)} entries; at most {MAX_MARK_ENTRIES} allowed")
+    entries = []
+    for index, entry in enumerate(value):
+        field = f"received[{index}]"
+        if not isinstance(entry, list) or len(entry) != 4:
+            raise TraceDecodeError(field, f"expected [cluster, topic, partition, offset], got {entry!r}")
+        cluster, topic, partition, offset = entry
+        named = {"cluster": cluster, "topic": topic}
+        for name, text in named.items():
+            if not isinstance(text, str) or not 0 < len(text) <= MAX_NAME_CHARS:
+                raise TraceDecodeError(field, f"{name}: expected a name of 1-{MAX_NAME_CHARS} characters, got {text!r}")
+        for name, number in (("partition", partition), ("offset", offset)):
+            if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+                raise TraceDecodeError(field, f"{name}: expected an integer >= 0, got {number!r}")
+        entries.append((cluster, topic, partition, offset))
+    return tuple(entries)
 
 
 def _present(record: Mapping[str, Any], field: str) -> Any:

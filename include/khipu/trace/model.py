@@ -19,15 +19,19 @@ NO_ATTRIBUTES: Mapping[str, str] = MappingProxyType({})
 
 
 class EmitterMark(NamedTuple):
-    """An emitter's "I am at sequence number N" (the number is taken from the same sequence as its traces).
+    """An emitter's "I am at sequence number N, and this is where I last received" (the number is
+    taken from the same sequence as its traces).
 
-    Emitters publish one every few seconds while they have traffic, and on close: a trace lost just
-    before a quiet spell then shows as a gap before the mark, instead of never."""
+    Emitters publish one every few seconds while they have traffic and for ``mark_memory_s``
+    after, and on close. ``received`` lists, per partition received from within that memory,
+    the offset of its newest RECEIVED trace: a trace lost just before a quiet spell is still
+    pointed at (see :attr:`Trace.prev_offsets`)."""
 
     emitter_id: str
     location: str
     emitter_seq: int
     timestamp_ms: int
+    received: tuple[tuple[str, str, int, int], ...] = ()  # (cluster, topic, partition, offset), a few per partition
 
 
 class Trace(NamedTuple):
@@ -35,7 +39,11 @@ class Trace(NamedTuple):
 
     ``group`` is the consumer group for RECEIVED traces and ``None`` for SENT traces.
     ``emitter_id`` + ``emitter_seq`` number every trace an emitter produced, so a gap in the
-    sequence tells a lost trace apart from a lost message. (A NamedTuple rather than a frozen
+    sequence tells a lost trace apart from a lost message. A RECEIVED trace points back, with
+    ``prev_offsets``, to the emitter's previous few RECEIVED traces on the same partition (newest
+    first): a record pointed at whose trace never arrived was received, and only its trace was
+    lost; a record no trace points at was never received. (A few, not one: so that a run of lost
+    traces is still pointed at by the next trace that arrives.) (A NamedTuple rather than a frozen
     dataclass: traces are built on the application's hot path, where this is 4x cheaper.)
     """
 
@@ -53,3 +61,4 @@ class Trace(NamedTuple):
     emitter_seq: int
     sampling_percent: float
     attributes: Mapping[str, str] = NO_ATTRIBUTES
+    prev_offsets: tuple[int, ...] = ()  # RECEIVED: offsets of this emitter's previous RECEIVED traces here

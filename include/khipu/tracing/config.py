@@ -36,6 +36,7 @@ class TraceEmitterConfig:
     commit_flush_timeout_s: float = 2.0
     close_timeout_s: float = 5.0
     mark_interval_s: float = 2.0  # how often, while tracing, the emitter publishes its sequence number
+    mark_memory_s: float = 10.0  # marks list the partitions received from this recently, and go on this long
     producer_config: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -55,6 +56,12 @@ class TraceEmitterConfig:
             or not 0.1 <= self.mark_interval_s <= 3600
         ):
             raise TracingConfigError("mark_interval_s", self.mark_interval_s, "a number of seconds in [0.1, 3600]")
+        if (
+            isinstance(self.mark_memory_s, bool)
+            or not isinstance(self.mark_memory_s, (int, float))
+            or not 0 <= self.mark_memory_s <= 3600
+        ):
+            raise TracingConfigError("mark_memory_s", self.mark_memory_s, "a number of seconds in [0, 3600]")
         for name in ("commit_flush_timeout_s", "close_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 300:

@@ -5,9 +5,12 @@ It owns one idempotent ``acks=all`` producer. Its bounded queue is that producer
 further traces are dropped at once and counted, and the application carries on at full speed.
 Traces that cannot be delivered within ``delivery_timeout_ms`` are counted as failed. Every
 trace gets the next number of the emitter's sequence *before* any drop, so a later stage sees
-the gap and can tell a lost trace from a lost message. Every ``mark_interval_s`` while it has
-traced, and on close, the emitter also publishes a mark with its next number: a trace lost
-just before a quiet spell then shows as a gap too.
+the gap. Every RECEIVED trace points back to the emitter's previous ``BACK_POINTERS`` RECEIVED
+offsets on its partition (``prev_offsets``), so the detector can tell a record whose trace was
+lost (received: a later trace points at it) from a record the group skipped (nothing does). Every
+``mark_interval_s`` while it has traced (and for ``mark_memory_s`` after), and on close, the
+emitter publishes a mark with its next number and the newest offsets it received per partition:
+a trace lost just before a quiet spell is then pointed at too.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from khipu.trace.codec import encode_mark, encode_trace
+from khipu.trace.codec import MAX_MARK_ENTRIES, encode_mark, encode_trace
 from khipu.trace.model import NO_ATTRIBUTES, EmitterMark, Trace, TraceType
 from khipu.tracing.config import TraceEmitterConfig
 from khipu.tracing.headers import TraceContext
@@ -32,6 +35,7 @@ log = logging.getLogger(__name__)
 
 _POLL_INTERVAL_S = 0.2
 _WARN_INTERVAL_S = 60.0
+BACK_POINTERS = 3  # previous RECEIVED offsets each trace points at: a run of this many lost traces is still told
 
 
 def wall_clock_ms() -> int:
@@ -79,6 +83,8 @@ class TraceEmitter:
         }
         self._emitted = 0
         self._marked_at_emitted = 0  # traces emitted when the last mark went out
+        # partition -> its newest RECEIVED offsets (newest first), and when the newest was traced
+        self._received: dict[tuple[str, str, int], tuple[tuple[int, ...], float]] = {}
         self._channel_healthy = True
         self._needs_new_producer = False
         self._last_warning = 0.0
@@ -182,6 +188,12 @@ class TraceEmitter:
         attributes: Mapping[str, str] | None,
     ) -> None:
         seq = next(self._seq)
+        prev_offsets: tuple[int, ...] = ()
+        if trace_type is TraceType.RECEIVED:
+            with self._lock:
+                prev_offsets = self._received.get((cluster, topic, partition), ((), 0.0))[0]
+                newest = (offset, *prev_offsets)[:BACK_POINTERS]
+                self._received[(cluster, topic, partition)] = (newest, time.monotonic())
         try:
             outcome = self._publish(
                 Trace(
@@ -199,6 +211,7 @@ class TraceEmitter:
                     seq,
                     context.sampling_percent,
                     attributes or NO_ATTRIBUTES,
+                    prev_offsets,
                 )
             )
         except Exception as exc:  # tracing must never crash the application it observes
@@ -280,12 +293,25 @@ class TraceEmitter:
                 self._mark()
 
     def _mark(self) -> None:
-        """Publish the emitter's next sequence number, when it traced since the last mark."""
+        """Publish the emitter's next sequence number and where it received lately: when it traced since
+        the last mark, or received within ``mark_memory_s`` (a lost mark is made good by the next)."""
         with self._lock:
-            if self._emitted == self._marked_at_emitted:
+            now = time.monotonic()
+            memory = self.config.mark_memory_s
+            recent = sorted(
+                (
+                    (at, -rank, (cluster, topic, partition, offset))
+                    for (cluster, topic, partition), (offsets, at) in self._received.items()
+                    if now - at <= memory
+                    for rank, offset in enumerate(offsets)
+                ),
+                reverse=True,
+            )
+            if self._emitted == self._marked_at_emitted and not recent:
                 return
             self._marked_at_emitted = self._emitted
-        mark = EmitterMark(self.emitter_id, self._location, next(self._seq), self._clock_ms())
+        received = tuple(entry for _, _, entry in recent[:MAX_MARK_ENTRIES])
+        mark = EmitterMark(self.emitter_id, self._location, next(self._seq), self._clock_ms(), received)
         try:
             self._producer.produce(
                 self._topic, encode_mark(mark), self.emitter_id.encode(), on_delivery=self._on_mark_delivery

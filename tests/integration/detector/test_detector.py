@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from subprocess import STDOUT
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from confluent_kafka import Producer
 
 from khipu.demo.faults import Fault
 from khipu.demo.score import score
-from khipu.detector.job import ARCHIVE_QUERY, start_detector
+from khipu.detector.job import ARCHIVE_QUERY, VERDICT_QUERY, start_detector
 from khipu.localstack.broker import BrokerProcess, ensure_topics
 from khipu.store import Store
 from khipu.trace import Trace
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 MALFORMED = [
     (b"\x00\x01 not json", "not JSON"),
-    (json.dumps({"v": 2, "message_id": "x"}).encode(), "unsupported format version 2"),
+    (json.dumps({"v": 3, "message_id": "x"}).encode(), "unsupported format version 3"),
     (json.dumps({"v": 1}).encode(), "field 'message_id': missing"),
     (b"x" * 20_000, "at most 16384 allowed"),
 ]
@@ -131,25 +132,21 @@ def test_a_detector_killed_mid_stream_and_restarted_ends_with_the_verdicts_of_an
         "2",
     ]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    first = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    first = subprocess.Popen(command, env=env, stdout=logs[0].open("wb"), stderr=STDOUT, start_new_session=True)
     try:
-        store = Store(killed.store_url)
-        deadline = time.monotonic() + 180
-        while not store.verdicts() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        partial = len(store.verdicts())
-        store.close()
-        assert partial > 0, "the detector never stored a verdict before the kill"
+        at_kill = _mid_stream(Store(killed.store_url), timeout_s=180)
+        partial = len(Store(killed.store_url).verdicts())
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # no goodbye: mid-stream, mid-batch perhaps
         first.wait()
-    second = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+    second = subprocess.Popen(command, env=env, stdout=logs[1].open("wb"), stderr=STDOUT, start_new_session=True)
     try:
         after_restart = wait_until_settled(killed.store_url, sampled)
+    except AssertionError:
+        tail = logs[1].read_text(errors="replace").splitlines()[-60:]
+        print("restarted detector's log, last lines:\n" + "\n".join(tail))
+        raise
     finally:
         os.killpg(second.pid, signal.SIGTERM)
         second.wait(timeout=60)
@@ -165,10 +162,25 @@ def test_a_detector_killed_mid_stream_and_restarted_ends_with_the_verdicts_of_an
     def key(rows: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
         return {(r["message_id"], r["hop"], r["verdict"], r["cause"], r["count"]) for r in rows}
 
+    assert at_kill["state_rows"] > 0 and not at_kill["caught_up"]  # killed holding messages, with more to read
     assert partial < len(after_restart)
     assert key(after_restart) == key(whole)
     assert len(after_restart) == len(key(after_restart))  # none stored twice
     assert score(demo.truth, after_restart).exact
+
+
+def _mid_stream(store: Store, timeout_s: float) -> dict[str, Any]:
+    """The verdict query's heartbeat once it has run a few batches, holds messages in state and is still behind."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            beat = store.latest_heartbeat(VERDICT_QUERY)
+            if beat and beat["batch_id"] >= 3 and (beat["state_rows"] or 0) > 0 and not beat["caught_up"]:
+                return beat
+            time.sleep(0.2)
+        raise AssertionError(f"the detector was never mid-stream within {timeout_s:.0f}s: {beat}")
+    finally:
+        store.close()
 
 
 def _a_valid_trace(broker: BrokerProcess, topic: str) -> str:

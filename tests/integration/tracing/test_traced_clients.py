@@ -11,6 +11,7 @@ from confluent_kafka import Consumer
 
 from khipu.localstack.broker import BrokerProcess, ensure_topics, free_port
 from khipu.trace import TraceType
+from khipu.trace.model import EmitterMark
 from khipu.trace.topic import read_trace_topic
 from khipu.tracing import (
     HEADER_MESSAGE_ID,
@@ -20,6 +21,7 @@ from khipu.tracing import (
     TraceEmitterConfig,
     trace_context,
 )
+from khipu.tracing.emitter import BACK_POINTERS
 from tests.integration.helpers import consume_all, consumer_config, traces_of
 
 pytestmark = pytest.mark.integration
@@ -115,6 +117,23 @@ def test_consumer_emits_received_with_group_and_offset_for_traced_records_only(
     assert {(t.partition, t.offset) for t in received} == traced_positions
     assert len(received) == len(traced_positions)
     assert {(t.group, t.location, t.topic) for t in received} == {("enricher", "orders-api", data)}
+    # each RECEIVED points back to the previous (up to 3) traced offsets of its partition, newest first
+    by_partition: dict[int, list[int]] = {}
+    for partition, offset in sorted(traced_positions):
+        by_partition.setdefault(partition, []).append(offset)
+    expected_back = {
+        (partition, offset): tuple(reversed(offsets[max(0, i - BACK_POINTERS) : i]))
+        for partition, offsets in by_partition.items()
+        for i, offset in enumerate(offsets)
+    }
+    assert {(t.partition, t.offset): t.prev_offsets for t in received} == expected_back
+    emitter.close()  # its last mark lists the newest offsets received per partition
+    marks = [r for r in read_trace_topic(broker.bootstrap_servers, trace_topic) if isinstance(r, EmitterMark)]
+    assert marks and set(max(marks, key=lambda m: m.emitter_seq).received) == {
+        ("local", data, partition, offset)
+        for partition, offsets in by_partition.items()
+        for offset in offsets[-BACK_POINTERS:]
+    }
 
 
 def test_processor_output_carries_the_input_id_and_gets_its_own_sent_trace(

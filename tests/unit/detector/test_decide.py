@@ -103,7 +103,7 @@ class Case(NamedTuple):
     expected: dict[str, tuple[VerdictKind, Cause | None, int]]  # hop -> (verdict, cause, count)
     done: bool
     reason: str
-    gaps: frozenset[str] = frozenset()  # locations whose emitter lost a trace in the time that matters
+    pointed: frozenset[tuple[str, str, str, int, int]] = frozenset()  # (location, cluster, topic, partition, offset)
 
 
 # fmt: off
@@ -159,16 +159,25 @@ CASES = [
          "s2's committed offset is unknown (no commit yet): it waits, it is not lost"),
     Case(15, clean(skip={S1}), PAST, 60_000, 70_000,
          {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (TL, None, 0), S2: (D, None, 1)},
-         True, "no RECEIVED from s1, but s1's emitter has a sequence gap while it was due: the trace was lost",
-         frozenset({"s1"})),
+         True, "no RECEIVED from s1, but a later s1 trace points back to out@7: received, only the trace was lost",
+         frozenset({("s1", "local", "out", 0, 7)})),
     Case(16, clean(skip={S1}), PAST, 60_000, 70_000,
          {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1),
           S1: (L, Cause.SKIPPED_BY_CONSUMER, 0), S2: (D, None, 1)}, True,
-         "a gap in s2's emitter says nothing about s1: still a skip", frozenset({"s2"})),
+         "pointers elsewhere say nothing about s1 at out@7: s2's, s1's at offset 6, at partition 1, "
+         "on another cluster: still a skip",
+         frozenset({("s2", "local", "out", 0, 7), ("s1", "local", "out", 0, 6), ("s1", "local", "out", 1, 7),
+                    ("s1", "east", "out", 0, 7)})),
     Case(17, clean(skip={PROC_OUT, S1, S2}), PAST, 60_000, 70_000,
          {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (L, Cause.DROPPED_IN_PROCESSOR, 0)}, True,
          "nothing was seen downstream of proc: a written record would be, so this is a drop whatever "
-         "proc's emitter lost", frozenset({"proc"})),
+         "proc's emitter says it received", frozenset({("proc", "local", "in", 0, 5)})),
+    Case(18, [sent("p", "in", 5, 1000), sent("p", "in", 6, 1010)], {("proc", "in"): 7}, 60_000, 70_000,
+         {SRC: (DUP, Cause.PRODUCER_RETRY, 2), PROC_IN: (TL, None, 0),
+          PROC_OUT: (L, Cause.DROPPED_IN_PROCESSOR, 0)}, True,
+         "the id sits at in@5 and in@6 and proc's emitter points at the second: received there, its trace "
+         "lost; proc committed past and wrote nothing on: dropped in the processor",
+         frozenset({("proc", "local", "in", 0, 6)})),
 ]
 # fmt: on
 
@@ -178,14 +187,14 @@ def test_verdict_rule_table(case: Case) -> None:
     def committed(cluster: str, group: str, topic: str, partition: int) -> int | None:
         return case.committed.get((group, topic))
 
-    def trace_gap(location: str, topic: str, partition: int, offset: int) -> bool:
-        return location in case.gaps
+    def pointed_at(location: str, cluster: str, topic: str, partition: int, offset: int) -> bool:
+        return (location, cluster, topic, partition, offset) in case.pointed
 
     passed_at: dict[str, int] = {}
     if case.passed_for_ms is not None:
         first = decide("m1", STREAM, case.traces, committed, {}, 1000, case.now_ms - case.passed_for_ms, CONFIG)
         passed_at = dict(first.passed_at)
-    decision = decide("m1", STREAM, case.traces, committed, passed_at, 1000, case.now_ms, CONFIG, trace_gap)
+    decision = decide("m1", STREAM, case.traces, committed, passed_at, 1000, case.now_ms, CONFIG, pointed_at)
     got = {v.hop: (v.kind, v.cause, v.count) for v in decision.verdicts}
     assert got == case.expected, case.reason
     assert decision.done is case.done, case.reason

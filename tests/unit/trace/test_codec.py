@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from khipu.trace import MAX_TRACE_BYTES, Trace, TraceDecodeError, TraceType, decode_trace, encode_trace
+from khipu.trace.codec import TRACE_FORMAT_VERSION, decode_record, encode_mark
+from khipu.trace.model import EmitterMark
 
 
 def sent_trace(**changes: Any) -> Trace:
@@ -46,6 +48,7 @@ def raw(data: dict[str, Any]) -> bytes:
     [
         sent_trace(),
         sent_trace(type=TraceType.RECEIVED, group="enricher", attributes={}),
+        sent_trace(type=TraceType.RECEIVED, group="enricher", prev_offsets=(40, 39, 37)),
         sent_trace(message_id="ünïcode-✓", sampling_percent=100.0, offset=0, partition=0),
     ],
 )
@@ -54,7 +57,48 @@ def test_encoded_trace_decodes_to_an_equal_trace(trace: Trace) -> None:
 
 
 def test_encoding_carries_the_format_version() -> None:
-    assert json.loads(encode_trace(sent_trace()))["v"] == 1
+    assert json.loads(encode_trace(sent_trace()))["v"] == TRACE_FORMAT_VERSION == 2
+
+
+def test_a_version_1_trace_still_decodes_without_a_back_pointer() -> None:
+    version_1 = {k: v for k, v in record(v=1).items() if k != "prev_offsets"}
+    assert decode_trace(raw(version_1)) == sent_trace()
+
+
+def test_marks_round_trip_with_the_partitions_received_lately() -> None:
+    mark = EmitterMark("sink-1a2b3c4d", "sink", 12, 1_700_000_000_000, (("local", "orders", 0, 41), ("b", "t", 3, 0)))
+    assert decode_record(encode_mark(mark)) == mark
+    version_1 = {"v": 1, "mark": True, "emitter_id": "sink-1", "location": "sink", "emitter_seq": 3, "timestamp_ms": 5}
+    assert decode_record(raw(version_1)) == EmitterMark("sink-1", "sink", 3, 5)
+
+
+def test_marks_may_be_larger_than_a_trace_but_an_oversized_trace_or_blob_is_named_by_its_size() -> None:
+    many = tuple(("local", f"topic-{i:04d}", i % 7, i) for i in range(900))
+    mark = EmitterMark("sink-1", "sink", 3, 5, many)
+    assert len(encode_mark(mark)) > MAX_TRACE_BYTES and decode_record(encode_mark(mark)) == mark
+    big_trace = encode_trace(sent_trace(attributes={f"k{i}": "v" * 1000 for i in range(20)}))
+    for blob in (b"x" * 20_000, big_trace):
+        with pytest.raises(TraceDecodeError) as caught:
+            decode_record(blob)
+        assert caught.value.field == "<record>" and f"at most {MAX_TRACE_BYTES} allowed" in str(caught.value)
+
+
+MALFORMED_MARKS = [
+    ({"received": [["local", "orders", 0]]}, "received[0]", "expected [cluster, topic, partition, offset]"),
+    ({"received": [["local", "orders", -1, 4]]}, "received[0]", "partition: expected an integer >= 0"),
+    ({"received": [["", "orders", 0, 4]]}, "received[0]", "cluster: expected a name"),
+    ({"received": {"orders": 4}}, "received", "expected a list"),
+    ({"v": 1, "received": []}, "received", "unknown field in a version-1 emitter mark"),
+]
+
+
+@pytest.mark.parametrize(("changes", "field", "explanation"), MALFORMED_MARKS)
+def test_a_malformed_mark_is_rejected_naming_the_field(changes: dict[str, Any], field: str, explanation: str) -> None:
+    mark = json.loads(encode_mark(EmitterMark("sink-1", "sink", 3, 5)))
+    with pytest.raises(TraceDecodeError) as caught:
+        decode_record(raw(mark | changes))
+    assert caught.value.field == field
+    assert explanation in str(caught.value)
 
 
 # Each case: the bad record, the field the error must name, and a fragment of the explanation.
@@ -66,7 +110,7 @@ MALFORMED = [
     # 3. JSON, but an array rather than an object
     (b"[1, 2]", "<record>", "expected a JSON object"),
     # 4. a future format version this decoder does not know
-    (raw(record(v=2)), "v", "unsupported format version 2"),
+    (raw(record(v=3)), "v", "unsupported format version 3"),
     # 5. a field the version does not define
     (raw(record(colour="red")), "colour", "unknown field"),
     # 6. required field missing
@@ -99,6 +143,16 @@ MALFORMED = [
     ),
     # 18. null value (a tombstone on the trace topic)
     (None, "<record>", "empty"),
+    # 19. a back-pointer is for RECEIVED traces only
+    (raw(record(prev_offsets=[3])), "prev_offsets", "must be empty for SENT"),
+    # 20. ... and are offsets
+    (raw(record(type="RECEIVED", group="g", prev_offsets=[4, -2])), "prev_offsets", "integers >= 0, got -2"),
+    # 21. ... in a list
+    (raw(record(type="RECEIVED", group="g", prev_offsets=4)), "prev_offsets", "expected a list of offsets"),
+    # 22. ... a short one
+    (raw(record(type="RECEIVED", group="g", prev_offsets=list(range(17)))), "prev_offsets", "at most 16"),
+    # 23. version 1 has no back-pointers
+    (raw(record(v=1, prev_offsets=[])), "prev_offsets", "unknown field in format version 1"),
 ]
 
 

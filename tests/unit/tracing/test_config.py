@@ -31,6 +31,12 @@ def config(**changes: Any) -> TraceEmitterConfig:
             "tracing setting 'commit_flush_timeout_s': got -1; expected a number of seconds",
         ),
         (
+            {"mark_interval_s": 0},
+            "tracing setting 'mark_interval_s': got 0; expected a number of seconds in [0.1, 3600]",
+        ),
+        ({"mark_memory_s": -1}, "tracing setting 'mark_memory_s': got -1; expected a number of seconds in [0, 3600]"),
+        ({"mark_memory_s": True}, "tracing setting 'mark_memory_s': got True; expected a number of seconds"),
+        (
             {"producer_config": {"acks": "0"}},
             "tracing setting 'producer_config.acks': got '<set>'; expected not set here",
         ),

@@ -2,7 +2,7 @@
 
 Revision ID: 0002
 Revises: 0001
-Create Date: 2026-11-23 00:30:26.232560
+Create Date: 2026-11-23 01:06:41.102252
 """
 
 from __future__ import annotations
@@ -41,28 +41,24 @@ def upgrade() -> None:
         sa.Column("emitter_id", sa.String(length=249), nullable=False),
         sa.Column("location", sa.String(length=249), nullable=False),
         sa.Column("max_seq", sa.BigInteger(), nullable=False),
-        sa.Column("max_seq_ms", sa.BigInteger(), nullable=False),
-        sa.Column("positions", sa.Text(), nullable=False),
-        sa.Column("last_position", sa.String(length=520), nullable=True),
+        sa.Column("base_seq", sa.BigInteger(), nullable=False),
+        sa.Column("base_ms", sa.BigInteger(), nullable=True),
+        sa.Column("runs", sa.Text(), nullable=False),
         sa.Column("updated_ms", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("emitter_id"),
     )
     op.create_table(
-        "gap_windows",
-        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
-        sa.Column("gap_id", sa.Integer(), nullable=False),
-        sa.Column("emitter_id", sa.String(length=249), nullable=False),
+        "trace_pointers",
         sa.Column("location", sa.String(length=249), nullable=False),
+        sa.Column("cluster", sa.String(length=249), nullable=False),
         sa.Column("topic", sa.String(length=249), nullable=False),
         sa.Column("partition", sa.Integer(), nullable=False),
-        sa.Column("lo_offset", sa.BigInteger(), nullable=False),
-        sa.Column("hi_offset", sa.BigInteger(), nullable=True),
-        sa.Column("gap_size", sa.Integer(), nullable=False),
-        sa.PrimaryKeyConstraint("id"),
+        sa.Column("offset", sa.BigInteger(), nullable=False),
+        sa.Column("seen_ms", sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint("location", "cluster", "topic", "partition", "offset"),
     )
-    with op.batch_alter_table("gap_windows", schema=None) as batch_op:
-        batch_op.create_index("ix_gap_windows_open", ["emitter_id", "hi_offset"], unique=False)
-        batch_op.create_index("ix_gap_windows_position", ["location", "topic", "partition", "lo_offset"], unique=False)
+    with op.batch_alter_table("trace_pointers", schema=None) as batch_op:
+        batch_op.create_index("ix_trace_pointers_seen", ["seen_ms"], unique=False)
 
     op.create_table(
         "quarantine",
@@ -87,8 +83,6 @@ def upgrade() -> None:
         sa.Column("after_ms", sa.BigInteger(), nullable=False),
         sa.Column("before_ms", sa.BigInteger(), nullable=False),
         sa.Column("noticed_ms", sa.BigInteger(), nullable=False),
-        sa.Column("prev_position", sa.String(length=520), nullable=True),
-        sa.Column("next_position", sa.String(length=520), nullable=True),
         sa.PrimaryKeyConstraint("id"),
     )
     with op.batch_alter_table("trace_gaps", schema=None) as batch_op:
@@ -151,11 +145,10 @@ def downgrade() -> None:
 
     op.drop_table("trace_gaps")
     op.drop_table("quarantine")
-    with op.batch_alter_table("gap_windows", schema=None) as batch_op:
-        batch_op.drop_index("ix_gap_windows_position")
-        batch_op.drop_index("ix_gap_windows_open")
+    with op.batch_alter_table("trace_pointers", schema=None) as batch_op:
+        batch_op.drop_index("ix_trace_pointers_seen")
 
-    op.drop_table("gap_windows")
+    op.drop_table("trace_pointers")
     op.drop_table("emitter_progress")
     with op.batch_alter_table("detector_heartbeat", schema=None) as batch_op:
         batch_op.drop_index("ix_detector_heartbeat_time")
