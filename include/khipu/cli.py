@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -48,6 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DemoError, BrokerError, TraceTopicError, StoreError, RuntimeError) as exc:
         print(f"khipu: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _parser() -> argparse.ArgumentParser:

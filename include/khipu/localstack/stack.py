@@ -172,5 +172,8 @@ def status(settings: KhipuSettings, say: Callable[[str], None] = print) -> bool:
         )
     say(f"Kafka bootstrap: {settings.bootstrap_servers}   trace topic: {settings.trace_topic}")
     say(f"logs: {paths['logs']}   demo ledger: {paths['ledger']}")
-    say("see it work: .venv/bin/khipu traces count | khipu health | khipu alerts | khipu demo pause demo-sink-audit")
+    say(
+        "see it work: .venv/bin/khipu verdicts | khipu traces count | khipu health | khipu alerts"
+        " | khipu demo pause demo-sink-audit"
+    )
     return all_up

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from sqlalchemy import Connection, Engine, and_, create_engine, delete, event, f
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from khipu.alerting.decide import Transition
 from khipu.alerting.model import Alert, AlertState, Severity
@@ -73,13 +74,23 @@ class Store:
         except OperationalError as exc:
             raise StoreError(f"cannot migrate the store at {self.safe_url}: {exc.orig}") from None
 
-    def _begin(self) -> Any:
+    @contextmanager
+    def _begin(self) -> Iterator[Connection]:
+        """A transaction; database errors come out as :class:`StoreError` saying what to do."""
         try:
-            return self.engine.begin()
-        except OperationalError as exc:
-            raise StoreError(f"cannot reach the store at {self.safe_url}: {exc.orig}") from None
+            with self.engine.begin() as tx:
+                yield tx
+        except (OperationalError, ProgrammingError) as exc:
+            raise StoreError(self._explain(exc)) from None
 
-    # -- snapshots ------------------------------------------------------------------------
+    def _explain(self, exc: OperationalError | ProgrammingError) -> str:
+        detail = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
+        if "no such table" in detail or "does not exist" in detail:
+            return (
+                f"the store at {self.safe_url} lacks part of its schema ({detail}): it was never migrated or is "
+                "older than this Khipu; run `khipu store migrate` (make up does)"
+            )
+        return f"cannot use the store at {self.safe_url}: {detail}"
 
     def write_snapshot(self, run: SnapshotRun, rows: Sequence[PartitionSnapshot]) -> bool:
         """Store one snapshot in one transaction; False when this cluster's snapshot at that time exists.

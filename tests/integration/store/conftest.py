@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg2
@@ -16,8 +17,9 @@ from khipu.store import Store
 POSTGRES_ADMIN_DSN = os.environ.get("KHIPU_TEST_POSTGRES_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres")
 
 
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
+@contextmanager
+def _postgres_database() -> Iterator[str]:
+    """A new, empty PostgreSQL database, dropped afterwards."""
     name = f"khipu_test_{secrets.token_hex(4)}"
     admin = psycopg2.connect(POSTGRES_ADMIN_DSN)
     admin.autocommit = True
@@ -29,6 +31,18 @@ def postgres_url() -> Iterator[str]:
         with admin.cursor() as cursor:
             cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    with _postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+def empty_postgres_url() -> Iterator[str]:
+    with _postgres_database() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

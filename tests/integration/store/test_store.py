@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -124,3 +126,13 @@ def test_an_unreachable_store_names_it_without_the_password() -> None:
     with pytest.raises(StoreError) as caught:
         store.migrate()
     assert "127.0.0.1:1/khipu" in str(caught.value) and "s3cret" not in str(caught.value)
+
+
+def test_a_store_never_migrated_says_so_and_what_to_run(tmp_path: Path, empty_postgres_url: str) -> None:
+    for url in (f"sqlite:///{tmp_path / 'empty.db'}", empty_postgres_url):
+        store = Store(url)
+        with pytest.raises(StoreError) as caught:
+            store.verdicts()
+        store.close()
+        message = str(caught.value)
+        assert "verdicts" in message and "khipu store migrate" in message, message
