@@ -58,7 +58,7 @@ def traces_of(message: int, run: str, now_ms: int, skip_sink: bool = False) -> l
             offset,
             group,
             f"{location}-{run}",
-            message * 5 + n,
+            2 * message + (n == 2) if location == "demo-enricher" else message,  # each emitter numbers 0, 1, 2...
             100.0,
             prev_offsets=back if kind is TraceType.RECEIVED else (),
         )

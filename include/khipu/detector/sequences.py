@@ -16,6 +16,7 @@ its gap (:class:`Absorbed.late`).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -70,12 +71,15 @@ def absorb(history: EmitterHistory, seen: Iterable[tuple[int, int]], keep: int =
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
     runs = list(history.runs)
+    starts = [run.first_seq for run in runs]
     late: set[int] = set()
     fresh: dict[int, int] = {}
     for seq, at_ms in seen:
         if seq <= history.base_seq:
             late.add(seq)
-        elif not any(run.first_seq <= seq <= run.last_seq for run in runs):
+            continue
+        at = bisect_right(starts, seq) - 1  # the run starting at or before seq, if any
+        if at < 0 or runs[at].last_seq < seq:
             fresh.setdefault(seq, at_ms)
     merged = _merge(runs, sorted(fresh.items()))
     gaps = _gaps(history.base_seq, history.base_ms, merged)
