@@ -62,7 +62,9 @@ class DemoTraces:
     fault_counts: dict[str, int]
 
 
-def demo_traces(broker: BrokerProcess, tmp_path: Path, run_id: str, count: int, seed: int) -> DemoTraces:
+def demo_traces(
+    broker: BrokerProcess, tmp_path: Path, run_id: str, count: int, seed: int, sampling_percent: float | None = None
+) -> DemoTraces:
     """Run the demo with every fault onto a fresh trace topic; return its ground truth.
 
     The trace emitters write one record per batch: Tansu reports a topic's end wrongly otherwise
@@ -84,6 +86,7 @@ def demo_traces(broker: BrokerProcess, tmp_path: Path, run_id: str, count: int, 
         session_timeout_ms=TEST_SESSION_TIMEOUT_MS,
         trace_producer_config={"batch.num.messages": "1"},
         progress_interval_s=60,
+        sampling_percent=sampling_percent,
     )
     report = run_demo(config, topology, progress=lambda line: None)
     return DemoTraces(trace_topic, build_truth(read_ledger(config.ledger_path, run_id=run_id)), report.fault_counts)
