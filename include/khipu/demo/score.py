@@ -10,6 +10,12 @@ The expected verdict is what the evidence that really reached the trace topic al
   (offset_rewind), producer retry otherwise (the id sits at several offsets).
 
 Hops the message never reached (downstream of a loss) have no row, and expect no verdict.
+
+A sampled message none of whose traces reached the topic (every one lost, e.g. its SENT and
+RECEIVED traces both lost and then the processor dropped it) is invisible to the streaming
+detector: nothing carries its id. It expects no verdict here; it is reconciliation's to find
+(a back-pointer at its position says a record there was received), and :attr:`Score.untraced`
+lists it.
 """
 
 from __future__ import annotations
@@ -40,12 +46,21 @@ def expected_verdict(row: HopTruth) -> Expected:
     return "DUPLICATE", "rewind_replay" if "offset_rewind" in row.faults else "producer_retry"
 
 
+def untraced_messages(truth: GroundTruth) -> frozenset[str]:
+    """Sampled messages none of whose traces reached the trace topic."""
+    return frozenset(
+        m.message_id for m in truth.messages.values() if m.sampled and not any(h.traces for h in m.hops.values())
+    )
+
+
+def observable_messages(truth: GroundTruth) -> frozenset[str]:
+    """Sampled messages at least one trace of which reached the trace topic: each should get verdicts."""
+    return frozenset(m.message_id for m in truth.messages.values() if m.sampled) - untraced_messages(truth)
+
+
 def expected_verdicts(truth: GroundTruth) -> dict[tuple[str, str], Expected]:
-    return {
-        (row.message_id, row.hop): expected_verdict(row)
-        for row in truth.rows()
-        if truth.messages[row.message_id].sampled
-    }
+    observable = observable_messages(truth)
+    return {(row.message_id, row.hop): expected_verdict(row) for row in truth.rows() if row.message_id in observable}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +70,7 @@ class Score:
     wrong: dict[tuple[str, str], tuple[Expected, Expected]]  # (message, hop) -> (expected, got)
     missing: dict[tuple[str, str], Expected]  # expected, no verdict
     extra: dict[tuple[str, str], Expected]  # verdict for a hop with no truth
+    untraced: frozenset[str] = frozenset()  # sampled messages with no trace at all: no verdict expected
 
     @property
     def exact(self) -> bool:
@@ -70,4 +86,6 @@ def score(truth: GroundTruth, verdicts: Iterable[Mapping[str, Any]]) -> Score:
     wrong = {key: (want, got[key]) for key, want in expected.items() if key in got and got[key] != want}
     missing = {key: want for key, want in expected.items() if key not in got}
     extra = {key: value for key, value in got.items() if key not in expected}
-    return Score(len(expected), len(expected) - len(wrong) - len(missing), wrong, missing, extra)
+    return Score(
+        len(expected), len(expected) - len(wrong) - len(missing), wrong, missing, extra, untraced_messages(truth)
+    )

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer
 
 from khipu.demo.faults import Fault
-from khipu.demo.score import score
+from khipu.demo.score import observable_messages, score
 from khipu.detector.job import ARCHIVE_QUERY, VERDICT_QUERY, start_detector
 from khipu.localstack.broker import BrokerProcess, ensure_topics
 from khipu.store import Store
@@ -54,7 +54,7 @@ def test_verdicts_equal_the_ground_truth_with_every_fault_and_malformed_traces_a
     job = detector_job(broker, tmp_path, demo.trace_topic, "acc", lost_topic=lost_topic)
     queries = start_detector(spark, job)
     try:
-        verdicts = wait_until_settled(job.store_url, len([m for m in demo.truth.messages.values() if m.sampled]))
+        verdicts = wait_until_settled(job.store_url, len(observable_messages(demo.truth)))
     finally:
         for query in queries:
             query.stop()
@@ -102,10 +102,11 @@ def test_verdicts_are_exact_with_sampling_below_100_percent_and_traces_read_out_
     demo = demo_traces(broker, tmp_path, "sampled", count=500, seed=21, sampling_percent=30.0)
     sampled = [m for m in demo.truth.messages.values() if m.sampled]
     assert 100 < len(sampled) < 250 and demo.fault_counts.get(Fault.TRACE_LOSS.value, 0) > 0
+    observable = observable_messages(demo.truth)
     job = detector_job(broker, tmp_path, demo.trace_topic, "sampled", lost_topic=None, max_offsets_per_trigger=60)
     queries = start_detector(spark, job)
     try:
-        verdicts = wait_until_settled(job.store_url, len(sampled))
+        verdicts = wait_until_settled(job.store_url, len(observable))
     finally:
         for query in queries:
             query.stop()
@@ -113,14 +114,14 @@ def test_verdicts_are_exact_with_sampling_below_100_percent_and_traces_read_out_
     assert result.exact, (result.wrong, result.missing, result.extra)
     kinds = {v["verdict"] for v in verdicts}
     assert {"DELIVERED", "LOST", "DUPLICATE", "TRACE_LOST"} <= kinds
-    assert {v["message_id"] for v in verdicts} <= {m.message_id for m in sampled}  # unsampled: not traced
+    assert {v["message_id"] for v in verdicts} == observable  # unsampled: not traced
 
 
 def test_a_detector_killed_mid_stream_and_restarted_ends_with_the_verdicts_of_an_uninterrupted_run(
     broker: BrokerProcess, spark: Any, tmp_path: Path
 ) -> None:
     demo = demo_traces(broker, tmp_path, "restart", count=120, seed=7)
-    sampled = len([m for m in demo.truth.messages.values() if m.sampled])
+    observable = len(observable_messages(demo.truth))
     killed = detector_job(broker, tmp_path, demo.trace_topic, "killed")
     command = [
         sys.executable,
@@ -165,7 +166,7 @@ def test_a_detector_killed_mid_stream_and_restarted_ends_with_the_verdicts_of_an
         first.wait()
     second = subprocess.Popen(command, env=env, stdout=logs[1].open("wb"), stderr=STDOUT, start_new_session=True)
     try:
-        after_restart = wait_until_settled(killed.store_url, sampled)
+        after_restart = wait_until_settled(killed.store_url, observable)
     except AssertionError:
         tail = logs[1].read_text(errors="replace").splitlines()[-60:]
         print("restarted detector's log, last lines:\n" + "\n".join(tail))
@@ -177,7 +178,7 @@ def test_a_detector_killed_mid_stream_and_restarted_ends_with_the_verdicts_of_an
     uninterrupted = detector_job(broker, tmp_path, demo.trace_topic, "whole", lost_topic=None)
     queries = start_detector(spark, uninterrupted)
     try:
-        whole = wait_until_settled(uninterrupted.store_url, sampled)
+        whole = wait_until_settled(uninterrupted.store_url, observable)
     finally:
         for query in queries:
             query.stop()
