@@ -168,7 +168,8 @@ class _Judge:
                     partition,
                     offset,
                     None,
-                    f"no RECEIVED trace, but {location}'s emitter received it: a later trace points back to it",
+                    f"no RECEIVED trace, but {location} received it: a later trace or mark of its emitter points "
+                    f"back to offset {offset}",
                 )
             else:
                 self._verdict(

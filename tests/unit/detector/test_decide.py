@@ -197,6 +197,10 @@ def test_verdict_rule_table(case: Case) -> None:
     decision = decide("m1", STREAM, case.traces, committed, passed_at, 1000, case.now_ms, CONFIG, pointed_at)
     got = {v.hop: (v.kind, v.cause, v.count) for v in decision.verdicts}
     assert got == case.expected, case.reason
+    for v in decision.verdicts:  # a lost trace told by a pointer names the position pointed at
+        if v.kind is TL and case.pointed and v.hop_kind == "read":
+            assert f"points back to offset {v.offset}" in v.detail, v.detail
+            assert (v.group, "local", v.topic, v.partition, v.offset) in case.pointed  # location = group here
     assert decision.done is case.done, case.reason
 
 
