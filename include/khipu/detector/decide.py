@@ -20,6 +20,9 @@ Rules (Inca's central idea, sharpened):
   read). Without a SENT but with the message seen on its topic: TRACE_LOST. A processor that
   received the message and committed past it, with nothing written on: LOST, dropped in processor
   (a written record is seen downstream, so no pointer lookup is needed there).
+- A topic no trace shows the message on, but which a processor evidently read it from (it wrote
+  the message on, and that topic is its only input): its hops are TRACE_LOST too, with no
+  position (SENT and RECEIVED both lost). Other groups reading it wait, then go to reconciliation.
 - Hops past a loss get no verdict: the message never got there.
 - Still undecided ``max_wait_ms`` after the first trace: PENDING for what is open, and done.
 """
@@ -101,6 +104,7 @@ class _Judge:
         self.next_check: list[int] = []
         self.read_final: dict[Hop, bool] = {}
         self.reached: set[Hop] = set()  # read hops the message evidently got to
+        self.implied: list[TopicRef] = []  # topics it passed with no trace there (see implied_topics)
         source_sents = [t for hop, ts in evidence.sent.items() if self._is_source(hop) for t in ts]
         self.source_sent_ms = min((t.timestamp_ms for t in source_sents), default=None)
 
@@ -123,6 +127,23 @@ class _Judge:
     def read_hop(self, hop: Hop) -> None:
         assert hop.group is not None
         positions = self.evidence.positions.get(hop.topic, {})
+        if not positions:  # a topic implied by a later hop: no trace says where the message sat there
+            if self._arrived_past(hop):
+                self.read_final[hop] = True
+                self._verdict(
+                    hop,
+                    VerdictKind.TRACE_LOST,
+                    None,
+                    0,
+                    None,
+                    None,
+                    None,
+                    f"no trace on {hop.topic} at all, but {hop.group} wrote the message on: it got it",
+                )
+            else:
+                self.read_final[hop] = False
+                self.open.append(hop)  # nothing to compare its committed offset with: reconciliation's
+            return
         all_final = True
         for partition, offset in sorted(positions):
             committed = self.committed(hop.topic.cluster, hop.group, hop.topic.topic, partition)
@@ -226,13 +247,37 @@ class _Judge:
             None,
         )
 
+    def implied_topics(self) -> list[TopicRef]:
+        """Topics the message evidently passed though no trace shows it there: the single input of a
+        processor that wrote it on (its SENT traces, or the message seen on an output only it writes)."""
+        implied: list[TopicRef] = []
+        changed = True
+        while changed:
+            changed = False
+            for processor in (c for c in self.stream.route.consumers if c.is_processor and len(c.reads) == 1):
+                source = processor.reads[0]
+                if source in self.evidence.positions or source in implied:
+                    continue
+                if any(self._wrote_on(processor, out, implied) for out in processor.writes):
+                    implied.append(source)
+                    changed = True
+        return implied
+
+    def _wrote_on(self, processor: ConsumerSpec, out: TopicRef, implied: list[TopicRef]) -> bool:
+        if Hop.write(processor.location, out) in self.evidence.sent:
+            return True
+        only_writer = self.writers_of(out) == [Hop.write(processor.location, out)]
+        return only_writer and (out in self.evidence.positions or out in implied)
+
     def _arrived_past(self, hop: Hop) -> bool:
         """A processor that writes on what it received: its SENT traces prove it got the message."""
         processor = next((c for c in self.stream.route.readers_of(hop.topic) if c.group == hop.group), None)
         if processor is None or not processor.is_processor:
             return False
         return any(
-            Hop.write(processor.location, out) in self.evidence.sent or self.evidence.positions.get(out)
+            Hop.write(processor.location, out) in self.evidence.sent
+            or self.evidence.positions.get(out)
+            or out in self.implied
             for out in processor.writes
         )
 
@@ -258,7 +303,9 @@ class _Judge:
                 partition,
                 offset,
                 None,
-                f"no SENT trace, but the message was seen on {hop.topic}",
+                f"no SENT trace, but the message was seen on {hop.topic}"
+                if positions
+                else f"no trace on {hop.topic} at all, but a processor reading it wrote the message on",
             )
             return
         first = sents[0]
@@ -386,7 +433,8 @@ def decide(
     timed_out = clock - first_seen_ms >= config.max_wait_ms
     judge = _Judge(message_id, stream, evidence, committed, passed_at, now_ms, config, timed_out, pointed_at, clock)
     route = stream.route
-    reached = sorted(evidence.positions, key=str)
+    judge.implied = judge.implied_topics()
+    reached = sorted([*evidence.positions, *judge.implied], key=str)
     for topic in reached:
         for reader in route.readers_of(topic):
             judge.read_hop(Hop.read(topic, reader.group))

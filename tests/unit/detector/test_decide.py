@@ -178,6 +178,13 @@ CASES = [
          "the id sits at in@5 and in@6 and proc's emitter points at the second: received there, its trace "
          "lost; proc committed past and wrote nothing on: dropped in the processor",
          frozenset({("proc", "local", "in", 0, 6)})),
+    Case(19, clean(skip={SRC, PROC_IN}), PAST, 60_000, 70_000,
+         {SRC: (TL, None, 0), PROC_IN: (TL, None, 0), PROC_OUT: (D, None, 1), S1: (D, None, 1), S2: (D, None, 1)},
+         True, "no trace on in at all (SENT and RECEIVED both lost), but proc wrote the message on: it passed "
+         "both hops, their traces did not"),
+    Case(20, clean(skip={SRC, PROC_IN, PROC_OUT}), PAST, 60_000, 70_000,
+         {SRC: (TL, None, 0), PROC_IN: (TL, None, 0), PROC_OUT: (TL, None, 0), S1: (D, None, 1), S2: (D, None, 1)},
+         True, "only the sinks' traces arrived: out has one writer, proc, so proc read it from in, and p wrote it"),
 ]
 # fmt: on
 
