@@ -104,9 +104,9 @@ class _Judge:
         self.next_check: list[int] = []
         self.read_final: dict[Hop, bool] = {}
         self.reached: set[Hop] = set()  # read hops the message evidently got to
-        self.implied: list[TopicRef] = []  # topics it passed with no trace there (see implied_topics)
         source_sents = [t for hop, ts in evidence.sent.items() if self._is_source(hop) for t in ts]
         self.source_sent_ms = min((t.timestamp_ms for t in source_sents), default=None)
+        self.implied = self.implied_topics()  # topics it passed with no trace there
 
     # -- route questions ----------------------------------------------------------------------
 
@@ -433,7 +433,6 @@ def decide(
     timed_out = clock - first_seen_ms >= config.max_wait_ms
     judge = _Judge(message_id, stream, evidence, committed, passed_at, now_ms, config, timed_out, pointed_at, clock)
     route = stream.route
-    judge.implied = judge.implied_topics()
     reached = sorted([*evidence.positions, *judge.implied], key=str)
     for topic in reached:
         for reader in route.readers_of(topic):

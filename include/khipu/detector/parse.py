@@ -31,7 +31,7 @@ PARSED_SCHEMA = (
     "source_partition int, source_offset long, kafka_timestamp_ms long"
 )
 _TRACE_FIELDS = [part.split()[0].strip("`") for part in TRACE_COLUMNS.split(", ")]
-_POINTER_FIELDS = ["prev_offsets", "received"]
+_POINTER_FIELDS = [part.split()[0] for part in POINTER_COLUMNS.split(", ")]
 _POSITION = ["location", "cluster", "topic", "partition", "offset"]
 _RECEIVED_KEYS = ("cluster", "topic", "partition", "offset")
 _RECEIVED_SCHEMA = "array<struct<cluster:string, topic:string, partition:int, offset:long>>"
