@@ -4,10 +4,14 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.khipu-installed
+JVM := .jvm
+KAFKA_JARS := $(JVM)/kafka/.installed
+SPARK_KAFKA_JARS := $(JVM)/spark-kafka/.installed
+MVN := mvn -B -q
 export PATH := $(BIN):$(PATH)
 export PYSPARK_PYTHON := $(BIN)/python
 
-.PHONY: help install up down status test lint bench lock clean
+.PHONY: help install up down status test lint bench lock clean postgres
 
 help:
 	@echo "make up      install (first time), then start broker + Airflow + demo pipeline"
@@ -16,6 +20,7 @@ help:
 	@echo "make status  show what runs, the UI URL and how to log in"
 	@echo "make bench   print the tracing-overhead figures"
 	@echo "make lint    ruff + mypy only"
+	@echo "make install the venv (PyPI) and the JVM jars (Maven Central: Kafka broker, Spark's Kafka connector)"
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: no python3.11 found; Khipu needs Python 3.11 (set PYTHON=/path/to/python3.11)"; exit 2; }
@@ -27,9 +32,27 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	@touch $(STAMP)
 	@echo "installed Khipu into $(VENV)"
 
-install: $(STAMP)
+# JVM artifacts come from Maven Central at install time, never at run time (jvm/*.pom.xml).
+$(KAFKA_JARS): jvm/kafka-broker.pom.xml
+	@command -v mvn >/dev/null || { echo "make: Maven (mvn) is needed to fetch Apache Kafka's jars"; exit 2; }
+	@rm -rf $(JVM)/kafka
+	$(MVN) -f jvm/kafka-broker.pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(JVM)/kafka
+	@touch $@
+	@echo "installed Apache Kafka's jars into $(JVM)/kafka"
 
-up: $(STAMP)
+$(SPARK_KAFKA_JARS): jvm/spark-kafka.pom.xml
+	@command -v mvn >/dev/null || { echo "make: Maven (mvn) is needed to fetch Spark's Kafka connector"; exit 2; }
+	@rm -rf $(JVM)/spark-kafka
+	$(MVN) -f jvm/spark-kafka.pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(JVM)/spark-kafka
+	@touch $@
+	@echo "installed Spark's Kafka connector into $(JVM)/spark-kafka"
+
+install: $(STAMP) $(KAFKA_JARS) $(SPARK_KAFKA_JARS)
+
+postgres:
+	@scripts/ensure-postgres
+
+up: install
 	$(BIN)/khipu up
 
 down:
@@ -38,14 +61,14 @@ down:
 status: $(STAMP)
 	$(BIN)/khipu status
 
-test: $(STAMP)
+test: install postgres
 	$(BIN)/pytest
 
-lint: $(STAMP)
+lint: install
 	$(BIN)/ruff check include plugins dags spark bench tests
 	$(BIN)/mypy
 
-bench: $(STAMP)
+bench: install
 	$(BIN)/python bench/tracing_overhead.py
 	$(BIN)/python bench/detector.py
 

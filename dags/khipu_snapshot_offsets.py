@@ -1,8 +1,9 @@
 """
 ### Khipu offset-watermark snapshots and consumer health
 
-Every minute: for each consumer group on a registered route (and, with `all_groups`, every
-group of the cluster), per partition, the committed offset next to the log-start and log-end
+Every minute, for every cluster of the registry (each through its own connection,
+`clusters.<name>.connection_id`): for each consumer group on a registered route (and, with
+`all_groups`, every group of the cluster), per partition, the committed offset next to the log-start and log-end
 offsets, written to the Khipu store in one transaction. Then every partition is judged by
 Burrow's rules (OK, WARN, STALL, STOP, REWIND) plus expiry risk, offset skips, rewinds and
 expired ranges are recorded as windows, and transitions raise alerts through the configured
@@ -15,7 +16,8 @@ Missed minutes are not back-filled (no catch-up): the snapshot history shows the
 
     airflow dags trigger khipu_snapshot_offsets --conf '{"all_groups": true}'
 
-Connections: `khipu_kafka` (the cluster), `khipu_store` (the store).
+Connections: one per registry cluster (`khipu_kafka` for the local stack's `local`), `khipu_store`
+(the store). A cluster that cannot be reached fails `snapshot_offsets` after the others are written.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from airflow.sdk import Param, dag, get_current_context, task
 
 from khipu_airflow.notifiers import notify_failure
 
-KAFKA = "khipu_kafka"
 STORE = "khipu_store"
 
 
@@ -60,13 +61,13 @@ def khipu_snapshot_offsets() -> None:
     def snapshot_offsets() -> dict[str, Any]:
         from khipu_airflow import offsets
 
-        return offsets.snapshot_offsets(KAFKA, STORE, bool(get_current_context()["params"]["all_groups"]))
+        return offsets.snapshot_offsets(STORE, bool(get_current_context()["params"]["all_groups"]))
 
     @task
     def evaluate_health(snapshot: dict[str, Any]) -> dict[str, Any]:
         from khipu_airflow import offsets
 
-        return offsets.evaluate_health(KAFKA, STORE)
+        return offsets.evaluate_health(STORE)
 
     @task
     def send_alerts(evaluation: dict[str, Any]) -> dict[str, Any]:

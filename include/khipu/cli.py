@@ -19,7 +19,8 @@ from khipu.demo.ledger import LedgerError, build_truth, read_ledger
 from khipu.demo.pipeline import DemoConfig, DemoError, run_demo
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
 from khipu.errors import InvalidSetting
-from khipu.localstack.broker import BrokerError, ensure_topics
+from khipu.kafka import KafkaAdmin, KafkaConnectionError, KafkaUnavailable
+from khipu.localstack.broker import BrokerError
 from khipu.registry.loader import RegistryError, load_registry
 from khipu.registry.model import UnknownStreamError
 from khipu.settings import KhipuSettings
@@ -43,10 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = KhipuSettings.from_env()
         return int(args.handler(args, settings) or 0)
-    except (InvalidSetting, RegistryError, UnknownStreamError, LedgerError) as exc:
+    except (InvalidSetting, KafkaConnectionError, RegistryError, UnknownStreamError, LedgerError) as exc:
         print(f"khipu: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (DemoError, BrokerError, TraceTopicError, StoreError, RuntimeError) as exc:
+    except (DemoError, BrokerError, KafkaUnavailable, TraceTopicError, StoreError, RuntimeError) as exc:
         print(f"khipu: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except BrokenPipeError:  # the reader went away (| head): stop quietly, as Unix tools do
@@ -138,8 +139,8 @@ def _parser() -> argparse.ArgumentParser:
     alerts.set_defaults(handler=_alerts)
 
     topics = commands.add_parser("topics", help="Khipu's own topics").add_subparsers(metavar="ACTION")
-    ensure = topics.add_parser("ensure", help="create the trace topic if missing")
-    ensure.add_argument("--partitions", type=int, default=4)
+    ensure = topics.add_parser("ensure", help="create the trace topic and the lost-messages topic if missing")
+    ensure.add_argument("--partitions", type=int, default=4, help="of the trace topic (default 4)")
     ensure.set_defaults(handler=_topics_ensure)
     return parser
 
@@ -248,7 +249,7 @@ def _health(args: argparse.Namespace, settings: KhipuSettings) -> int:
 
 
 def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
-    from khipu.detector.job import VERDICT_QUERY
+    from khipu.detector.model import VERDICT_QUERY
 
     store = Store(settings.store_url)
     since = time.time_ns() // 1_000_000 - int(args.minutes * 60_000)
@@ -331,8 +332,9 @@ def _traces_count(args: argparse.Namespace, settings: KhipuSettings) -> int:
 
 
 def _topics_ensure(args: argparse.Namespace, settings: KhipuSettings) -> int:
-    created = ensure_topics(settings.bootstrap_servers, {settings.trace_topic: args.partitions})
-    print(f"created {', '.join(created)}" if created else f"{settings.trace_topic} already exists")
+    wanted = {settings.trace_topic: args.partitions, settings.lost_topic: 1}
+    created = KafkaAdmin(settings.kafka()).ensure_topics(wanted)
+    print(f"created {', '.join(created)}" if created else f"{' and '.join(wanted)} already exist")
     return 0
 
 

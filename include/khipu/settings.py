@@ -12,8 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from khipu.errors import InvalidSetting
+from khipu.kafka.connection import KafkaConnection
 from khipu.registry.loader import NAME_PATTERN, NAME_RULE
 from khipu.tracing.config import DEFAULT_TRACE_TOPIC
+
+DEFAULT_LOST_TOPIC = "khipu.lost"
 
 
 class SettingsError(InvalidSetting):
@@ -37,6 +40,15 @@ class KhipuSettings:
     broker_port: int
     airflow_port: int
     store_url: str
+    controller_port: int = 9093
+    lost_topic: str = DEFAULT_LOST_TOPIC
+
+    def kafka(self, environ: Mapping[str, str] | None = None) -> KafkaConnection:
+        """The trace cluster's connection: bootstrap and cluster name from these settings, credentials
+        (``KHIPU_KAFKA_*``) from the environment."""
+        env = dict(os.environ if environ is None else environ)
+        env.update(KHIPU_BOOTSTRAP_SERVERS=self.bootstrap_servers, KHIPU_CLUSTER=self.cluster)
+        return KafkaConnection.from_env(env)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> KhipuSettings:
@@ -53,6 +65,14 @@ class KhipuSettings:
             if not NAME_PATTERN.match(value):
                 raise SettingsError(variable, value, NAME_RULE)
         state_dir = Path(env.get("KHIPU_STATE_DIR", root / ".khipu"))
+        controller_port = _port(env, "KHIPU_BROKER_CONTROLLER_PORT", broker_port + 1 if broker_port < 65535 else 9093)
+        if controller_port == broker_port:
+            raise SettingsError(
+                "KHIPU_BROKER_CONTROLLER_PORT", str(controller_port), "a port other than KHIPU_BROKER_PORT"
+            )
+        lost_topic = env.get("KHIPU_LOST_TOPIC", DEFAULT_LOST_TOPIC)
+        if not NAME_PATTERN.match(lost_topic):
+            raise SettingsError("KHIPU_LOST_TOPIC", lost_topic, NAME_RULE)
         return cls(
             bootstrap_servers=bootstrap,
             cluster=env.get("KHIPU_CLUSTER", "local"),
@@ -62,6 +82,8 @@ class KhipuSettings:
             broker_port=broker_port,
             airflow_port=_port(env, "KHIPU_AIRFLOW_PORT", 8080),
             store_url=env.get("KHIPU_STORE_URL", f"sqlite:///{state_dir / 'khipu.db'}"),
+            controller_port=controller_port,
+            lost_topic=lost_topic,
         )
 
     def as_env(self) -> dict[str, str]:
@@ -75,6 +97,8 @@ class KhipuSettings:
             "KHIPU_BROKER_PORT": str(self.broker_port),
             "KHIPU_AIRFLOW_PORT": str(self.airflow_port),
             "KHIPU_STORE_URL": self.store_url,
+            "KHIPU_BROKER_CONTROLLER_PORT": str(self.controller_port),
+            "KHIPU_LOST_TOPIC": self.lost_topic,
         }
 
 

@@ -1,10 +1,12 @@
-"""Hooks: Airflow connections -> confluent-kafka client settings and trace emitter settings.
+"""Hooks: Airflow connections -> Khipu's typed Kafka connections, trace emitter settings, the store.
 
-A Kafka connection (default ``khipu_kafka``) keeps librdkafka settings in its extra JSON
-(``bootstrap.servers``, ``security.protocol``, ...), or host/port for a plain cluster; login and
-password become SASL credentials. Khipu's own keys in the extra are prefixed ``khipu.``:
-``khipu.cluster`` (the cluster's registry name) and ``khipu.trace_topic``. Credentials are
-never logged.
+A Kafka connection (default ``khipu_kafka``; one per cluster, named in the registry as
+``clusters.<name>.connection_id``) keeps librdkafka settings in its extra JSON
+(``bootstrap.servers``, ``security.protocol``, ``sasl.mechanism``, ...), or host/port for a plain
+cluster; its login and password are the SASL credentials (mechanism PLAIN unless the extra names
+another). Khipu's own keys in the extra are prefixed ``khipu.``: ``khipu.cluster`` (the cluster's
+registry name) and ``khipu.trace_topic``. Credentials are never logged: errors and logs show
+:meth:`KafkaConnection.redacted`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from typing import Any
 from airflow.sdk import BaseHook
 from sqlalchemy.engine import URL
 
+from khipu.kafka import KafkaConnection
+from khipu.kafka.connection import KafkaConnectionError as InvalidKafkaSetting
+from khipu.registry.model import Registry
 from khipu.store import Store
 from khipu.tracing.config import DEFAULT_TRACE_TOPIC, TraceEmitterConfig
 
@@ -30,57 +35,75 @@ class KhipuKafkaHook(BaseHook):  # type: ignore[misc]
     conn_type = "kafka"
     hook_name = "Khipu Kafka"
 
-    def __init__(self, kafka_conn_id: str = default_conn_name) -> None:
+    def __init__(self, kafka_conn_id: str = default_conn_name, cluster: str | None = None) -> None:
         super().__init__()
         self.kafka_conn_id = kafka_conn_id
+        self._cluster = cluster  # the registry's name for it, when the caller knows it
         self._extra: dict[str, Any] | None = None
-        self._client: dict[str, Any] | None = None
+        self._connection: KafkaConnection | None = None
 
-    def _load(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        if self._extra is None or self._client is None:
+    def _load(self) -> tuple[dict[str, Any], KafkaConnection]:
+        if self._extra is None or self._connection is None:
             conn = self.get_connection(self.kafka_conn_id)
             extra = dict(conn.extra_dejson or {})
-            client = {k: v for k, v in extra.items() if not k.startswith(_KHIPU_PREFIX)}
-            if "bootstrap.servers" not in client:
+            settings = {k: v for k, v in extra.items() if not k.startswith(_KHIPU_PREFIX)}
+            if "bootstrap.servers" not in settings:
                 if not conn.host:
                     raise KafkaConnectionError(
                         f"connection {self.kafka_conn_id!r} has no Kafka address: set 'bootstrap.servers' in its "
                         "extra JSON, or its host and port"
                     )
-                client["bootstrap.servers"] = f"{conn.host}:{conn.port or 9092}"
+                settings["bootstrap.servers"] = f"{conn.host}:{conn.port or 9092}"
             if conn.login:
-                client.setdefault("sasl.username", conn.login)
+                settings.setdefault("sasl.username", conn.login)
             if conn.password:
-                client.setdefault("sasl.password", conn.password)
-            self._extra, self._client = extra, client
-        return self._extra, self._client
+                settings.setdefault("sasl.password", conn.password)
+            if settings.get("sasl.username") and not (
+                settings.get("sasl.mechanism") or settings.get("sasl.mechanisms")
+            ):
+                settings["sasl.mechanism"] = "PLAIN"
+            cluster = self._cluster or str(extra.get(f"{_KHIPU_PREFIX}cluster", "local"))
+            try:
+                connection = KafkaConnection.from_settings(settings, cluster=cluster)
+            except InvalidKafkaSetting as exc:
+                raise KafkaConnectionError(f"connection {self.kafka_conn_id!r}: {exc}") from None
+            self._extra, self._connection = extra, connection
+        return self._extra, self._connection
 
-    def client_config(self) -> dict[str, Any]:
-        """librdkafka settings for clients of this cluster (contains credentials: do not log)."""
-        return dict(self._load()[1])
+    def connection(self) -> KafkaConnection:
+        """The cluster's typed connection settings (credentials inside, masked when printed)."""
+        return self._load()[1]
 
     @property
     def bootstrap_servers(self) -> str:
-        return str(self._load()[1]["bootstrap.servers"])
+        return self.connection().bootstrap_servers
 
     @property
     def cluster(self) -> str:
-        return str(self._load()[0].get(f"{_KHIPU_PREFIX}cluster", "local"))
+        return self.connection().cluster
 
     @property
     def trace_topic(self) -> str:
         return str(self._load()[0].get(f"{_KHIPU_PREFIX}trace_topic", DEFAULT_TRACE_TOPIC))
 
     def emitter_config(self, location: str) -> TraceEmitterConfig:
-        client = self.client_config()
+        client = self.connection().client_config()
         bootstrap = client.pop("bootstrap.servers")
         return TraceEmitterConfig(
             bootstrap_servers=bootstrap,
             location=location,
             cluster=self.cluster,
             topic=self.trace_topic,
-            producer_config={k: str(v) for k, v in client.items()},
+            producer_config=client,
         )
+
+
+def cluster_connections(registry: Registry) -> dict[str, KafkaConnection]:
+    """Every cluster of the registry with the connection its ``connection_id`` names."""
+    return {
+        name: KhipuKafkaHook(cluster.connection_id, cluster=name).connection()
+        for name, cluster in sorted(registry.clusters.items())
+    }
 
 
 class StoreConnectionError(ValueError):

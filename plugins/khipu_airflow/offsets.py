@@ -10,10 +10,10 @@ from typing import Any
 from khipu.alerting.dispatch import dispatch_pending
 from khipu.health.evaluate import health_config_from_env
 from khipu.health.service import evaluate_cluster
-from khipu.offsets.collect import collect_snapshot, groups_to_watch
+from khipu.offsets.collect import SnapshotError, collect_snapshot, groups_to_watch
 from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings
-from khipu_airflow.hooks import KhipuKafkaHook, KhipuStoreHook
+from khipu_airflow.hooks import KhipuStoreHook, cluster_connections
 from khipu_airflow.notifiers import configured_notifiers
 
 log = logging.getLogger(__name__)
@@ -24,52 +24,68 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def snapshot_offsets(kafka_conn_id: str, store_conn_id: str, all_groups: bool) -> dict[str, Any]:
-    kafka, store = KhipuKafkaHook(kafka_conn_id), KhipuStoreHook(store_conn_id).store()
+def snapshot_offsets(store_conn_id: str, all_groups: bool) -> dict[str, Any]:
+    """Snapshot every cluster of the registry through its own connection; one unreachable cluster fails
+    the task after the others are written."""
+    registry = load_registry(KhipuSettings.from_env().registry_path)
+    store = KhipuStoreHook(store_conn_id).store()
+    summaries: dict[str, Any] = {}
+    unreachable: list[str] = []
     try:
         store.migrate()
-        watched = groups_to_watch(load_registry(KhipuSettings.from_env().registry_path), kafka.cluster)
-        run, rows = collect_snapshot(kafka.client_config(), kafka.cluster, watched, now_ms(), all_groups=all_groups)
-        written = store.write_snapshot(run, rows)
+        for cluster, connection in cluster_connections(registry).items():
+            watched = groups_to_watch(registry, cluster)
+            try:
+                run, rows = collect_snapshot(connection, watched, now_ms(), all_groups=all_groups)
+            except SnapshotError as exc:
+                log.error("snapshot of %s failed: %s", cluster, exc)
+                unreachable.append(str(exc))
+                continue
+            written = store.write_snapshot(run, rows)
+            for error in run.errors:
+                log.warning("snapshot of %s: %s", cluster, error)
+            log.info(
+                "snapshot of %s at %d: %d groups, %d partitions in %d ms%s",
+                cluster,
+                run.snapshot_ms,
+                run.groups,
+                run.partitions,
+                run.duration_ms,
+                "" if written else " (already stored)",
+            )
+            summaries[cluster] = {
+                "snapshot_ms": run.snapshot_ms,
+                "groups": run.groups,
+                "partitions": run.partitions,
+                "errors": list(run.errors),
+                "written": written,
+            }
     finally:
         store.close()
-    for error in run.errors:
-        log.warning("snapshot of %s: %s", kafka.cluster, error)
-    log.info(
-        "snapshot of %s at %d: %d groups, %d partitions in %d ms%s",
-        run.cluster,
-        run.snapshot_ms,
-        run.groups,
-        run.partitions,
-        run.duration_ms,
-        "" if written else " (already stored)",
-    )
-    return {
-        "cluster": run.cluster,
-        "snapshot_ms": run.snapshot_ms,
-        "groups": run.groups,
-        "partitions": run.partitions,
-        "errors": list(run.errors),
-        "written": written,
-    }
+    if unreachable:
+        raise SnapshotError("; ".join(unreachable))
+    return summaries
 
 
-def evaluate_health(kafka_conn_id: str, store_conn_id: str) -> dict[str, Any]:
-    cluster = KhipuKafkaHook(kafka_conn_id).cluster
+def evaluate_health(store_conn_id: str) -> dict[str, Any]:
+    registry = load_registry(KhipuSettings.from_env().registry_path)
     store = KhipuStoreHook(store_conn_id).store()
+    results: dict[str, Any] = {}
     try:
-        result = evaluate_cluster(store, cluster, health_config_from_env())
+        for cluster in sorted(registry.clusters):
+            result = evaluate_cluster(store, cluster, health_config_from_env())
+            log.info(
+                "health of %s: %s; %d transitions, %d offset windows, %d alerts",
+                cluster,
+                result.statuses,
+                result.transitions,
+                result.windows,
+                result.alerts,
+            )
+            results[cluster] = asdict(result)
     finally:
         store.close()
-    log.info(
-        "health of %s: %s; %d transitions, %d offset windows, %d alerts",
-        cluster,
-        result.statuses,
-        result.transitions,
-        result.windows,
-        result.alerts,
-    )
-    return asdict(result)
+    return results
 
 
 def send_alerts(store_conn_id: str) -> dict[str, Any]:

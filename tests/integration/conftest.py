@@ -1,26 +1,45 @@
-"""Real parts for integration tests: the embedded broker (Tansu) and a migrated Airflow database."""
+"""Real parts for integration tests: an Apache Kafka broker (KRaft, single node) and a migrated Airflow database.
+
+The session's broker listens twice: PLAINTEXT for most tests, and SASL_PLAINTEXT (mechanism PLAIN)
+with one user whose password is drawn per session, for the tests of secured clusters.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from khipu.localstack.broker import BrokerProcess, free_port, start_broker, stop_process_group
+from khipu.localstack.broker import BrokerProcess, BrokerSpec, start_broker
+from khipu.localstack.processes import stop_process_group
+
+SASL_USER = "khipu-tests"
+BROKER_START_S: dict[str, float] = {}
 
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    log_path = tmp_path_factory.mktemp("broker") / "tansu.log"
-    process = start_broker(free_port(), log_path)
+    """Short retentions act within a second or two here (the retention-expiry tests use seconds)."""
+    directory = tmp_path_factory.mktemp("kafka")
+    spec = BrokerSpec.scratch(directory, sasl_users={SASL_USER: secrets.token_urlsafe(16)})
+    started = time.monotonic()
+    process = start_broker(spec, directory / "broker.log")
+    BROKER_START_S["session"] = time.monotonic() - started
     try:
         yield process
     finally:
         stop_process_group(process.pid)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for name, seconds in BROKER_START_S.items():
+        terminalreporter.write_line(f"Kafka broker ({name}): formatted, started and answering in {seconds:.1f} s")
 
 
 @pytest.fixture(scope="session")

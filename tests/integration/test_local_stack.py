@@ -12,8 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from khipu.localstack.broker import free_port, port_open
-from khipu.localstack.processes import ProcessTable, Started
+from khipu.localstack.processes import ProcessTable, Started, free_port, port_open
 from khipu.registry import load_registry
 from khipu.trace.topic import read_trace_topic, tally_traces
 
@@ -28,11 +27,12 @@ def khipu(*args: str, env: dict[str, str], timeout_s: float = 600) -> subprocess
 
 
 def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_everything(tmp_path: Path) -> None:
-    broker_port, airflow_port = free_port(), free_port()
+    broker_port, controller_port, airflow_port = free_port(), free_port(), free_port()
     env = {
         **os.environ,
         "KHIPU_STATE_DIR": str(tmp_path / "state"),
         "KHIPU_BROKER_PORT": str(broker_port),
+        "KHIPU_BROKER_CONTROLLER_PORT": str(controller_port),
         "KHIPU_AIRFLOW_PORT": str(airflow_port),
     }
     table = ProcessTable(tmp_path / "state")
@@ -41,6 +41,7 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
         first = khipu("up", env=env)
         assert first.returncode == 0, first.stdout + first.stderr
         assert f"Airflow UI: http://127.0.0.1:{airflow_port}  (healthy)" in first.stdout
+        assert f"broker: Apache Kafka on 127.0.0.1:{broker_port}" in first.stdout
         started = {name: table.running(name) for name in ("broker", "airflow", "demo")}
         assert all(started.values()), started
 
@@ -64,6 +65,7 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
 
         status = khipu("status", env=env)
         assert status.returncode == 0 and "demo     running" in status.stdout
+        assert "detector " in status.stdout  # listed; the khipu_detector DAG starts it within two minutes
     finally:
         stopped = khipu("down", env=env)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
@@ -76,4 +78,5 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
         and psutil.Process(s.pid).status() != psutil.STATUS_ZOMBIE
     ]
     assert not port_open("127.0.0.1", broker_port) and not port_open("127.0.0.1", airflow_port)
+    assert not port_open("127.0.0.1", controller_port)
     assert khipu("status", env=env).returncode == 3

@@ -38,12 +38,12 @@ def test_demo_on_an_unknown_stream_exits_2_naming_the_known_ones(capsys: pytest.
 def test_demo_against_an_unreachable_broker_exits_1_with_the_address(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    from khipu.localstack.broker import free_port
+    from khipu.localstack.processes import free_port
 
     address = f"127.0.0.1:{free_port()}"
     monkeypatch.setenv("KHIPU_BOOTSTRAP_SERVERS", address)
     assert main(["demo", "run", "--count", "1", "--ledger", str(tmp_path / "l.jsonl")]) == 1
-    assert f"cannot reach the Kafka broker at {address}" in capsys.readouterr().err
+    assert f"cannot reach cluster 'local' at {address}" in capsys.readouterr().err
 
 
 def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

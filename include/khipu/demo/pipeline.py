@@ -23,13 +23,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from khipu.demo.control import DemoControl
 from khipu.demo.faults import DemoConfigError, Fault, FaultPlan, FaultRates
 from khipu.demo.ledger import LedgerWriter, build_truth, read_ledger
 from khipu.demo.topology import DemoTopology
-from khipu.localstack.broker import ensure_topics
+from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
 from khipu.registry.model import ConsumerSpec, Hop, TopicRef
 from khipu.trace.model import Trace
 from khipu.trace.sampling import is_sampled
@@ -541,7 +540,7 @@ class _Sink(_ConsumerComponent):
             return
         if self.skips and plan.injects(Fault.CONSUMER_SKIP, record.message_id):
             self._triggered.add(position)
-            _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, record.partition), cached=True)
+            _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, record.partition), timeout=10)
             target = min(record.offset + 1 + config.skip_length, max(high, record.offset + 1))
             self.jump(record, target, "skipped", Fault.CONSUMER_SKIP)
         elif self.rewinds and plan.injects(Fault.OFFSET_REWIND, record.message_id):
@@ -600,16 +599,19 @@ class _Demo:
         return emitter
 
 
-def check_broker(bootstrap_servers: str, timeout_s: float = 10.0) -> None:
-    """Fail fast, and clearly, when the broker cannot be reached."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "socket.connection.setup.timeout.ms": 5000})
+def prepare_topics(config: DemoConfig, topology: DemoTopology, timeout_s: float = 10.0) -> list[str]:
+    """Fail fast, and clearly, when the broker cannot be reached; create the demo's topics if missing."""
+    admin = KafkaAdmin(KafkaConnection(config.bootstrap_servers, cluster=topology.source_topic.cluster), timeout_s)
     try:
-        admin.list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        raise DemoError(
-            f"cannot reach the Kafka broker at {bootstrap_servers} within {timeout_s:.0f}s "
-            f"({exc.args[0].str() if exc.args else exc}); is the stack up (`make up`)?"
-        ) from None
+        return admin.ensure_topics(
+            {
+                topology.source_topic.topic: config.partitions,
+                topology.output_topic.topic: config.partitions,
+                config.trace_topic: config.trace_partitions,
+            }
+        )
+    except KafkaUnavailable as exc:
+        raise DemoError(f"{exc}; is the stack up (`make up`)?") from None
 
 
 def run_demo(
@@ -620,15 +622,7 @@ def run_demo(
     progress: Callable[[str], None] = print,
 ) -> DemoReport:
     """Run the demo until its count/duration is produced and every component has settled (or ``stop`` is set)."""
-    check_broker(config.bootstrap_servers)
-    ensure_topics(
-        config.bootstrap_servers,
-        {
-            topology.source_topic.topic: config.partitions,
-            topology.output_topic.topic: config.partitions,
-            config.trace_topic: config.trace_partitions,
-        },
-    )
+    prepare_topics(config, topology)
     demo = _Demo(config, topology)
     if stop is not None:
 

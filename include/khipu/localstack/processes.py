@@ -8,14 +8,74 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from khipu.localstack.broker import stop_process_group
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def stop_process_group(pid: int, timeout_s: float = 20.0) -> bool:
+    """SIGTERM the process group led by ``pid``, SIGKILL it after ``timeout_s``. True if it was running.
+
+    A stopped (SIGSTOPped) group is continued first, so that it can act on the SIGTERM.
+    """
+    try:
+        os.killpg(pid, signal.SIGTERM)
+        os.killpg(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _group_alive(pid):
+            _reap(pid)
+            return True
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _reap(pid)
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    _reap(pgid)
+    # A zombie leader keeps the group "alive" for killpg; treat a reaped leader with no members as gone.
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,24 +1,20 @@
-"""Taking an offset-watermark snapshot of one cluster: the adapter to Kafka's admin API.
+"""Taking an offset-watermark snapshot of one cluster, through :class:`khipu.kafka.KafkaAdmin`.
 
 Standard Kafka calls only: ListConsumerGroups (when every group is wanted), DescribeConsumerGroups
-(state), OffsetFetch (committed offsets), ListOffsets (earliest / latest) and DescribeConfigs
-(``retention.ms``). A failure for one group or topic is recorded in the run's errors and the
-rest is still snapshotted; an unreachable cluster raises :class:`SnapshotError`.
+(state, members and their assignments), OffsetFetch (committed offsets), ListOffsets (earliest /
+latest) and DescribeConfigs (``retention.ms``, ``retention.bytes``). A failure for one group or
+topic is recorded in the run's errors and the rest is still snapshotted; an unreachable cluster
+raises :class:`SnapshotError`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
-
+from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
 from khipu.offsets.model import PartitionSnapshot, SnapshotRun
 from khipu.registry.model import Registry
-
-_NO_OFFSET = -1001  # librdkafka's OFFSET_INVALID: no commit for the partition
 
 
 class SnapshotError(RuntimeError):
@@ -37,41 +33,31 @@ def groups_to_watch(registry: Registry, cluster: str) -> dict[str, frozenset[str
 
 
 def collect_snapshot(
-    client_config: Mapping[str, Any],
-    cluster: str,
+    connection: KafkaConnection,
     watched: Mapping[str, frozenset[str]],
     snapshot_ms: int,
     *,
     all_groups: bool = False,
     timeout_s: float = 15.0,
 ) -> tuple[SnapshotRun, list[PartitionSnapshot]]:
-    """Snapshot the watched groups (and every other group when ``all_groups``) at ``snapshot_ms``."""
+    """Snapshot the watched groups (and every other group when ``all_groups``) of the connection's cluster."""
     started = time.monotonic()
-    admin = AdminClient(dict(client_config))
+    cluster = connection.cluster
+    admin = KafkaAdmin(connection, timeout_s)
     errors: list[str] = []
     try:
-        metadata = admin.list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        raise SnapshotError(f"cannot reach Kafka cluster {cluster!r}: {_text(exc)}") from None
-    partitions_of = {name: sorted(meta.partitions) for name, meta in metadata.topics.items() if meta.error is None}
+        partitions_of = admin.partitions()
+    except KafkaUnavailable as exc:
+        raise SnapshotError(str(exc)) from None
 
     groups = set(watched)
     if all_groups:
         try:
-            listing = admin.list_consumer_groups(request_timeout=timeout_s).result(timeout=timeout_s)
-            groups.update(g.group_id for g in listing.valid)
-        except KafkaException as exc:
-            errors.append(f"list groups: {_text(exc)}")
-
-    states: dict[str, str | None] = {}
-    for group, future in (
-        admin.describe_consumer_groups(sorted(groups), request_timeout=timeout_s).items() if groups else []
-    ):
-        try:
-            states[group] = future.result(timeout=timeout_s).state.name
-        except KafkaException as exc:
-            states[group] = None
-            errors.append(f"describe group {group}: {_text(exc)}")
+            groups.update(admin.list_groups())
+        except KafkaUnavailable as exc:
+            errors.append(f"list groups: {exc}")
+    described = admin.describe_groups(groups)
+    errors.extend(described.errors)
 
     committed: dict[tuple[str, str, int], int | None] = {}
     for group in sorted(groups):
@@ -82,76 +68,42 @@ def collect_snapshot(
             for partition in partitions_of[topic]:
                 committed[(group, topic, partition)] = None  # watched partitions appear even before any commit
         try:
-            request = ConsumerGroupTopicPartitions(group)
-            result = admin.list_consumer_group_offsets([request], request_timeout=timeout_s)[group].result(
-                timeout=timeout_s
-            )
-        except KafkaException as exc:
-            errors.append(f"committed offsets of group {group}: {_text(exc)}")
+            offsets = admin.committed_offsets(group)
+        except KafkaUnavailable as exc:
+            errors.append(f"committed offsets of group {group}: {exc}")
             continue
-        for tp in result.topic_partitions or []:
-            if tp.error is not None:
-                errors.append(f"committed offset of group {group} on {tp.topic}[{tp.partition}]: {tp.error}")
-            elif tp.topic in partitions_of:
-                committed[(group, tp.topic, tp.partition)] = None if tp.offset == _NO_OFFSET else tp.offset
+        for (topic, partition), offset in offsets.items():
+            if topic in partitions_of:
+                committed[(group, topic, partition)] = offset
 
     positions = sorted({(topic, partition) for _, topic, partition in committed})
-    earliest, latest = OffsetSpec.earliest(), OffsetSpec.latest()  # type: ignore[no-untyped-call]  # untyped stubs
-    log_start = _list_offsets(admin, positions, earliest, timeout_s, errors)
-    log_end = _list_offsets(admin, positions, latest, timeout_s, errors)
-    retention = _retention(admin, sorted({topic for topic, _ in positions}), timeout_s, errors)
+    watermarks = admin.watermarks(positions)
+    retention = admin.retention({topic for topic, _ in positions})
+    errors.extend([*watermarks.errors, *retention.errors])
 
-    rows = [
-        PartitionSnapshot(
-            snapshot_ms,
-            cluster,
-            group,
-            topic,
-            partition,
-            offset,
-            log_start.get((topic, partition)),
-            log_end.get((topic, partition)),
-            states.get(group),
-            retention.get(topic),
+    rows = []
+    for (group, topic, partition), offset in sorted(committed.items()):
+        marks = watermarks.found.get((topic, partition))
+        kept = retention.found.get(topic)
+        description = described.found.get(group)
+        rows.append(
+            PartitionSnapshot(
+                snapshot_ms,
+                cluster,
+                group,
+                topic,
+                partition,
+                offset,
+                marks[0] if marks else None,
+                marks[1] if marks else None,
+                description.state if description else None,
+                kept.retention_ms if kept else None,
+                members=description.members if description else None,
+                assigned=(topic, partition) in description.assigned if description else None,
+                retention_bytes=kept.retention_bytes if kept else None,
+            )
         )
-        for (group, topic, partition), offset in sorted(committed.items())
-    ]
     run = SnapshotRun(
         snapshot_ms, cluster, len(groups), len(rows), int((time.monotonic() - started) * 1000), tuple(errors)
     )
     return run, rows
-
-
-def _list_offsets(
-    admin: AdminClient, positions: list[tuple[str, int]], spec: OffsetSpec, timeout_s: float, errors: list[str]
-) -> dict[tuple[str, int], int]:
-    if not positions:
-        return {}
-    found: dict[tuple[str, int], int] = {}
-    request = {TopicPartition(topic, partition): spec for topic, partition in positions}
-    for tp, future in admin.list_offsets(request, request_timeout=timeout_s).items():
-        try:
-            found[(tp.topic, tp.partition)] = future.result(timeout=timeout_s).offset
-        except KafkaException as exc:
-            errors.append(f"list offsets of {tp.topic}[{tp.partition}]: {_text(exc)}")
-    return found
-
-
-def _retention(admin: AdminClient, topics: list[str], timeout_s: float, errors: list[str]) -> dict[str, int]:
-    if not topics:
-        return {}
-    found: dict[str, int] = {}
-    resources = [ConfigResource(ResourceType.TOPIC, topic) for topic in topics]
-    for resource, future in admin.describe_configs(resources, request_timeout=timeout_s).items():
-        try:
-            entry = future.result(timeout=timeout_s).get("retention.ms")
-        except KafkaException as exc:
-            errors.append(f"configs of topic {resource.name}: {_text(exc)}")
-            continue
-        if entry is not None and entry.value is not None:
-            found[resource.name] = int(entry.value)
-    return found
-
-
-def _text(exc: KafkaException) -> str:
-    return exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)

@@ -24,9 +24,11 @@ class PartitionSnapshot:
 
     ``committed`` is ``None`` when the group has no commit for the partition; ``group_state`` is
     the group's state then as the broker reports it (``STABLE``, ``EMPTY``, ...; ``None``: not
-    known); ``committed_changed`` whether the committed offset differs from this group's previous
-    snapshot of the partition (the store sets it on write); ``retention_ms`` the topic's
-    ``retention.ms`` as the broker reports it (``None``: not reported; -1: unlimited).
+    known); ``members`` how many members the group had and ``assigned`` whether one of them was
+    assigned this partition (``None``: not known); ``committed_changed`` whether the committed
+    offset differs from this group's previous snapshot of the partition (the store sets it on
+    write); ``retention_ms`` / ``retention_bytes`` the topic's retention as the broker reports it
+    (``None``: not reported; -1: unlimited).
     """
 
     snapshot_ms: int
@@ -40,6 +42,9 @@ class PartitionSnapshot:
     group_state: str | None = None
     retention_ms: int | None = None
     committed_changed: bool = False
+    members: int | None = None
+    assigned: bool | None = None
+    retention_bytes: int | None = None
 
     @property
     def key(self) -> PartitionKey:
@@ -54,12 +59,17 @@ class PartitionSnapshot:
 
     @property
     def live(self) -> bool:
-        """Stands for a live consumer's commit: the group had members (or its state is unknown), or the
-        committed offset moved since the last snapshot (a consumer committing without joining the group,
-        as Flink and Spark do)."""
+        """Stands for a live consumer's commit: a member of the group was assigned the partition, or
+        the committed offset moved since the last snapshot (a consumer committing without joining the
+        group, as Flink and Spark do). Where the broker did not report assignments, a group whose
+        state is not EMPTY or DEAD counts as live."""
         if self.committed is None:
             return False
-        return self.committed_changed or self.group_state not in GROUP_STATES_WITHOUT_MEMBERS
+        if self.committed_changed:
+            return True
+        if self.assigned is not None:
+            return self.assigned
+        return self.group_state not in GROUP_STATES_WITHOUT_MEMBERS
 
 
 @dataclass(frozen=True, slots=True)

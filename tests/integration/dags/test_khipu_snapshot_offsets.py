@@ -1,7 +1,4 @@
-"""The snapshot DAG under dag.test(): real broker, real store, real HTTP webhook receiver on 127.0.0.1.
-
-The test produces with batch.num.messages=1 because of Tansu's ListOffsets quirk (docs/local-stack.md).
-"""
+"""The snapshot DAG under dag.test(): real broker, real store, real HTTP webhook receiver on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from khipu.localstack.broker import BrokerProcess, ensure_topics
+from khipu.localstack.broker import BrokerProcess
 from khipu.store import Store
 from tests.integration.helpers import consumer_config
 
@@ -55,11 +52,11 @@ def test_snapshot_dag_stores_offsets_alerts_a_rewind_once_and_reports_failures(
 ) -> None:
     url, received = webhook
     topic, group = f"snap-{secrets.token_hex(3)}", f"snap-group-{secrets.token_hex(3)}"
-    ensure_topics(broker.bootstrap_servers, {topic: 1})
+    broker.admin().ensure_topics({topic: 1})
     registry = tmp_path / "registry.yaml"
     registry.write_text(f"""
 version: 1
-clusters: {{local: {{}}}}
+clusters: {{local: {{connection_id: khipu_kafka}}}}
 streams:
   snap.test:
     owner: tests
@@ -78,7 +75,7 @@ streams:
     )
     monkeypatch.setenv("AIRFLOW_CONN_KHIPU_STORE", json.dumps({"conn_type": "sqlite", "host": str(store_path)}))
     monkeypatch.setenv("AIRFLOW_CONN_KHIPU_ALERT_WEBHOOK", json.dumps({"conn_type": "http", "extra": {"url": url}}))
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "batch.num.messages": 1, "linger.ms": 0})
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
     for _ in range(50):
         producer.produce(topic, value=b"x", partition=0)
     producer.flush(10)

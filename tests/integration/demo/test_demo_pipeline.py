@@ -13,7 +13,8 @@ from khipu.demo.faults import Fault, FaultRates
 from khipu.demo.ledger import GroundTruth, build_truth, read_ledger
 from khipu.demo.pipeline import DemoConfig, DemoError, DemoReport, run_demo
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
-from khipu.localstack.broker import BrokerProcess, free_port
+from khipu.localstack.broker import BrokerProcess
+from khipu.localstack.processes import free_port
 from khipu.registry import Hop, load_registry
 from khipu.trace import Trace, TraceType
 from tests.integration.helpers import TEST_SESSION_TIMEOUT_MS, traces_of
@@ -126,5 +127,5 @@ def test_ids_propagate_through_the_processor_and_sampling_is_the_same_at_every_h
 def test_unreachable_broker_fails_fast_with_the_address_in_the_error(topology: DemoTopology, tmp_path: Path) -> None:
     address = f"127.0.0.1:{free_port()}"
     config = DemoConfig(bootstrap_servers=address, ledger_path=tmp_path / "l.jsonl", count=1)
-    with pytest.raises(DemoError, match=f"cannot reach the Kafka broker at {address}"):
+    with pytest.raises(DemoError, match=f"cannot reach cluster 'local' at {address}"):
         run_demo(config, topology, progress=lambda line: None)

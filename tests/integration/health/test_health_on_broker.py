@@ -2,9 +2,6 @@
 
 The offsets, group states and watermarks are real; only the time stamped on each snapshot is
 chosen by the test, so minutes of history take seconds.
-
-Tansu's ListOffsets "latest" is only right when every produced batch holds one record
-(docs/local-stack.md): these tests produce with batch.num.messages=1. Product code is unchanged.
 """
 
 from __future__ import annotations
@@ -20,7 +17,9 @@ from khipu.health.evaluate import HealthConfig
 from khipu.health.rules import PartitionStatus
 from khipu.health.service import evaluate_cluster
 from khipu.health.windows import WindowKind
-from khipu.localstack.broker import BrokerProcess, ensure_topics, free_port
+from khipu.kafka import KafkaConnection
+from khipu.localstack.broker import BrokerProcess
+from khipu.localstack.processes import free_port
 from khipu.offsets.collect import SnapshotError, collect_snapshot
 from khipu.offsets.model import PartitionKey
 from khipu.store import Store
@@ -52,19 +51,19 @@ def store(tmp_path: Path) -> Iterator[Store]:
 @pytest.fixture
 def topic(broker: BrokerProcess) -> str:
     name = f"health-{secrets.token_hex(3)}"
-    ensure_topics(broker.bootstrap_servers, {name: 1})
+    broker.admin().ensure_topics({name: 1})
     return name
 
 
 def produce(broker: BrokerProcess, topic: str, count: int) -> None:
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "batch.num.messages": 1, "linger.ms": 0})
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
     for _ in range(count):
         producer.produce(topic, value=b"x", partition=0)
     producer.flush(10)
 
 
 def snapshot(broker: BrokerProcess, store: Store, clock: Clock, watched: dict[str, frozenset[str]]) -> None:
-    run, rows = collect_snapshot({"bootstrap.servers": broker.bootstrap_servers}, "local", watched, clock.tick())
+    run, rows = collect_snapshot(broker.connection(), watched, clock.tick())
     assert run.errors == (), run.errors
     assert store.write_snapshot(run, rows)
 
@@ -97,6 +96,7 @@ def test_a_consumer_that_stops_moving_stalls_then_stops_and_each_transition_aler
     assert seen[-1] is PartitionStatus.STALL
     health = store.latest_snapshot("local")[0]
     assert (health.committed, health.log_end, health.lag, health.group_state) == (30, 70, 40, "STABLE")
+    assert (health.members, health.assigned) == (1, True)  # a member holds the partition: a live, stuck consumer
 
     consumer.close()  # gone: the group empties, its last commit grows old
     for _ in range(6):
@@ -106,6 +106,8 @@ def test_a_consumer_that_stops_moving_stalls_then_stops_and_each_transition_aler
         seen.append(status(store, key))
     assert seen[-1] is PartitionStatus.STOP
     assert seen.index(PartitionStatus.STALL) < seen.index(PartitionStatus.STOP)
+    gone = store.latest_snapshot("local")[0]
+    assert (gone.group_state, gone.members, gone.assigned, gone.live) == ("EMPTY", 0, False, False)
 
     firing = [(a.kind, a.details["to_status"]) for a, _, _ in store.alerts() if a.state.value == "firing"]
     assert firing == [("group_status", "STALL"), ("group_status", "STOP")]  # one per transition, not per minute
@@ -153,18 +155,12 @@ def test_rewind_and_skip_commits_open_windows_with_their_ranges_and_time_lag_is_
 def test_a_watched_group_without_commits_and_a_missing_topic_are_reported_not_fatal(
     broker: BrokerProcess, topic: str
 ) -> None:
-    run, rows = collect_snapshot(
-        {"bootstrap.servers": broker.bootstrap_servers},
-        "local",
-        {"never-started": frozenset({topic, "no-such-topic"})},
-        1000,
-    )
+    run, rows = collect_snapshot(broker.connection(), {"never-started": frozenset({topic, "no-such-topic"})}, 1000)
     assert [(r.group, r.topic, r.partition, r.committed) for r in rows] == [("never-started", topic, 0, None)]
     assert run.errors == ("topic no-such-topic read by group never-started does not exist on local",)
 
 
 def test_an_unreachable_cluster_raises_a_snapshot_error_naming_it() -> None:
-    with pytest.raises(SnapshotError, match="cannot reach Kafka cluster 'east'"):
-        collect_snapshot(
-            {"bootstrap.servers": f"127.0.0.1:{free_port()}"}, "east", {"g": frozenset({"t"})}, 0, timeout_s=3
-        )
+    address = f"127.0.0.1:{free_port()}"
+    with pytest.raises(SnapshotError, match=f"cannot reach cluster 'east' at {address}"):
+        collect_snapshot(KafkaConnection(address, cluster="east"), {"g": frozenset({"t"})}, 0, timeout_s=3)

@@ -1,5 +1,9 @@
 """The store on both databases it supports: an SQLite file, and the PostgreSQL server on 127.0.0.1:5432
-(a database of its own per test session, dropped afterwards)."""
+(a database of its own per test session, dropped afterwards).
+
+`make test` starts that server first (scripts/ensure-postgres: role khipu_test, password-less from
+127.0.0.1 only); KHIPU_TEST_POSTGRES_DSN points the tests at another server instead.
+"""
 
 from __future__ import annotations
 
@@ -14,19 +18,28 @@ import pytest
 
 from khipu.store import Store
 
-POSTGRES_ADMIN_DSN = os.environ.get("KHIPU_TEST_POSTGRES_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres")
+POSTGRES_ADMIN_DSN = os.environ.get(
+    "KHIPU_TEST_POSTGRES_DSN", "host=127.0.0.1 port=5432 dbname=postgres user=khipu_test connect_timeout=5"
+)
 
 
 @contextmanager
 def _postgres_database() -> Iterator[str]:
     """A new, empty PostgreSQL database, dropped afterwards."""
     name = f"khipu_test_{secrets.token_hex(4)}"
-    admin = psycopg2.connect(POSTGRES_ADMIN_DSN)
+    try:
+        admin = psycopg2.connect(POSTGRES_ADMIN_DSN)
+    except psycopg2.OperationalError as exc:
+        pytest.fail(
+            f"no PostgreSQL server for the store tests ({POSTGRES_ADMIN_DSN}): {str(exc).strip()}; "
+            "`make test` starts one (scripts/ensure-postgres), or set KHIPU_TEST_POSTGRES_DSN"
+        )
     admin.autocommit = True
     with admin.cursor() as cursor:
         cursor.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}"
+        params = admin.get_dsn_parameters()
+        yield f"postgresql+psycopg2://{params['user']}@{params['host']}:{params['port']}/{name}"
     finally:
         with admin.cursor() as cursor:
             cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer
 
-from khipu.localstack.broker import BrokerProcess, ensure_topics, free_port
+from khipu.localstack.broker import BrokerProcess
+from khipu.localstack.processes import free_port
 from khipu.trace import TraceType
 from khipu.trace.model import EmitterMark
 from khipu.trace.topic import read_trace_topic
@@ -32,7 +33,7 @@ def topics(broker: BrokerProcess) -> tuple[str, str]:
     """A fresh data topic (3 partitions) and trace topic for each test."""
     suffix = secrets.token_hex(3)
     data, traces = f"orders-{suffix}", f"traces-{suffix}"
-    ensure_topics(broker.bootstrap_servers, {data: 3, traces: 2})
+    broker.admin().ensure_topics({data: 3, traces: 2})
     return data, traces
 
 
@@ -144,7 +145,7 @@ def test_processor_output_carries_the_input_id_and_gets_its_own_sent_trace(
     ids = {source.produce(data, value=b"in", partition=0) for _ in range(5)}
     source.flush(10)
     output = f"{data}-out"
-    ensure_topics(broker.bootstrap_servers, {output: 1})
+    broker.admin().ensure_topics({output: 1})
     consumer = TracedConsumer(
         consumer_config(broker, "proc"),
         emitter=emitter,

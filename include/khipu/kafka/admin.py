@@ -1,0 +1,206 @@
+"""The one place Khipu asks a Kafka cluster about itself: topics, groups, offsets, retention.
+
+Standard Kafka admin calls only (Metadata, CreateTopics, ListConsumerGroups, DescribeConsumerGroups,
+OffsetFetch, ListOffsets, DescribeConfigs, DeleteRecords). Whole-call failures raise
+:class:`~khipu.kafka.connection.KafkaUnavailable` naming the cluster; per-item failures of a
+batch call are returned to the caller as text, so one bad group or topic does not hide the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec, ResourceType
+
+from khipu.kafka.connection import KafkaConnection, KafkaUnavailable
+
+T = TypeVar("T")
+NO_OFFSET = -1001  # librdkafka's OFFSET_INVALID: the group has no commit for the partition
+Position = tuple[str, int]  # (topic, partition)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    """A consumer group as the broker describes it: state, members, and the partitions assigned to them."""
+
+    group: str
+    state: str | None  # STABLE, EMPTY, PREPARING_REBALANCE, ..., None when unknown
+    members: int
+    assigned: frozenset[Position]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRetention:
+    """A topic's ``retention.ms`` and ``retention.bytes`` (-1: unlimited)."""
+
+    retention_ms: int | None
+    retention_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Results(Generic[T]):
+    """A batch call's answers per item, and what failed (one line per item)."""
+
+    found: dict[Any, T]
+    errors: tuple[str, ...] = ()
+
+
+class KafkaAdmin:
+    """Admin requests to one cluster (a :class:`KafkaConnection`); ``timeout_s`` bounds each request."""
+
+    def __init__(self, connection: KafkaConnection, timeout_s: float = 15.0) -> None:
+        self.connection, self.timeout_s = connection, timeout_s
+        self._client = AdminClient({**connection.client_config(), "socket.connection.setup.timeout.ms": 5000})
+
+    def _unavailable(self, what: str, exc: KafkaException) -> KafkaUnavailable:
+        return KafkaUnavailable(f"cannot {what} on {self.connection.describe()}: {error_text(exc)}")
+
+    # -- topics ---------------------------------------------------------------------------------------
+
+    def partitions(self) -> dict[str, list[int]]:
+        """Every topic and its partitions (raises when the cluster cannot be reached)."""
+        try:
+            metadata = self._client.list_topics(timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise KafkaUnavailable(f"cannot reach {self.connection.describe()}: {error_text(exc)}") from None
+        return {name: sorted(meta.partitions) for name, meta in metadata.topics.items() if meta.error is None}
+
+    def ensure_topics(
+        self, partitions_by_topic: Mapping[str, int], configs: Mapping[str, Mapping[str, str]] | None = None
+    ) -> list[str]:
+        """Create the topics that do not exist yet (replication: the broker's default); return those created."""
+        existing = set(self.partitions())
+        missing = [
+            NewTopic(name, partitions, replication_factor=-1, config=dict((configs or {}).get(name, {})))
+            for name, partitions in partitions_by_topic.items()
+            if name not in existing
+        ]
+        if not missing:
+            return []
+        created = []
+        for name, future in self._client.create_topics(missing, operation_timeout=self.timeout_s).items():
+            try:
+                future.result(timeout=self.timeout_s)
+                created.append(name)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise self._unavailable(f"create topic {name!r}", exc) from None
+        return created
+
+    def retention(self, topics: Iterable[str]) -> Results[TopicRetention]:
+        resources = [ConfigResource(ResourceType.TOPIC, topic) for topic in sorted(set(topics))]
+        if not resources:
+            return Results({})
+        found: dict[Any, TopicRetention] = {}
+        errors: list[str] = []
+        for resource, future in self._client.describe_configs(resources, request_timeout=self.timeout_s).items():
+            try:
+                entries = future.result(timeout=self.timeout_s)
+            except KafkaException as exc:
+                errors.append(f"configs of topic {resource.name}: {error_text(exc)}")
+                continue
+            found[resource.name] = TopicRetention(
+                _int_config(entries, "retention.ms"), _int_config(entries, "retention.bytes")
+            )
+        return Results(found, tuple(errors))
+
+    # -- offsets --------------------------------------------------------------------------------------
+
+    def watermarks(self, positions: Iterable[Position]) -> Results[tuple[int, int]]:
+        """(log-start offset, log-end offset) per partition (ListOffsets earliest / latest)."""
+        wanted = sorted(set(positions))
+        if not wanted:
+            return Results({})
+        errors: list[str] = []
+        starts = self._list_offsets(wanted, OffsetSpec.earliest(), errors)  # type: ignore[no-untyped-call]
+        ends = self._list_offsets(wanted, OffsetSpec.latest(), errors)  # type: ignore[no-untyped-call]
+        found: dict[Any, tuple[int, int]] = {tp: (starts[tp], ends[tp]) for tp in wanted if tp in starts and tp in ends}
+        return Results(found, tuple(errors))
+
+    def log_starts(self, positions: Iterable[Position]) -> Results[int]:
+        wanted = sorted(set(positions))
+        errors: list[str] = []
+        found = self._list_offsets(wanted, OffsetSpec.earliest(), errors) if wanted else {}  # type: ignore[no-untyped-call]
+        return Results(dict(found), tuple(errors))
+
+    def _list_offsets(self, positions: list[Position], spec: OffsetSpec, errors: list[str]) -> dict[Position, int]:
+        found: dict[Position, int] = {}
+        request = {TopicPartition(topic, partition): spec for topic, partition in positions}
+        for tp, future in self._client.list_offsets(request, request_timeout=self.timeout_s).items():
+            try:
+                found[(tp.topic, tp.partition)] = future.result(timeout=self.timeout_s).offset
+            except KafkaException as exc:
+                errors.append(f"list offsets of {tp.topic}[{tp.partition}]: {error_text(exc)}")
+        return found
+
+    def delete_records(self, before: Mapping[Position, int]) -> dict[Position, int]:
+        """Truncate each partition's log below the given offset (DeleteRecords); return the new log starts."""
+        request = [TopicPartition(topic, partition, offset) for (topic, partition), offset in sorted(before.items())]
+        result: dict[Position, int] = {}
+        for tp, future in self._client.delete_records(request, request_timeout=self.timeout_s).items():
+            try:
+                result[(tp.topic, tp.partition)] = future.result(timeout=self.timeout_s).low_watermark
+            except KafkaException as exc:
+                raise self._unavailable(f"delete records of {tp.topic}[{tp.partition}]", exc) from None
+        return result
+
+    # -- groups ---------------------------------------------------------------------------------------
+
+    def list_groups(self) -> list[str]:
+        try:
+            listing = self._client.list_consumer_groups(request_timeout=self.timeout_s).result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise self._unavailable("list consumer groups", exc) from None
+        return sorted(g.group_id for g in listing.valid)
+
+    def describe_groups(self, groups: Iterable[str]) -> Results[GroupDescription]:
+        wanted = sorted(set(groups))
+        if not wanted:
+            return Results({})
+        found: dict[Any, GroupDescription] = {}
+        errors: list[str] = []
+        for group, future in self._client.describe_consumer_groups(wanted, request_timeout=self.timeout_s).items():
+            try:
+                described = future.result(timeout=self.timeout_s)
+            except KafkaException as exc:
+                errors.append(f"describe group {group}: {error_text(exc)}")
+                continue
+            assigned = frozenset(
+                (tp.topic, tp.partition)
+                for member in described.members or []
+                if member.assignment is not None
+                for tp in member.assignment.topic_partitions or []
+            )
+            state = getattr(described.state, "name", None)
+            found[group] = GroupDescription(group, state, len(described.members or []), assigned)
+        return Results(found, tuple(errors))
+
+    def committed_offsets(self, group: str) -> dict[Position, int | None]:
+        """The group's committed offset per partition it ever committed (``None``: no valid commit)."""
+        try:
+            request = ConsumerGroupTopicPartitions(group)
+            result = self._client.list_consumer_group_offsets([request], request_timeout=self.timeout_s)[group].result(
+                timeout=self.timeout_s
+            )
+        except KafkaException as exc:
+            raise self._unavailable(f"fetch the committed offsets of group {group!r}", exc) from None
+        return {
+            (tp.topic, tp.partition): None if tp.offset == NO_OFFSET else tp.offset
+            for tp in result.topic_partitions or []
+            if tp.error is None
+        }
+
+
+def _int_config(entries: Mapping[str, Any], name: str) -> int | None:
+    entry = entries.get(name)
+    if entry is None or entry.value is None:
+        return None
+    return int(entry.value)
+
+
+def error_text(exc: KafkaException) -> str:
+    """librdkafka's own words for a failure."""
+    return exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
