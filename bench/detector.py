@@ -10,7 +10,6 @@
 
 Synthetic traces of demo-shaped messages (5 hops) are written straight to trace topics of its own
 broker, and the groups' committed offsets are set by the bench: the figures are the detector's.
-Trace records go one per batch (Tansu reports a topic's end wrongly otherwise, docs/local-stack.md).
 Targets: >= 25,000 traces/s, LOST p95 <= 15 s (with the grace printed), state flat in traffic.
 """
 
@@ -28,9 +27,11 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from khipu.detector.job import VERDICT_QUERY, DetectorJob, start_detector
+from khipu.detector.job import VERDICT_QUERY, DetectorJob, connector_jars, start_detector
 from khipu.detector.model import DetectorConfig
-from khipu.localstack.broker import ensure_topics, free_port, start_broker, stop_process_group
+from khipu.kafka import KafkaAdmin, KafkaConnection
+from khipu.localstack.broker import BrokerSpec, start_broker
+from khipu.localstack.processes import stop_process_group
 from khipu.store import Store
 from khipu.trace import Trace, TraceType, encode_trace
 
@@ -79,8 +80,7 @@ def produce(bootstrap: str, topic: str, traces: list[Trace]) -> None:
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
-            "batch.num.messages": 1,
-            "linger.ms": 0,
+            "linger.ms": 5,
             "queue.buffering.max.messages": 2_000_000,
         }
     )
@@ -129,7 +129,7 @@ def detector(
     store.migrate()
     job = DetectorJob(
         registry_path=REGISTRY,
-        bootstrap_servers=bootstrap,
+        trace_connection=KafkaConnection(bootstrap),
         store_url=store_url,
         checkpoint_dir=work / f"ckpt-{name}",
         archive_dir=work / f"archive-{name}",
@@ -145,7 +145,7 @@ def detector(
 def throughput(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) -> None:
     """A backlog of decidable messages (every group already past them): traces/s to stored verdicts."""
     topic, now = "bench.traces", time.time_ns() // 1_000_000
-    ensure_topics(bootstrap, {topic: 4})
+    KafkaAdmin(KafkaConnection(bootstrap)).ensure_topics({topic: 4})
     produce(bootstrap, topic, [t for m in range(args.messages) for t in traces_of(m, "tp", now)])
     for group, group_topic in GROUPS.items():
         commit(bootstrap, group, group_topic, args.messages)
@@ -173,7 +173,7 @@ def throughput(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace)
 def lost_latency(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) -> None:
     """Live detector; each lost message's group commits past it at a known time."""
     topic, base = "bench.lost", 10_000_000  # offsets far from the other parts'
-    ensure_topics(bootstrap, {topic: 4})
+    KafkaAdmin(KafkaConnection(bootstrap)).ensure_topics({topic: 4})
     job, store = detector(bootstrap, work, "latency", topic, args)
     queries = start_detector(spark, job)
     for group, group_topic in GROUPS.items():
@@ -217,7 +217,7 @@ def state_per_message(spark: Any, bootstrap: str, work: Path, args: argparse.Nam
     now = time.time_ns() // 1_000_000
     for level, count in (("low", args.messages // 10), ("high", args.messages // 2)):
         topic = f"bench.state.{level}"
-        ensure_topics(bootstrap, {topic: 4})
+        KafkaAdmin(KafkaConnection(bootstrap)).ensure_topics({topic: 4})
         produce(bootstrap, topic, [t for m in range(count) for t in traces_of(20_000_000 + m, level, now)])
         job, store = detector(bootstrap, work, f"state-{level}", topic, args, recheck_ms=60_000)
         queries = start_detector(spark, job)
@@ -244,18 +244,19 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = Path(tempfile.mkdtemp(prefix="khipu-bench-"))
-    broker = start_broker(free_port(), work / "tansu.log")
+    broker = start_broker(BrokerSpec.scratch(work / "kafka"), work / "broker.log")
     from pyspark.sql import SparkSession
 
     spark = (
         SparkSession.builder.master("local[*]")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        ensure_topics(broker.bootstrap_servers, {IN: PARTITIONS, OUT: PARTITIONS})
+        broker.admin().ensure_topics({IN: PARTITIONS, OUT: PARTITIONS})
         print(
             f"detector bench: {args.messages:,} messages x 5 traces, grace {args.grace_ms} ms, {os.cpu_count()} CPUs",
             flush=True,

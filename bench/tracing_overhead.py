@@ -24,7 +24,9 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from khipu.localstack.broker import ensure_topics, free_port, start_broker, stop_process_group
+from khipu.kafka import KafkaAdmin, KafkaConnection
+from khipu.localstack.broker import BrokerSpec, start_broker
+from khipu.localstack.processes import free_port, stop_process_group
 from khipu.tracing import TracedProducer, TraceEmitter, TraceEmitterConfig
 
 VALUE = b"x" * 100
@@ -74,11 +76,12 @@ def main() -> int:
     broker = None
     bootstrap = os.environ.get("KHIPU_BOOTSTRAP_SERVERS")
     if not bootstrap:
-        broker = start_broker(free_port(), Path(tempfile.mkdtemp()) / "tansu.log")
+        scratch = Path(tempfile.mkdtemp())
+        broker = start_broker(BrokerSpec.scratch(scratch / "kafka"), scratch / "broker.log")
         bootstrap = broker.bootstrap_servers
     try:
         topic, trace_topic = f"bench-{secrets.token_hex(3)}", f"bench-traces-{secrets.token_hex(3)}"
-        ensure_topics(bootstrap, {topic: 3, trace_topic: 3})
+        KafkaAdmin(KafkaConnection(bootstrap)).ensure_topics({topic: 3, trace_topic: 3})
         emitter_config = TraceEmitterConfig(
             bootstrap_servers=bootstrap,
             location="bench",

@@ -1,48 +1,53 @@
 """Khipu's streaming detector: reads the trace topic, writes verdicts, metrics, the archive and a heartbeat.
 
-    spark-submit spark/detector.py [options]      # or: python spark/detector.py (local[*])
+    spark-submit --jars <.jvm/spark-kafka/*.jar> spark/detector.py [options]
+    python spark/detector.py [options]            # local[*], the connector jars added by itself
 
-Settings default to the Khipu environment (KHIPU_REGISTRY, KHIPU_BOOTSTRAP_SERVERS,
-KHIPU_STORE_URL, KHIPU_STATE_DIR); see --help. Restarting resumes from the checkpoint.
+Connections come from a connections file (``--connections-file`` or ``KHIPU_CONNECTIONS_FILE``,
+mode 0600: the trace cluster, every registry cluster, the store URL; written by the
+``khipu_detector`` DAG from Airflow connections), or else from the Khipu environment
+(KHIPU_BOOTSTRAP_SERVERS, KHIPU_CLUSTER, KHIPU_KAFKA_*, KHIPU_STORE_URL). No secret is ever an
+argument. Restarting resumes from the checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
-import socket
 import sys
-import time
 from pathlib import Path
 
-from khipu.detector.job import DetectorJob, start_detector
+from khipu.detector.driver import write_driver_record
+from khipu.detector.job import DetectorJob, connector_jars, read_connections_file, start_detector
 from khipu.detector.model import DetectorConfig
 from khipu.settings import KhipuSettings
 
+CONNECTIONS_FILE_VARIABLE = "KHIPU_CONNECTIONS_FILE"
+
 
 def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
-    settings, defaults = KhipuSettings.from_env(), DetectorConfig()
+    settings, defaults = KhipuSettings.from_env(), DetectorConfig.from_env()
     parser = argparse.ArgumentParser(
         prog="detector", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--registry", type=Path, default=settings.registry_path)
-    parser.add_argument("--bootstrap-servers", default=settings.bootstrap_servers, help="the trace cluster")
+    parser.add_argument(
+        "--connections-file",
+        type=Path,
+        default=os.environ.get(CONNECTIONS_FILE_VARIABLE) or None,
+        help=f"owner-only JSON with the clusters' connections and the store URL (default ${CONNECTIONS_FILE_VARIABLE})",
+    )
+    parser.add_argument(
+        "--bootstrap-servers", default=settings.bootstrap_servers, help="the trace cluster, without a connections file"
+    )
     parser.add_argument("--trace-topic", default=settings.trace_topic)
-    parser.add_argument("--lost-topic", default="khipu.lost", help="LOST verdicts go here too ('' for none)")
-    parser.add_argument("--store-url", default=settings.store_url)
+    parser.add_argument("--lost-topic", default=settings.lost_topic, help="LOST verdicts go here too ('' for none)")
     parser.add_argument("--checkpoint", type=Path, default=settings.state_dir / "detector" / "checkpoint")
     parser.add_argument("--archive", type=Path, default=settings.state_dir / "archive")
-    parser.add_argument(
-        "--source",
-        choices=("khipu_kafka", "kafka"),
-        default="khipu_kafka",
-        help="kafka: Spark's JVM connector, where the cluster has it",
-    )
     parser.add_argument("--starting-offsets", default="earliest")
-    parser.add_argument("--trigger-seconds", type=float, default=5.0)
+    parser.add_argument("--trigger-seconds", type=float, default=float(os.environ.get("KHIPU_DETECTOR_TRIGGER_S", "5")))
     parser.add_argument("--max-offsets-per-trigger", type=int)
     parser.add_argument("--shuffle-partitions", type=int, default=4)
     parser.add_argument("--grace-ms", type=int, default=defaults.grace_ms)
@@ -54,15 +59,20 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
         help="used when not launched by spark-submit",
     )
     args = parser.parse_args(argv)
+    if args.connections_file:
+        trace, clusters, store_url = read_connections_file(args.connections_file)
+    else:
+        env = {**os.environ, "KHIPU_BOOTSTRAP_SERVERS": args.bootstrap_servers}
+        trace, clusters, store_url = settings.kafka(env), {}, settings.store_url
     job = DetectorJob(
         registry_path=args.registry,
-        bootstrap_servers=args.bootstrap_servers,
-        store_url=args.store_url,
+        trace_connection=trace,
+        store_url=store_url,
         checkpoint_dir=args.checkpoint,
         archive_dir=args.archive,
         trace_topic=args.trace_topic,
         lost_topic=args.lost_topic or None,
-        source=args.source,
+        cluster_connections=clusters,
         starting_offsets=args.starting_offsets,
         trigger_seconds=args.trigger_seconds,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
@@ -79,14 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    job.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    driver_file = job.checkpoint_dir / "driver.json"  # lets a supervisor on this host stop a hung detector
-    driver_file.write_text(
-        json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started_ms": time.time_ns() // 1_000_000})
-    )
+    write_driver_record(job.checkpoint_dir)  # lets a supervisor on this host tell a hung detector from a dead one
     builder = SparkSession.builder.appName("khipu-detector")
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # started directly; under spark-submit the master is set
-        builder = builder.master(master)
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # started directly; under spark-submit master and jars are set
+        builder = builder.master(master).config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     queries = start_detector(spark, job)

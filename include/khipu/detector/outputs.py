@@ -25,7 +25,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
-from khipu.detector.parse import archived, pointers, quarantined, sequences
+from khipu.detector.parse import archived, pointers, quarantine_reason, quarantined, sequences
+from khipu.kafka import KafkaConnection
 from khipu.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,8 @@ def _now_ms() -> int:
 class VerdictWriter:
     """foreachBatch of the verdict query."""
 
-    def __init__(self, store_url: str, lost_topic: str | None, producer_config: dict[str, Any]) -> None:
-        self.store_url, self.lost_topic, self.producer_config = store_url, lost_topic, producer_config
+    def __init__(self, store_url: str, lost_topic: str | None, connection: KafkaConnection) -> None:
+        self.store_url, self.lost_topic, self.connection = store_url, lost_topic, connection
         self._store: Store | None = None
         self._producer: Producer | None = None
 
@@ -59,7 +60,7 @@ class VerdictWriter:
 
     def _publish_lost(self, topic: str, lost: list[dict[str, Any]]) -> None:
         if self._producer is None:
-            self._producer = Producer({**self.producer_config, "enable.idempotence": True, "acks": "all"})
+            self._producer = Producer({**self.connection.client_config(), "enable.idempotence": True, "acks": "all"})
         for row in lost:
             self._producer.produce(topic, key=row["message_id"].encode(), value=json.dumps(row, default=str).encode())
         remaining = self._producer.flush(30)
@@ -70,8 +71,11 @@ class VerdictWriter:
 class ArchiveWriter:
     """foreachBatch of the parse query: valid traces to the archive, malformed records to quarantine."""
 
-    def __init__(self, store_url: str, archive_path: str, keep_pointers_ms: int) -> None:
+    def __init__(
+        self, store_url: str, archive_path: str, keep_pointers_ms: int, known_streams: tuple[str, ...]
+    ) -> None:
         self.store_url, self.archive_path, self.keep_pointers_ms = store_url, archive_path, keep_pointers_ms
+        self.known_streams = known_streams
         self._store: Store | None = None
         self._pruned_ms = 0
 
@@ -99,7 +103,10 @@ class ArchiveWriter:
             gaps = self._store.record_emitter_sequences((tuple(row) for row in sequences(parsed).collect()), now)
             if gaps:
                 log.warning("batch %d: %d new gaps in emitter sequences (lost traces)", batch_id, gaps)
-            bad = [row.asDict() for row in quarantined(parsed).collect()]
+            bad = [
+                {**row.asDict(), "quarantine_reason": quarantine_reason(row.raw_value, self.known_streams)}
+                for row in quarantined(parsed).collect()
+            ]
             if bad:
                 added = self._store.add_quarantine(bad, _now_ms())
                 log.warning("batch %d: %d malformed trace records quarantined (%d new)", batch_id, len(bad), added)

@@ -1,23 +1,40 @@
-"""From Kafka-source rows (Spark's Kafka schema) to trace rows, and malformed records to quarantine.
+"""From Kafka-source rows (Spark's Kafka schema) to trace rows, decoded in the JVM; malformed records to quarantine.
 
-Shared by both sources (``khipu_kafka`` here, Spark's ``kafka`` where a cluster has the JVM
-connector): each record's value is decoded by the same strict codec applications use
-(:func:`khipu.trace.decode_trace`), so "valid" means the same everywhere. A record that is not a
-valid trace, or names a stream the registry does not define, goes to the quarantine with the
-reason and its raw bytes; the query keeps running.
+Each record's value is parsed once in the JVM (``try_parse_json`` to Spark's VARIANT) and checked
+there against the trace format (docs/trace-format.md) with the limits of the strict codec
+(:mod:`khipu.trace.codec`): exact JSON types (a number is not a string), no field its version
+does not define, every name and count in range. No Python runs per record. The few records that
+fail go to the quarantine; their reason is worded by the codec itself
+(:func:`quarantine_reason`, in the driver), so "valid" and "why not" mean the same here as in
+every application that decodes traces. ``tests/integration/detector/test_parse.py`` holds both
+decoders to the same table of records.
+
+A record that is a valid trace but names a stream the registry does not define is quarantined
+too; the query keeps running.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable
 
-import pandas as pd
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from khipu.trace.codec import TraceDecodeError, decode_record
+from khipu.trace.codec import (
+    MAX_ATTRIBUTE_CHARS,
+    MAX_ATTRIBUTES,
+    MAX_ID_CHARS,
+    MAX_MARK_BYTES,
+    MAX_MARK_ENTRIES,
+    MAX_NAME_CHARS,
+    MAX_PREV_OFFSETS,
+    MAX_TRACE_BYTES,
+    READABLE_VERSIONS,
+    TraceDecodeError,
+    decode_record,
+    mark_fields,
+    trace_fields,
+)
 from khipu.trace.model import EmitterMark
 
 TRACE_COLUMNS = (
@@ -25,116 +42,215 @@ TRACE_COLUMNS = (
     "topic string, partition int, offset long, `group` string, emitter_id string, emitter_seq long, "
     "sampling_percent double, attributes string"
 )
-POINTER_COLUMNS = "prev_offsets array<long>, received string"  # back-pointers; a mark's list, as JSON
+RECEIVED_SCHEMA = "array<struct<cluster:string, topic:string, partition:int, offset:long>>"
+POINTER_COLUMNS = f"prev_offsets array<long>, received {RECEIVED_SCHEMA}"  # back-pointers; a mark's list
 PARSED_SCHEMA = (
-    f"{TRACE_COLUMNS}, {POINTER_COLUMNS}, quarantine_reason string, raw_value binary, source_topic string, "
+    f"{TRACE_COLUMNS}, {POINTER_COLUMNS}, malformed boolean, raw_value binary, source_topic string, "
     "source_partition int, source_offset long, kafka_timestamp_ms long"
 )
 _TRACE_FIELDS = [part.split()[0].strip("`") for part in TRACE_COLUMNS.split(", ")]
-_POINTER_FIELDS = [part.split()[0] for part in POINTER_COLUMNS.split(", ")]
 _POSITION = ["location", "cluster", "topic", "partition", "offset"]
-_RECEIVED_KEYS = ("cluster", "topic", "partition", "offset")
-_RECEIVED_SCHEMA = "array<struct<cluster:string, topic:string, partition:int, offset:long>>"
+_JSON = "_j"
 
 
-def decode_rows(frames: Iterable[pd.DataFrame], known_streams: frozenset[str]) -> Iterator[pd.DataFrame]:
-    """mapInPandas body: decode every value; fill the trace columns or the quarantine reason."""
-    known = ", ".join(sorted(known_streams)) or "none"
-    for frame in frames:
-        rows: list[dict[str, Any]] = []
-        for value, topic, partition, offset, timestamp in zip(
-            frame["value"], frame["topic"], frame["partition"], frame["offset"], frame["timestamp"], strict=True
-        ):
-            row: dict[str, Any] = dict.fromkeys([*_TRACE_FIELDS, *_POINTER_FIELDS, "quarantine_reason"])
-            raw = bytes(value) if value is not None else None
-            try:
-                record = decode_record(raw)
-            except TraceDecodeError as exc:
-                row["quarantine_reason"] = str(exc)
-            else:
-                if isinstance(record, EmitterMark):
-                    row.update(
-                        type="MARK",
-                        location=record.location,
-                        emitter_id=record.emitter_id,
-                        emitter_seq=record.emitter_seq,
-                        timestamp_ms=record.timestamp_ms,
-                        received=_received_json(record),
-                    )
-                elif record.stream not in known_streams:
-                    row["quarantine_reason"] = f"unknown stream {record.stream!r}; the registry defines: {known}"
-                else:
-                    row.update(
-                        message_id=record.message_id,
-                        stream=record.stream,
-                        location=record.location,
-                        cluster=record.cluster,
-                        type=record.type.value,
-                        timestamp_ms=record.timestamp_ms,
-                        topic=record.topic,
-                        partition=record.partition,
-                        offset=record.offset,
-                        group=record.group,
-                        emitter_id=record.emitter_id,
-                        emitter_seq=record.emitter_seq,
-                        sampling_percent=record.sampling_percent,
-                        attributes=json.dumps(dict(record.attributes)) if record.attributes else None,
-                        prev_offsets=list(record.prev_offsets) if record.prev_offsets else None,
-                    )
-            row.update(
-                raw_value=raw if row.get("quarantine_reason") else None,
-                source_topic=topic,
-                source_partition=int(partition),
-                source_offset=int(offset),
-                kafka_timestamp_ms=int(pd.Timestamp(timestamp).value // 1_000_000)
-                if timestamp is not None and not pd.isna(timestamp)
-                else None,
-            )
-            rows.append(row)
-        yield pd.DataFrame(
-            rows,
-            columns=[
-                *_TRACE_FIELDS,
-                *_POINTER_FIELDS,
-                "quarantine_reason",
-                "raw_value",
-                "source_topic",
-                "source_partition",
-                "source_offset",
-                "kafka_timestamp_ms",
-            ],
-        )
+# -- the JVM's checks, one small expression per rule of the trace format ------------------------------
 
 
-def _received_json(mark: EmitterMark) -> str | None:
-    if not mark.received:
-        return None
-    return json.dumps([dict(zip(_RECEIVED_KEYS, entry, strict=True)) for entry in mark.received])
+def _kind(path: str) -> str:
+    """The JSON type at ``path``: STRING, BIGINT, DOUBLE, DECIMAL(p,s), BOOLEAN, VOID (null), OBJECT<..>,
+    ARRAY<..>; SQL NULL when absent."""
+    return f"schema_of_variant(variant_get({_JSON}, '{path}'))"
+
+
+def _absent(path: str) -> str:
+    return f"coalesce({_kind(path)} = 'VOID', true)"
+
+
+def _name(path: str, max_chars: int = MAX_NAME_CHARS) -> str:
+    return (
+        f"coalesce({_kind(path)} = 'STRING' "
+        f"AND char_length(variant_get({_JSON}, '{path}', 'string')) BETWEEN 1 AND {max_chars}, false)"
+    )
+
+
+def _count(path: str) -> str:
+    """An integer >= 0 that fits a long (the codec's 'integer >= 0')."""
+    return f"coalesce({_kind(path)} = 'BIGINT' AND variant_get({_JSON}, '{path}', 'bigint') >= 0, false)"
+
+
+def _only_fields(allowed: Iterable[str]) -> str:
+    keys = ", ".join(f"'{name}'" for name in sorted(allowed))
+    return (
+        f"coalesce(size(array_except(map_keys(try_variant_get({_JSON}, '$', 'map<string,variant>')), "
+        f"array({keys}))) = 0, false)"
+    )
+
+
+def _version(version: int) -> str:
+    return f"coalesce({_kind('$.v')} = 'BIGINT' AND variant_get({_JSON}, '$.v', 'bigint') = {version}, false)"
+
+
+def _sampling_percent() -> str:
+    value = f"variant_get({_JSON}, '$.sampling_percent', 'double')"
+    kind = _kind("$.sampling_percent")
+    number = f"({kind} IN ('BIGINT', 'DOUBLE') OR {kind} LIKE 'DECIMAL%')"
+    return f"coalesce({number} AND {value} > 0 AND {value} <= 100, false)"
+
+
+def _attributes() -> str:
+    entries = f"try_variant_get({_JSON}, '$.attributes', 'map<string,variant>')"
+    return (
+        f"({_absent('$.attributes')} OR coalesce({_kind('$.attributes')} LIKE 'OBJECT<%' "
+        f"AND size({entries}) <= {MAX_ATTRIBUTES} "
+        f"AND forall(map_values({entries}), a -> schema_of_variant(a) = 'STRING' "
+        f"AND char_length(variant_get(a, '$', 'string')) <= {MAX_ATTRIBUTE_CHARS}), false))"
+    )
+
+
+def _prev_offsets(sent: str) -> str:
+    kind = _kind("$.prev_offsets")
+    offsets = f"try_variant_get({_JSON}, '$.prev_offsets', 'array<bigint>')"
+    empty = f"({_absent('$.prev_offsets')} OR coalesce({kind} = 'ARRAY<VOID>' AND size({offsets}) = 0, false))"
+    listed = (
+        f"coalesce({kind} = 'ARRAY<BIGINT>' AND size({offsets}) <= {MAX_PREV_OFFSETS} "
+        f"AND forall({offsets}, o -> o >= 0), false)"
+    )
+    return f"({empty} OR (NOT {sent} AND {listed}))"
+
+
+def _received() -> str:
+    """A mark's list of ``[cluster, topic, partition, offset]`` entries."""
+    entries = f"try_variant_get({_JSON}, '$.received', 'array<variant>')"
+    names = [
+        f"schema_of_variant(variant_get(e, '$[{i}]')) = 'STRING' "
+        f"AND char_length(variant_get(e, '$[{i}]', 'string')) BETWEEN 1 AND {MAX_NAME_CHARS}"
+        for i in (0, 1)
+    ]
+    counts = [
+        f"schema_of_variant(variant_get(e, '$[{i}]')) = 'BIGINT' AND variant_get(e, '$[{i}]', 'bigint') >= 0"
+        for i in (2, 3)
+    ]
+    entry = " AND ".join(
+        ["schema_of_variant(e) LIKE 'ARRAY<%'", "size(try_variant_get(e, '$', 'array<variant>')) = 4", *names, *counts]
+    )
+    return (
+        f"({_absent('$.received')} OR coalesce({_kind('$.received')} LIKE 'ARRAY<%' "
+        f"AND size({entries}) <= {MAX_MARK_ENTRIES} AND forall({entries}, e -> coalesce({entry}, false)), false))"
+    )
+
+
+def _valid_trace(known_streams: Iterable[str]) -> str:
+    is_sent = f"coalesce(variant_get({_JSON}, '$.type', 'string') = 'SENT', false)"
+    is_received = f"coalesce(variant_get({_JSON}, '$.type', 'string') = 'RECEIVED', false)"
+    versions = " OR ".join(f"({_version(v)} AND {_only_fields(trace_fields(v))})" for v in READABLE_VERSIONS)
+    known = ", ".join(f"'{name}'" for name in sorted(known_streams)) or "NULL"
+    rules = [
+        f"octet_length(value) <= {MAX_TRACE_BYTES}",
+        f"({versions})",
+        _name("$.message_id", MAX_ID_CHARS),
+        *(_name(f"$.{field}") for field in ("stream", "location", "cluster", "topic", "emitter_id")),
+        f"{_kind('$.type')} = 'STRING' AND ({is_sent} OR {is_received})",
+        f"(({is_received} AND {_name('$.group')}) OR ({is_sent} AND {_absent('$.group')}))",
+        *(_count(f"$.{field}") for field in ("timestamp_ms", "partition", "offset", "emitter_seq")),
+        _sampling_percent(),
+        _attributes(),
+        _prev_offsets(is_sent),
+        f"variant_get({_JSON}, '$.stream', 'string') IN ({known})",
+    ]
+    return " AND ".join(f"({rule})" for rule in rules)
+
+
+def _valid_mark() -> str:
+    versions = " OR ".join(f"({_version(v)} AND {_only_fields(mark_fields(v))})" for v in READABLE_VERSIONS)
+    rules = [
+        f"octet_length(value) <= {MAX_MARK_BYTES}",
+        f"({versions})",
+        _name("$.emitter_id"),
+        _name("$.location"),
+        _count("$.emitter_seq"),
+        _count("$.timestamp_ms"),
+        _received(),
+    ]
+    return " AND ".join(f"({rule})" for rule in rules)
+
+
+def _string(path: str) -> Column:
+    return F.expr(f"try_variant_get({_JSON}, '{path}', 'string')")
+
+
+def _typed(path: str, spark_type: str) -> Column:
+    return F.expr(f"try_variant_get({_JSON}, '{path}', '{spark_type}')")
 
 
 def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFrame:
-    """Decode a DataFrame of Spark's Kafka schema; split it with :func:`valid` / :func:`quarantined`."""
-    streams = frozenset(known_streams)
-    return kafka_rows.select("value", "topic", "partition", "offset", "timestamp").mapInPandas(
-        lambda frames: decode_rows(frames, streams), PARSED_SCHEMA
+    """Decode a DataFrame of Spark's Kafka schema (in the JVM); split it with :func:`valid` / :func:`quarantined`."""
+    streams = sorted(set(known_streams))
+    is_mark = f"coalesce({_kind('$.mark')} = 'BOOLEAN' AND variant_get({_JSON}, '$.mark', 'boolean'), false)"
+    decoded = kafka_rows.select(
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        F.expr("CASE WHEN is_valid_utf8(CAST(value AS STRING)) THEN try_parse_json(CAST(value AS STRING)) END").alias(
+            _JSON
+        ),
+    ).withColumn("_mark", F.expr(is_mark))
+    ok = F.expr(
+        f"{_JSON} IS NOT NULL AND schema_of_variant({_JSON}) LIKE 'OBJECT<%' "
+        f"AND CASE WHEN _mark THEN {_valid_mark()} ELSE {_valid_trace(streams)} END"
+    )
+    entries = F.expr(
+        f"transform(try_variant_get({_JSON}, '$.received', 'array<variant>'), e -> named_struct("
+        "'cluster', try_variant_get(e, '$[0]', 'string'), 'topic', try_variant_get(e, '$[1]', 'string'), "
+        "'partition', try_variant_get(e, '$[2]', 'int'), 'offset', try_variant_get(e, '$[3]', 'bigint')))"
+    )
+    checked = decoded.withColumn("_ok", ok)
+    trace = ~F.col("_mark")
+    attributes = _typed("$.attributes", "map<string,string>")
+    return checked.select(
+        F.when(trace, _string("$.message_id")).alias("message_id"),
+        F.when(trace, _string("$.stream")).alias("stream"),
+        _string("$.location").alias("location"),
+        F.when(trace, _string("$.cluster")).alias("cluster"),
+        F.when(F.col("_mark"), F.lit("MARK")).otherwise(_string("$.type")).alias("type"),
+        _typed("$.timestamp_ms", "bigint").alias("timestamp_ms"),
+        F.when(trace, _string("$.topic")).alias("topic"),
+        F.when(trace, _typed("$.partition", "int")).alias("partition"),
+        F.when(trace, _typed("$.offset", "bigint")).alias("offset"),
+        F.when(trace, _string("$.group")).alias("group"),
+        _string("$.emitter_id").alias("emitter_id"),
+        _typed("$.emitter_seq", "bigint").alias("emitter_seq"),
+        F.when(trace, _typed("$.sampling_percent", "double")).alias("sampling_percent"),
+        F.when(trace & (F.size(attributes) > 0), F.to_json(attributes)).alias("attributes"),
+        F.when(
+            trace & (F.size(_typed("$.prev_offsets", "array<bigint>")) > 0), _typed("$.prev_offsets", "array<bigint>")
+        ).alias("prev_offsets"),
+        F.when(F.col("_mark") & (F.size(entries) > 0), entries).alias("received"),
+        (~F.col("_ok")).alias("malformed"),
+        F.when(~F.col("_ok"), F.col("value")).alias("raw_value"),
+        F.col("topic").alias("source_topic"),
+        F.col("partition").alias("source_partition"),
+        F.col("offset").alias("source_offset"),
+        F.expr("unix_millis(timestamp)").alias("kafka_timestamp_ms"),
     )
 
 
 def valid(parsed: DataFrame) -> DataFrame:
     """The traces (emitter marks left out)."""
-    return parsed.where("quarantine_reason IS NULL AND type <> 'MARK'").select(*[f"`{name}`" for name in _TRACE_FIELDS])
+    return parsed.where("NOT malformed AND type <> 'MARK'").select(*[f"`{name}`" for name in _TRACE_FIELDS])
 
 
 def archived(parsed: DataFrame) -> DataFrame:
     """The traces with their back-pointers: what the raw-trace archive keeps."""
-    return parsed.where("quarantine_reason IS NULL AND type <> 'MARK'").select(
+    return parsed.where("NOT malformed AND type <> 'MARK'").select(
         *[f"`{name}`" for name in _TRACE_FIELDS], "prev_offsets"
     )
 
 
 def sequences(parsed: DataFrame) -> DataFrame:
     """Every emitter sequence number seen, from traces and marks: (emitter id, location, number, time)."""
-    return parsed.where("quarantine_reason IS NULL").select("emitter_id", "location", "emitter_seq", "timestamp_ms")
+    return parsed.where("NOT malformed").select("emitter_id", "location", "emitter_seq", "timestamp_ms")
 
 
 def pointers(parsed: DataFrame) -> DataFrame:
@@ -144,13 +260,13 @@ def pointers(parsed: DataFrame) -> DataFrame:
     the ``received`` lists of emitter marks. A position pointed at whose trace never arrives was
     received, and only its trace was lost.
     """
-    ok = parsed.where("quarantine_reason IS NULL")
+    ok = parsed.where("NOT malformed")
     back = ok.where("type = 'RECEIVED' AND prev_offsets IS NOT NULL").select(
         "location", "cluster", "topic", "partition", F.explode("prev_offsets").alias("offset")
     )
     marked = (
         ok.where("type = 'MARK' AND received IS NOT NULL")
-        .select("location", F.explode(F.from_json("received", _RECEIVED_SCHEMA)).alias("entry"))
+        .select("location", F.explode("received").alias("entry"))
         .select("location", "entry.cluster", "entry.topic", "entry.partition", "entry.offset")
     )
     traced = ok.where("type = 'RECEIVED'").select(*_POSITION)
@@ -158,6 +274,21 @@ def pointers(parsed: DataFrame) -> DataFrame:
 
 
 def quarantined(parsed: DataFrame) -> DataFrame:
-    return parsed.where("quarantine_reason IS NOT NULL").select(
-        "quarantine_reason", "raw_value", "source_topic", "source_partition", "source_offset", "kafka_timestamp_ms"
+    """The malformed records: raw bytes and where they sat (their reason: :func:`quarantine_reason`)."""
+    return parsed.where("malformed").select(
+        "raw_value", "source_topic", "source_partition", "source_offset", "kafka_timestamp_ms"
     )
+
+
+def quarantine_reason(raw: bytes | None, known_streams: Iterable[str]) -> str:
+    """Why the JVM rejected a record, in the codec's words (the codec is the specification)."""
+    try:
+        record = decode_record(raw)
+    except TraceDecodeError as exc:
+        return str(exc)
+    if isinstance(record, EmitterMark):
+        return "an emitter mark the JVM decoder rejected though the codec accepts it (report this as a bug)"
+    known = sorted(set(known_streams))
+    if record.stream not in known:
+        return f"unknown stream {record.stream!r}; the registry defines: {', '.join(known) or 'none'}"
+    return "a trace the JVM decoder rejected though the codec accepts it (report this as a bug)"

@@ -26,6 +26,7 @@ MAX_ID_CHARS = 256
 MAX_NAME_CHARS = 249  # Kafka's own limit for topic names; used for every name field
 MAX_ATTRIBUTES = 32
 MAX_ATTRIBUTE_CHARS = 1024
+MAX_COUNT = 2**63 - 1  # offsets, partitions, times and sequence numbers are Kafka's and Java's 64-bit longs
 
 _NAME_FIELDS = ("stream", "location", "cluster", "topic", "emitter_id")
 _FIELDS = frozenset(
@@ -99,6 +100,16 @@ _MARK_FIELDS = frozenset({"v", "mark", "emitter_id", "location", "emitter_seq", 
 _MARK_FIELDS_BY_VERSION = {1: _MARK_FIELDS, 2: _MARK_FIELDS | {"received"}}
 
 
+def trace_fields(version: int) -> frozenset[str]:
+    """The fields a trace of this format version may carry."""
+    return _FIELDS_BY_VERSION[version]
+
+
+def mark_fields(version: int) -> frozenset[str]:
+    """The fields an emitter mark of this format version may carry."""
+    return _MARK_FIELDS_BY_VERSION[version]
+
+
 def encode_mark(mark: EmitterMark) -> bytes:
     """Serialize an emitter mark: ``{"v":2,"mark":true,"emitter_id":...,"location":...,"emitter_seq":...,
     "timestamp_ms":...,"received":[[cluster, topic, partition, offset], ...]}``."""
@@ -154,7 +165,7 @@ def _load(raw: bytes | bytearray | memoryview | None, max_bytes: int = MAX_TRACE
     if len(data) > max_bytes:
         raise TraceDecodeError("<record>", f"record is {len(data)} bytes; at most {max_bytes} allowed")
     try:
-        record = json.loads(data.decode("utf-8"))
+        record = json.loads(data.decode("utf-8"), object_pairs_hook=_no_repeated_keys, parse_constant=_no_constant)
     except UnicodeDecodeError as exc:
         raise TraceDecodeError("<record>", f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
@@ -162,6 +173,18 @@ def _load(raw: bytes | bytearray | memoryview | None, max_bytes: int = MAX_TRACE
     if not isinstance(record, dict):
         raise TraceDecodeError("<record>", f"expected a JSON object, got {type(record).__name__}")
     return record
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        repeated = sorted({key for key in keys if keys.count(key) > 1})
+        raise TraceDecodeError(repeated[0], "appears more than once in one JSON object")
+    return dict(pairs)
+
+
+def _no_constant(name: str) -> Any:
+    raise TraceDecodeError("<record>", f"not JSON ({name} is not a JSON number)")
 
 
 def trace_from_mapping(record: Mapping[str, Any]) -> Trace:
@@ -223,7 +246,7 @@ def _prev_offsets(record: Mapping[str, Any], trace_type: TraceType) -> tuple[int
     if len(value) > MAX_PREV_OFFSETS:
         raise TraceDecodeError("prev_offsets", f"{len(value)} offsets; at most {MAX_PREV_OFFSETS} allowed")
     for offset in value:
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= MAX_COUNT:
             raise TraceDecodeError("prev_offsets", f"expected integers >= 0, got {offset!r}")
     return tuple(value)
 
@@ -247,7 +270,7 @@ def _received(record: Mapping[str, Any]) -> tuple[tuple[str, str, int, int], ...
             if not isinstance(text, str) or not 0 < len(text) <= MAX_NAME_CHARS:
                 raise TraceDecodeError(field, f"{name}: expected a name of 1-{MAX_NAME_CHARS} characters, got {text!r}")
         for name, number in (("partition", partition), ("offset", offset)):
-            if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+            if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= MAX_COUNT:
                 raise TraceDecodeError(field, f"{name}: expected an integer >= 0, got {number!r}")
         entries.append((cluster, topic, partition, offset))
     return tuple(entries)
@@ -276,6 +299,8 @@ def _non_negative_int(record: Mapping[str, Any], field: str) -> int:
         raise TraceDecodeError(field, f"expected an integer >= 0, got {type(value).__name__} {value!r}")
     if value < 0:
         raise TraceDecodeError(field, f"expected an integer >= 0, got {value}")
+    if value > MAX_COUNT:
+        raise TraceDecodeError(field, f"expected an integer that fits 64 bits (at most {MAX_COUNT}), got {value}")
     return value
 
 

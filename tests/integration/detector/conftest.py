@@ -1,4 +1,4 @@
-"""Real Spark (local mode) for detector tests, and a demo run whose traces the detector reads."""
+"""Real Spark (local mode, Spark's own Kafka connector) for detector tests, and a demo run whose traces it reads."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from khipu.demo.faults import FaultRates
 from khipu.demo.ledger import GroundTruth, build_truth, read_ledger
 from khipu.demo.pipeline import DemoConfig, run_demo
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
-from khipu.detector.job import VERDICT_QUERY, DetectorJob
+from khipu.detector.job import VERDICT_QUERY, DetectorJob, connector_jars
 from khipu.detector.model import DetectorConfig
-from khipu.localstack.broker import BrokerProcess, ensure_topics
+from khipu.localstack.broker import BrokerProcess
 from khipu.registry import load_registry
 from khipu.store import Store
 from tests.integration.helpers import TEST_SESSION_TIMEOUT_MS
@@ -48,6 +48,7 @@ def spark() -> Iterator[Any]:
         .appName("khipu-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
@@ -63,15 +64,17 @@ class DemoTraces:
 
 
 def demo_traces(
-    broker: BrokerProcess, tmp_path: Path, run_id: str, count: int, seed: int, sampling_percent: float | None = None
+    broker: BrokerProcess,
+    tmp_path: Path,
+    run_id: str,
+    count: int,
+    seed: int,
+    sampling_percent: float | None = None,
+    trace_topic: str | None = None,
 ) -> DemoTraces:
-    """Run the demo with every fault onto a fresh trace topic; return its ground truth.
-
-    The trace emitters write one record per batch: Tansu reports a topic's end wrongly otherwise
-    (docs/local-stack.md), and the detector reads up to that end.
-    """
-    trace_topic = f"traces-{run_id}-{secrets.token_hex(3)}"
-    ensure_topics(broker.bootstrap_servers, {trace_topic: 3})
+    """Run the demo with every fault onto a trace topic (a fresh one unless given); return its ground truth."""
+    trace_topic = trace_topic or f"traces-{run_id}-{secrets.token_hex(3)}"
+    broker.admin().ensure_topics({trace_topic: 3})
     topology = DemoTopology.from_stream(load_registry(REGISTRY).stream(DEMO_STREAM))
     config = DemoConfig(
         bootstrap_servers=broker.bootstrap_servers,
@@ -84,7 +87,6 @@ def demo_traces(
         run_id=run_id,
         delay_ms=1500,
         session_timeout_ms=TEST_SESSION_TIMEOUT_MS,
-        trace_producer_config={"batch.num.messages": "1"},
         progress_interval_s=60,
         sampling_percent=sampling_percent,
     )
@@ -99,7 +101,7 @@ def detector_job(broker: BrokerProcess, tmp_path: Path, trace_topic: str, name: 
     store.close()
     return DetectorJob(
         registry_path=REGISTRY,
-        bootstrap_servers=broker.bootstrap_servers,
+        trace_connection=broker.connection(),
         store_url=store_url,
         checkpoint_dir=tmp_path / f"{name}-checkpoint",
         archive_dir=tmp_path / f"{name}-archive",

@@ -18,8 +18,8 @@ from confluent_kafka import Producer
 
 from khipu.demo.faults import Fault
 from khipu.demo.score import observable_messages, score
-from khipu.detector.job import ARCHIVE_QUERY, VERDICT_QUERY, start_detector
-from khipu.localstack.broker import BrokerProcess, ensure_topics
+from khipu.detector.job import ARCHIVE_QUERY, VERDICT_QUERY, start_detector, write_connections_file
+from khipu.localstack.broker import BrokerProcess
 from khipu.store import Store
 from khipu.trace import Trace
 from khipu.trace.topic import read_trace_topic
@@ -41,15 +41,14 @@ def test_verdicts_equal_the_ground_truth_with_every_fault_and_malformed_traces_a
 ) -> None:
     demo = demo_traces(broker, tmp_path, "acc", count=150, seed=5)
     assert {f.value for f in Fault} <= set(demo.fault_counts), demo.fault_counts
-    # one record per batch: Tansu reports a topic's end wrongly otherwise (docs/local-stack.md)
-    bad = Producer({"bootstrap.servers": broker.bootstrap_servers, "batch.num.messages": 1, "linger.ms": 0})
+    bad = Producer({"bootstrap.servers": broker.bootstrap_servers})
     for value, _ in MALFORMED:
         bad.produce(demo.trace_topic, value=value, partition=0)
     unknown_stream = json.dumps({**json.loads(_a_valid_trace(broker, demo.trace_topic)), "stream": "nope"})
     bad.produce(demo.trace_topic, value=unknown_stream.encode(), partition=1)
     bad.flush(10)
     lost_topic = f"lost-{secrets.token_hex(3)}"
-    ensure_topics(broker.bootstrap_servers, {lost_topic: 1})
+    broker.admin().ensure_topics({lost_topic: 1})
 
     job = detector_job(broker, tmp_path, demo.trace_topic, "acc", lost_topic=lost_topic)
     queries = start_detector(spark, job)
@@ -123,19 +122,20 @@ def test_a_detector_killed_mid_stream_and_restarted_ends_with_the_verdicts_of_an
     demo = demo_traces(broker, tmp_path, "restart", count=120, seed=7)
     observable = len(observable_messages(demo.truth))
     killed = detector_job(broker, tmp_path, demo.trace_topic, "killed")
+    connections = write_connections_file(
+        tmp_path / "connections.json", killed.trace_connection, {"local": killed.trace_connection}, killed.store_url
+    )
     command = [
         sys.executable,
         str(ROOT / "spark" / "detector.py"),
         "--registry",
         str(REGISTRY),
-        "--bootstrap-servers",
-        broker.bootstrap_servers,
+        "--connections-file",
+        str(connections),
         "--trace-topic",
         demo.trace_topic,
         "--lost-topic",
         "",
-        "--store-url",
-        killed.store_url,
         "--checkpoint",
         str(killed.checkpoint_dir),
         "--archive",

@@ -1,4 +1,9 @@
-"""The parsing after the source, on a DataFrame of Spark's Kafka schema (what either source yields)."""
+"""Decoding after the source, in the JVM, on a DataFrame of Spark's Kafka schema.
+
+The JVM's checks and the strict codec are held to the same table of records: the codec's own
+malformed cases, the marks' malformed cases, and valid traces and marks. For each, "malformed in
+the JVM" equals "the codec raises", and the quarantine's reason is the codec's.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +13,22 @@ from typing import Any
 
 import pytest
 
-from khipu.detector.parse import archived, parse_traces, pointers, quarantined, sequences, valid
-from khipu.spark.kafka_source import KAFKA_SCHEMA
-from khipu.trace.codec import encode_mark, encode_trace
+from khipu.detector.parse import archived, parse_traces, pointers, quarantine_reason, quarantined, sequences, valid
+from khipu.trace.codec import TraceDecodeError, decode_record, encode_mark, encode_trace
 from khipu.trace.model import EmitterMark, Trace, TraceType
+from tests.unit.trace.test_codec import MALFORMED, MALFORMED_MARKS, record, sent_trace
 
 pytestmark = pytest.mark.integration
 AT = datetime(2026, 11, 23, tzinfo=UTC)
+KAFKA_SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int"
+)
+STREAMS = ["orders"]
+
+
+def kafka_rows(spark: Any, values: list[bytes | None]) -> Any:
+    rows = [(None, value, "khipu.traces", 0, offset, AT, 0) for offset, value in enumerate(values)]
+    return spark.createDataFrame(rows, KAFKA_SCHEMA)
 
 
 def received(offset: int, seq: int, prev: tuple[int, ...], partition: int = 0, location: str = "sink") -> Trace:
@@ -26,7 +40,7 @@ def received(offset: int, seq: int, prev: tuple[int, ...], partition: int = 0, l
 
 def test_traces_marks_pointers_and_quarantine_from_kafka_rows(spark: Any) -> None:
     sent = Trace("m9", "orders", "api", "local", TraceType.SENT, 900, "demo.orders", 0, 9, None, "api-e1", 0, 100.0)
-    values = [
+    values: list[bytes | None] = [
         encode_trace(sent),
         encode_trace(received(10, 0, ())),
         encode_trace(received(13, 1, (10,))),  # 11 and 12 never traced here: they were skipped, or their trace lost
@@ -35,8 +49,7 @@ def test_traces_marks_pointers_and_quarantine_from_kafka_rows(spark: Any) -> Non
         b"\xff not json",
         json.dumps({**json.loads(encode_trace(sent)), "stream": "nope"}).encode(),
     ]
-    rows = [(None, value, "khipu.traces", 0, offset, AT, 0) for offset, value in enumerate(values)]
-    parsed = parse_traces(spark.createDataFrame(rows, KAFKA_SCHEMA), ["orders"]).cache()
+    parsed = parse_traces(kafka_rows(spark, values), STREAMS).cache()
 
     assert sorted((r.message_id, r.type, r.offset) for r in valid(parsed).collect()) == [
         ("m10", "RECEIVED", 10),
@@ -62,7 +75,95 @@ def test_traces_marks_pointers_and_quarantine_from_kafka_rows(spark: Any) -> Non
         ("sink", "local", "demo.orders", 0, 12),
         ("sink", "local", "x", 2, 7),
     ]
-    bad = sorted((r.source_offset, r.quarantine_reason, bytes(r.raw_value)) for r in quarantined(parsed).collect())
-    assert [(offset, raw) for offset, _, raw in bad] == [(5, values[5]), (6, values[6])]
-    assert "not UTF-8" in bad[0][1]
-    assert "unknown stream 'nope'" in bad[1][1] and "orders" in bad[1][1]
+    bad = sorted((r.source_offset, bytes(r.raw_value)) for r in quarantined(parsed).collect())
+    assert bad == [(5, values[5]), (6, values[6])]
+    assert "not UTF-8" in quarantine_reason(bad[0][1], STREAMS)
+    reason = quarantine_reason(bad[1][1], STREAMS)
+    assert "unknown stream 'nope'" in reason and "orders" in reason
+
+
+def test_every_trace_field_comes_out_of_the_jvm_as_the_codec_reads_it(spark: Any) -> None:
+    traces = [
+        sent_trace(),
+        sent_trace(type=TraceType.RECEIVED, group="enricher", attributes={}, prev_offsets=(40, 39, 37)),
+        sent_trace(message_id="ünïcode-✓", sampling_percent=100.0, offset=0, partition=0, attributes={"a": "é"}),
+    ]
+    parsed = parse_traces(kafka_rows(spark, [encode_trace(t) for t in traces]), STREAMS)
+    rows = {(r.message_id, r.type): r for r in archived(parsed).collect()}
+    assert len(rows) == len(traces)
+    for trace in traces:
+        row = rows[(trace.message_id, trace.type.value)]
+        decoded = decode_record(encode_trace(trace))
+        assert isinstance(decoded, Trace)
+        assert (row.stream, row.location, row.cluster, row.type, row.timestamp_ms) == (
+            decoded.stream,
+            decoded.location,
+            decoded.cluster,
+            decoded.type.value,
+            decoded.timestamp_ms,
+        )
+        assert (row.topic, row.partition, row.offset, row.group, row.emitter_id, row.emitter_seq) == (
+            decoded.topic,
+            decoded.partition,
+            decoded.offset,
+            decoded.group,
+            decoded.emitter_id,
+            decoded.emitter_seq,
+        )
+        assert row.sampling_percent == decoded.sampling_percent
+        assert (json.loads(row.attributes) if row.attributes else {}) == dict(decoded.attributes)
+        assert tuple(row.prev_offsets or ()) == decoded.prev_offsets
+
+
+def _mark(**changes: Any) -> bytes:
+    return json.dumps(json.loads(encode_mark(EmitterMark("sink-1", "sink", 3, 5))) | changes).encode()
+
+
+PARITY: list[bytes | None] = [
+    *(data for data, _, _ in MALFORMED),
+    *(_mark(**changes) for changes, _, _ in MALFORMED_MARKS),
+    # valid ones, including the edges of every range
+    json.dumps(record()).encode(),
+    json.dumps(record(v=1)).encode(),
+    json.dumps(record(sampling_percent=100, attributes=None)).encode(),
+    json.dumps(record(type="RECEIVED", group="g", prev_offsets=list(range(16)))).encode(),
+    json.dumps(record(message_id="x" * 256, stream="orders", topic="t" * 249)).encode(),
+    encode_mark(EmitterMark("sink-1", "sink", 3, 5, (("local", "orders", 0, 4),))),
+    json.dumps(
+        {"v": 1, "mark": True, "emitter_id": "e", "location": "l", "emitter_seq": 0, "timestamp_ms": 0}
+    ).encode(),
+    # malformed in ways the table above does not show
+    json.dumps(record(message_id="x" * 257)).encode(),
+    json.dumps(record(sampling_percent=100.5)).encode(),
+    json.dumps(record(sampling_percent="50")).encode(),
+    json.dumps(record(offset="41")).encode(),
+    json.dumps(record(timestamp_ms=2**64)).encode(),
+    json.dumps(record(attributes={f"k{i}": "v" for i in range(33)})).encode(),
+    json.dumps(record(attributes=["a"])).encode(),
+    json.dumps(record(v=True)).encode(),
+    json.dumps(record(mark=False)).encode(),
+    _mark(emitter_seq=-1),
+    _mark(received=[["local", "orders", 0, 4, 5]]),
+    _mark(received=[["local", 7, 0, 4]]),
+    _mark(location=""),
+    b'"a string"',
+    b"",
+]
+
+
+def test_the_jvm_and_the_codec_agree_on_what_is_malformed_and_the_reason_is_the_codecs(spark: Any) -> None:
+    parsed = parse_traces(kafka_rows(spark, PARITY), STREAMS)
+    jvm_malformed = {r.source_offset: r.malformed for r in parsed.select("source_offset", "malformed").collect()}
+    assert len(jvm_malformed) == len(PARITY)
+    disagreements = []
+    for offset, value in enumerate(PARITY):
+        try:
+            decoded = decode_record(value)
+            codec_malformed = isinstance(decoded, Trace) and decoded.stream not in STREAMS
+        except TraceDecodeError:
+            codec_malformed = True
+        if jvm_malformed[offset] != codec_malformed:
+            disagreements.append((offset, value, "JVM", jvm_malformed[offset], "codec", codec_malformed))
+    assert not disagreements, disagreements
+    reasons = [quarantine_reason(value, STREAMS) for offset, value in enumerate(PARITY) if jvm_malformed[offset]]
+    assert not [reason for reason in reasons if "report this as a bug" in reason]

@@ -22,14 +22,38 @@ def test_defaults_are_the_detector_configs_and_the_state_folder() -> None:
     job, master = load_entry().parse_args([])
     assert job.detector == DetectorConfig()
     assert job.checkpoint_dir.parts[-2:] == ("detector", "checkpoint")
-    assert (job.source, job.lost_topic, job.trace_topic, master) == (
-        "khipu_kafka",
-        "khipu.lost",
-        "khipu.traces",
-        "local[*]",
-    )
+    assert (job.lost_topic, job.trace_topic, master) == ("khipu.lost", "khipu.traces", "local[*]")
+    assert job.trace_connection.bootstrap_servers == "127.0.0.1:9092" and job.cluster_connections == {}
+    assert job.store_url.endswith("khipu.db")
 
 
 def test_arguments_override_and_an_empty_lost_topic_turns_it_off() -> None:
     job, _ = load_entry().parse_args(["--grace-ms", "5000", "--lost-topic", "", "--trigger-seconds", "2"])
     assert (job.detector.grace_ms, job.lost_topic, job.trigger_seconds) == (5000, None, 2.0)
+
+
+def test_a_connections_file_gives_the_clusters_and_the_store_and_must_be_private(tmp_path: Path) -> None:
+    import pytest
+
+    from khipu.detector.job import DetectorJobError, write_connections_file
+    from khipu.kafka import KafkaConnection
+
+    east = KafkaConnection.from_settings(
+        {
+            "bootstrap.servers": "east:9094",
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "u",
+            "sasl.password": "pw",
+        },
+        cluster="east",
+    )
+    west = KafkaConnection("west:9092", cluster="west")
+    path = write_connections_file(tmp_path / "c.json", east, {"east": east, "west": west}, "postgresql://u:pw@db/k")
+    assert path.stat().st_mode & 0o077 == 0
+    job, _ = load_entry().parse_args(["--connections-file", str(path)])
+    assert job.trace_connection == east and dict(job.cluster_connections) == {"east": east, "west": west}
+    assert job.store_url == "postgresql://u:pw@db/k" and "pw" not in repr(job)
+    path.chmod(0o644)
+    with pytest.raises(DetectorJobError, match="readable by its owner only"):
+        load_entry().parse_args(["--connections-file", str(path)])

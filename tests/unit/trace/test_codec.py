@@ -153,6 +153,10 @@ MALFORMED = [
     (raw(record(type="RECEIVED", group="g", prev_offsets=list(range(17)))), "prev_offsets", "at most 16"),
     # 23. version 1 has no back-pointers
     (raw(record(v=1, prev_offsets=[])), "prev_offsets", "unknown field in format version 1"),
+    # 24. a field given twice: which one counts would be a guess
+    (raw(record())[:-1] + b', "offset": 42}', "offset", "appears more than once"),
+    # 25. NaN is not a JSON number (Python's json would read it)
+    (raw(record()).replace(b"12.5", b"NaN"), "<record>", "NaN is not a JSON number"),
 ]
 
 
