@@ -1,35 +1,44 @@
 """
 ### Khipu streaming detector
 
-Keeps the Spark streaming detector (`spark/detector.py`) running. Every two minutes it looks at
-the detector's heartbeat in the store: healthy, nothing to do; never started, stale (down) or
-hung, it stops what is left of the old driver and submits the job again with
-`SparkSubmitOperator` (connection `spark_default`, `local[*]` on the local stack). The job resumes
-from its checkpoint, so no trace is skipped and no verdict is stored twice. While the job runs,
-`submit_detector` runs with it; when the job dies the task retries (a restart), and if that
-fails too the failure callback alerts and the next run starts it again.
+Keeps the Spark streaming detector (`spark/detector.py`) running, and says so when it is not.
+Every two minutes `check_detector` judges it from its heartbeat in the store and its driver
+process: **healthy** or **starting** (submitted, not reporting yet) — nothing to do; **never
+ran**, **down** (its driver is gone) or **hung** (its driver runs, its heartbeat is stale) —
+`restart_detector` stops what is left of the old driver and submits the job again, returning as
+soon as the new driver is up. The job resumes from its checkpoint, so no trace is skipped and no
+verdict is stored twice. A detector going down or hung raises one **detector-down alert** through
+the notifiers; it resolves when the detector is healthy again.
 
-**On a cluster**: point `spark_default` at the master (`spark://host:7077`, `yarn`, `k8s://...`)
-with `deploy-mode: cluster` in its extra, and ship the `khipu` package to the executors (build a
-wheel, `pip wheel . -w dist`, and add it with `--py-files` / `spark.submit.pyFiles`, or bake it
-into the Spark image). In cluster mode stopping a hung driver goes through the cluster manager.
+Locally (`spark_default` = `local[*]`) spark-submit runs detached, recorded with its pid and start
+time in `<state>/run/detector.json` (so `khipu status` lists it and `khipu down` stops it); its
+log is `<state>/logs/detector.log`. **On a cluster**: point `spark_default` at the master
+(`spark://host:7077`, `yarn`, `k8s://...`) with `deploy-mode: cluster` in its extra, ship the
+`khipu` package to the executors (`pip wheel . -w dist`, then `--py-files` /
+`spark.submit.pyFiles`, or bake it into the Spark image); the connections file it reads must be
+readable there too (`--files`, or a secret mount).
 
-**Trigger by hand** to restart it now: `airflow dags trigger khipu_detector`.
+Settings: `KHIPU_DETECTOR_STALE_AFTER_S` (120), `KHIPU_DETECTOR_STARTUP_GRACE_S` (300).
+Connections: `khipu_kafka` (the trace cluster), one per registry cluster, `khipu_store`,
+`spark_default`. No secret goes on the spark-submit command line.
+
+**Trigger by hand** to check (and restart if needed) now: `airflow dags trigger khipu_detector`.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pendulum
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import dag, task
 
-from khipu_airflow.detector import DetectorSubmitOperator
 from khipu_airflow.notifiers import notify_failure
 
 KAFKA = "khipu_kafka"
 STORE = "khipu_store"
+SPARK = "spark_default"
 
 
 @dag(
@@ -38,6 +47,7 @@ STORE = "khipu_store"
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
+    dagrun_timeout=timedelta(minutes=10),
     doc_md=__doc__,
     tags=["khipu", "detector", "spark"],
     default_args={
@@ -48,30 +58,33 @@ STORE = "khipu_store"
     },
 )
 def khipu_detector() -> None:
-    @task.branch
-    def check_detector() -> str:
-        from khipu.detector.supervise import DetectorState
-        from khipu_airflow.detector import detector_state
+    @task
+    def check_detector() -> dict[str, Any]:
+        from khipu_airflow import detector
 
-        return "detector_is_healthy" if detector_state(STORE) is DetectorState.HEALTHY else "stop_hung_detector"
+        return detector.check_detector(STORE)
+
+    @task.branch
+    def choose(health: dict[str, Any]) -> str:
+        return "restart_detector" if health["restart"] else "detector_is_running"
 
     @task
-    def stop_hung_detector() -> str:
-        from khipu_airflow.detector import stop_hung_detector as stop
+    def restart_detector() -> dict[str, Any]:
+        from khipu_airflow import detector
 
-        return stop()
+        return detector.restart_detector(KAFKA, STORE, SPARK)
 
-    healthy = EmptyOperator(task_id="detector_is_healthy")
-    submit = DetectorSubmitOperator(
-        task_id="submit_detector",
-        conn_id="spark_default",
-        kafka_conn_id=KAFKA,
-        store_conn_id=STORE,
-        conf={"spark.ui.enabled": "false"},
-    )
-    branch = check_detector()
-    branch >> healthy
-    branch >> stop_hung_detector() >> submit
+    @task(trigger_rule="all_done")  # whatever happened, the alerts it raised go out
+    def send_alerts() -> dict[str, Any]:
+        from khipu_airflow import offsets
+
+        return offsets.send_alerts(STORE)
+
+    health = check_detector()
+    running = EmptyOperator(task_id="detector_is_running")
+    restart = restart_detector()
+    choose(health) >> [running, restart]
+    [running, restart] >> send_alerts()
 
 
 khipu_detector()

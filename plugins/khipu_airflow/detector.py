@@ -1,65 +1,164 @@
-"""The detector DAG's tasks: health from the store, stopping a hung driver, the spark-submit arguments."""
+"""The detector DAG's tasks: judge the detector, raise or resolve the detector-down alert, restart it.
+
+Submitting returns once the driver is up. In local or client deploy mode (the local stack's
+``spark_default``: ``local[*]``) ``spark-submit`` runs detached in its own process group, recorded
+with its pid and start time in the state folder's process table (``<state>/run/detector.json``,
+as ``khipu up`` records its own processes); a recorded process is only ever signalled while its
+start time still matches. In cluster deploy mode ``spark-submit`` returns once the cluster has
+the application (``waitAppCompletion=false``), and the heartbeat alone tells how it is doing.
+
+No secret goes on the ``spark-submit`` command line: the clusters' connections and the store URL
+are written to a connections file only this user can read, and its path is the argument.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-from khipu.detector.job import VERDICT_QUERY
-from khipu.detector.supervise import DetectorState, judge_detector, stop_driver
+from khipu.alerting.decide import DETECTOR_ALERT_KIND, detector_alert
+from khipu.detector.driver import read_driver_record, stop_driver
+from khipu.detector.job import VERDICT_QUERY, connector_jars, write_connections_file
+from khipu.detector.supervise import DetectorObservation, SupervisionConfig, judge_detector
+from khipu.localstack.processes import ProcessTable, Started
+from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings, project_root
-from khipu_airflow.hooks import KhipuKafkaHook, KhipuStoreHook
+from khipu_airflow.hooks import KhipuKafkaHook, KhipuStoreHook, cluster_connections
 
 log = logging.getLogger(__name__)
-STALE_AFTER_MS = 120_000
+DETECTOR = "detector"
+UP_TIMEOUT_S = 180.0
+_WAIT_APP_COMPLETION = (
+    "spark.yarn.submit.waitAppCompletion",
+    "spark.standalone.submit.waitAppCompletion",
+    "spark.kubernetes.submission.waitAppCompletion",
+)
 
 
-def detector_state(store_conn_id: str) -> DetectorState:
-    store = KhipuStoreHook(store_conn_id).store()
-    try:
-        beat = store.latest_heartbeat(VERDICT_QUERY)
-    finally:
-        store.close()
-    health = judge_detector(beat["at_ms"] if beat else None, time.time_ns() // 1_000_000, STALE_AFTER_MS)
-    log.info("detector %s: %s", health.state.value, health.reason)
-    return health.state
+class DetectorLaunchError(RuntimeError):
+    """The detector could not be submitted, or its driver did not come up."""
 
 
-def stop_hung_detector() -> str:
-    outcome = stop_driver(checkpoint_dir())
-    log.info("stopping what is left of the detector: %s", outcome)
-    return outcome
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def detector_dir() -> Path:
+    return KhipuSettings.from_env().state_dir / "detector"
 
 
 def checkpoint_dir() -> Path:
-    return KhipuSettings.from_env().state_dir / "detector" / "checkpoint"
+    return detector_dir() / "checkpoint"
 
 
 def application() -> str:
     return str(project_root() / "spark" / "detector.py")
 
 
-def application_args(kafka_conn_id: str, store_conn_id: str) -> list[str]:
-    """spark/detector.py's arguments from the Airflow connections and Khipu's settings.
+def driver_log_config() -> Path:
+    """Log4j2 settings of the driver: Spark's warnings, without one state-server line per new message."""
+    return project_root() / "spark" / "log4j2.properties"
 
-    Only non-secret settings go on the command line; a secured cluster's credentials reach the
-    driver through its environment (KHIPU_*), never through arguments that process lists show.
+
+def _process_table() -> ProcessTable:
+    return ProcessTable(KhipuSettings.from_env().state_dir)
+
+
+def _submission_file() -> Path:
+    return detector_dir() / "submitted.json"
+
+
+# -- judging -------------------------------------------------------------------------------------------
+
+
+def observe(store_conn_id: str) -> DetectorObservation:
+    """The newest heartbeat; whether the driver runs (None: on a cluster, not visible here); when it was submitted.
+
+    The driver counts as running when the spark-submit this DAG started still runs, or when the
+    driver's own record names a live process on this host (a detector started by hand counts too:
+    never start a second one on the same checkpoint).
     """
+    store = KhipuStoreHook(store_conn_id).store()
+    try:
+        beat = store.latest_heartbeat(VERDICT_QUERY)
+    finally:
+        store.close()
+    last_beat = int(beat["at_ms"]) if beat else None
+    submitted = _process_table().running(DETECTOR)
+    if submitted is not None:
+        return DetectorObservation(last_beat, True, int(submitted.create_time * 1000))
+    driver = read_driver_record(checkpoint_dir())
+    if driver is not None and driver.alive() is not False:
+        return DetectorObservation(last_beat, driver.alive(), driver.started_ms)
+    try:
+        record = json.loads(_submission_file().read_text())
+    except (OSError, ValueError):
+        record = {}
+    if record.get("deploy_mode") == "cluster":
+        return DetectorObservation(last_beat, None, int(record["submitted_ms"]))
+    return DetectorObservation(last_beat, False)
+
+
+def check_detector(store_conn_id: str) -> dict[str, Any]:
+    """Judge the detector; record the detector-down alert (or its resolve) when its state calls for one."""
+    now = _now_ms()
+    health = judge_detector(observe(store_conn_id), now, SupervisionConfig.from_env())
+    log.info("detector %s: %s", health.state.value, health.reason)
+    store = KhipuStoreHook(store_conn_id).store()
+    try:
+        last = store.latest_alert(DETECTOR_ALERT_KIND)
+        firing = last is not None and last.state.value == "firing"
+        alert = detector_alert(health, firing, now)
+        if alert is not None and store.add_alert(alert):
+            log.warning("detector alert raised: %s", alert.title)
+    finally:
+        store.close()
+    return {"state": health.state.value, "reason": health.reason, "restart": health.state.needs_restart}
+
+
+# -- restarting ------------------------------------------------------------------------------------------
+
+
+def stop_detector() -> str:
+    """Stop the local driver: the spark-submit process group this DAG started, or else the process the
+    driver's record names on this host (only while its start time matches)."""
+    submitted = _process_table().running(DETECTOR)
+    if submitted is not None:
+        _process_table().stop(DETECTOR, timeout_s=30)
+        return f"stopped spark-submit process group {submitted.pid}"
+    driver = read_driver_record(checkpoint_dir())
+    if driver is None:
+        return "no driver recorded"
+    return stop_driver(driver)
+
+
+def application_args(kafka_conn_id: str, store_conn_id: str) -> list[str]:
+    """spark/detector.py's arguments: paths and names only. The connections go to the owner-only file."""
     settings = KhipuSettings.from_env()
-    kafka, store_url = KhipuKafkaHook(kafka_conn_id), KhipuStoreHook(store_conn_id).url()
+    kafka = KhipuKafkaHook(kafka_conn_id)
+    trace = kafka.connection()
+    registry = load_registry(settings.registry_path)
+    clusters = cluster_connections(registry) if registry.clusters else {}
+    clusters.setdefault(trace.cluster, trace)
+    connections = write_connections_file(
+        detector_dir() / "connections.json", trace, clusters, KhipuStoreHook(store_conn_id).url()
+    )
     return [
         "--registry",
         str(settings.registry_path),
-        "--bootstrap-servers",
-        kafka.bootstrap_servers,
+        "--connections-file",
+        str(connections),
         "--trace-topic",
         kafka.trace_topic,
-        "--store-url",
-        store_url,
+        "--lost-topic",
+        settings.lost_topic,
         "--checkpoint",
         str(checkpoint_dir()),
         "--archive",
@@ -67,14 +166,64 @@ def application_args(kafka_conn_id: str, store_conn_id: str) -> list[str]:
     ]
 
 
-class DetectorSubmitOperator(SparkSubmitOperator):  # type: ignore[misc]
-    """spark-submit of the detector; its arguments come from the connections when the task runs
-    (not when the DAG file is parsed, where connections may not be reachable)."""
+def submit_hook(spark_conn_id: str, args: list[str]) -> SparkSubmitHook:
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{driver_log_config()}",
+    }
+    hook = SparkSubmitHook(
+        conn_id=spark_conn_id,
+        conf=conf,
+        jars=",".join(str(jar) for jar in connector_jars()),
+        name="khipu-detector",
+        application_args=args,
+    )
+    if hook._connection["deploy_mode"] == "cluster":
+        hook._conf.update(dict.fromkeys(_WAIT_APP_COMPLETION, "false"))
+    return hook
 
-    def __init__(self, *, kafka_conn_id: str, store_conn_id: str, **kwargs: Any) -> None:
-        super().__init__(application=application(), name="khipu-detector", **kwargs)
-        self.kafka_conn_id, self.store_conn_id = kafka_conn_id, store_conn_id
 
-    def execute(self, context: Any) -> None:
-        self.application_args = application_args(self.kafka_conn_id, self.store_conn_id)
-        super().execute(context)
+def restart_detector(kafka_conn_id: str, store_conn_id: str, spark_conn_id: str) -> dict[str, Any]:
+    """Stop what is left of the old driver, submit the detector again, return once the new driver is up."""
+    stopped = stop_detector()
+    log.info("old detector: %s", stopped)
+    hook = submit_hook(spark_conn_id, application_args(kafka_conn_id, store_conn_id))
+    if hook._connection["deploy_mode"] == "cluster":
+        hook.submit(application())  # returns once the cluster accepted it (waitAppCompletion=false)
+        record = {"deploy_mode": "cluster", "submitted_ms": _now_ms()}
+        _submission_file().write_text(json.dumps(record))
+        return {"stopped": stopped, **record}
+    started = launch_local(hook._build_spark_submit_command(application()))
+    return {"stopped": stopped, "deploy_mode": hook._connection["deploy_mode"] or "client", "pid": started.pid}
+
+
+def launch_local(argv: list[str], up_timeout_s: float = UP_TIMEOUT_S) -> Started:
+    """Run ``spark-submit`` detached (own process group, log in <state>/logs/detector.log); wait until the
+    driver has written its driver file, so the caller knows it is up."""
+    settings = KhipuSettings.from_env()
+    log_path = settings.state_dir / "logs" / "detector.log"
+    _submission_file().unlink(missing_ok=True)
+    launched_ms = _now_ms()
+    env = {**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
+    started = _process_table().spawn(
+        DETECTOR, argv, env, log_path, f"spark-submit spark/detector.py, log {log_path}", cwd=project_root()
+    )
+    deadline = time.monotonic() + up_timeout_s
+    while time.monotonic() < deadline:
+        if not started.alive():
+            raise DetectorLaunchError(
+                f"the detector exited during start; last lines of {log_path}:\n" + _tail(log_path, 30)
+            )
+        driver = read_driver_record(checkpoint_dir())
+        if driver is not None and driver.started_ms >= launched_ms:
+            log.info("detector driver up: pid %d (spark-submit group %d), log %s", driver.pid, started.pid, log_path)
+            return started
+        time.sleep(0.5)
+    raise DetectorLaunchError(f"the detector driver did not come up within {up_timeout_s:.0f}s; see {log_path}")
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -5,6 +5,8 @@
   EXPIRY_RISK fires once, listing its partitions (again on a move between two of those, e.g.
   STALL -> STOP); leaving them for a quieter status sends a resolve.
 - Every new offset window (skip, rewind, expired) fires once; windows do not resolve.
+- The detector going down (DOWN or HUNG) fires once; it resolves when the detector is HEALTHY
+  again. A detector that never ran, or is starting, changes nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from khipu.alerting.model import Alert, AlertState, Severity
+from khipu.detector.supervise import DetectorHealth
 from khipu.health.evaluate import PartitionHealth
 from khipu.health.rules import PartitionStatus
 from khipu.health.windows import OffsetWindow, WindowKind
@@ -164,3 +167,35 @@ def alerts_for(changes: Sequence[GroupChange], windows: Sequence[OffsetWindow]) 
             )
         )
     return alerts
+
+
+DETECTOR_SUBJECT = "khipu detector"
+DETECTOR_ALERT_KIND = "detector_down"
+
+
+def detector_alert(health: DetectorHealth, firing: bool, now_ms: int) -> Alert | None:
+    """The detector-down alert to raise now, given whether one is firing (the last one sent fired)."""
+    details = {"state": health.state.value, "reason": health.reason, "last_beat_ms": health.last_beat_ms}
+    if health.state.is_down and not firing:
+        return Alert(
+            key=f"detector:down:{now_ms}",
+            subject=DETECTOR_SUBJECT,
+            kind=DETECTOR_ALERT_KIND,
+            state=AlertState.FIRING,
+            severity=Severity.CRITICAL,
+            title=f"detector {health.state.value}: {health.reason}; restarting it from its checkpoint",
+            at_ms=now_ms,
+            details=details,
+        )
+    if health.state.value == "healthy" and firing:
+        return Alert(
+            key=f"detector:resolved:{now_ms}",
+            subject=DETECTOR_SUBJECT,
+            kind=DETECTOR_ALERT_KIND,
+            state=AlertState.RESOLVED,
+            severity=Severity.INFO,
+            title=f"resolved: the detector is healthy again ({health.reason})",
+            at_ms=now_ms,
+            details=details,
+        )
+    return None

@@ -30,9 +30,12 @@ class DispatchReport:
 
 def dispatch_pending(store: Store, sinks: Sequence[AlertSink], now_ms: int) -> DispatchReport:
     """Deliver every pending alert to every sink. An alert that at least one sink delivered is done
-    (the failures are recorded with it); one that none delivered stays pending and is retried."""
+    (the failures are recorded with it); one that none delivered stays pending and is retried.
+    Each alert is claimed first, so two dispatchers running at once never both send it."""
     sent = failed = undelivered = 0
     for alert in store.pending_alerts():
+        if not store.claim_alert(alert.key, now_ms):
+            continue
         outcomes: dict[str, str] = {}
         for sink in sinks:
             try:
@@ -46,5 +49,6 @@ def dispatch_pending(store: Store, sinks: Sequence[AlertSink], now_ms: int) -> D
             store.mark_delivered(alert.key, outcomes, now_ms)
             sent += 1
         else:
+            store.release_alert(alert.key)
             undelivered += 1
     return DispatchReport(sent, failed, undelivered)

@@ -1,4 +1,5 @@
-"""Committed offsets for the detector: the snapshot store when it is fresh, the broker otherwise.
+"""What the detector asks of the clusters: committed offsets and log starts, from the snapshot store when
+fresh, the broker otherwise; stream progress and back-pointers from the store.
 
 One provider per Python worker, cached per (cluster, group) for ``cache_ms``: deciding a
 micro-batch of messages costs a few group lookups, not one per message.
@@ -11,13 +12,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
-from confluent_kafka.admin import AdminClient
-
-from khipu.store.store import Store
+from khipu.detector.model import Removal
+from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
+from khipu.store.store import RemovalEvidence, Store
 
 log = logging.getLogger(__name__)
-_NO_OFFSET = -1001
 
 
 class StreamReadProgress:
@@ -74,18 +73,18 @@ class CommittedOffsets:
 
     def __init__(
         self,
-        clusters: Mapping[str, Mapping[str, Any]],
+        clusters: Mapping[str, KafkaConnection],
         store_url: str | None = None,
         store_fresh_ms: int = 15_000,
         cache_ms: int = 2_000,
         clock_ms: Any = None,
     ) -> None:
-        self.clusters = {name: dict(config) for name, config in clusters.items()}
+        self.clusters = dict(clusters)
         self.store_url = store_url
         self.store_fresh_ms = store_fresh_ms
         self.cache_ms = cache_ms
         self._clock_ms = clock_ms
-        self._admins: dict[str, AdminClient] = {}
+        self._admins: dict[str, KafkaAdmin] = {}
         self._store: Store | None = None
         self._cache: dict[tuple[str, str], tuple[int, dict[tuple[str, int], int]]] = {}
 
@@ -112,25 +111,19 @@ class CommittedOffsets:
         from_store = self._from_store(cluster, group, now)
         if from_store is not None:
             return from_store
-        config = self.clusters.get(cluster)
-        if config is None:
-            log.warning("no client settings for cluster %r: committed offsets of %s unknown", cluster, group)
+        connection = self.clusters.get(cluster)
+        if connection is None:
+            log.warning("no connection for cluster %r: committed offsets of %s unknown", cluster, group)
             return {}
         admin = self._admins.get(cluster)
         if admin is None:
-            admin = self._admins[cluster] = AdminClient(dict(config))
+            admin = self._admins[cluster] = KafkaAdmin(connection, timeout_s=10)
         try:
-            result = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)], request_timeout=10)[
-                group
-            ].result(timeout=10)
-        except KafkaException as exc:
-            log.warning("committed offsets of %s on %s unavailable: %s", group, cluster, exc)
+            offsets = admin.committed_offsets(group)
+        except KafkaUnavailable as exc:
+            log.warning("committed offsets of %s unavailable: %s", group, exc)
             return {}
-        return {
-            (tp.topic, tp.partition): tp.offset
-            for tp in result.topic_partitions or []
-            if tp.error is None and tp.offset != _NO_OFFSET
-        }
+        return {position: offset for position, offset in offsets.items() if offset is not None}
 
     def _from_store(self, cluster: str, group: str, now: int) -> dict[tuple[str, int], int] | None:
         if not self.store_url:
@@ -145,3 +138,105 @@ class CommittedOffsets:
         if latest is None or now - latest[0] > self.store_fresh_ms:
             return None
         return latest[1]
+
+
+class RecordRemovals:
+    """``removed(cluster, group, topic, partition, offset)``: whether a record left its log before the group
+    got to it, with the evidence that tells expiry from truncation (:class:`Removal`).
+
+    The partition's log-start offset comes from the snapshot store when fresh, else from the broker
+    (ListOffsets earliest), cached ``cache_ms`` per partition: asking for every undecided message costs
+    a few lookups per batch. Only a record below the log start costs more: the snapshot history says
+    when it was first seen gone and whether the group had gone past it while it was there (then it
+    was skipped, and this answers None); retention comes from the snapshots, else the broker.
+    """
+
+    def __init__(
+        self,
+        clusters: Mapping[str, KafkaConnection],
+        store_url: str | None = None,
+        store_fresh_ms: int = 15_000,
+        cache_ms: int = 5_000,
+    ) -> None:
+        self.clusters = dict(clusters)
+        self.store_url, self.store_fresh_ms, self.cache_ms = store_url, store_fresh_ms, cache_ms
+        self._admins: dict[str, KafkaAdmin] = {}
+        self._store: Store | None = None
+        self._starts: dict[tuple[str, str, int], tuple[int, int | None]] = {}
+        self._retention: dict[tuple[str, str], tuple[int | None, int | None]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_admins={}, _store=None, _starts={}, _retention={})
+        return state
+
+    def __call__(self, cluster: str, group: str, topic: str, partition: int, offset: int) -> Removal | None:
+        now = time.time_ns() // 1_000_000
+        start = self._log_start(cluster, topic, partition, now)
+        if start is None or start <= offset:
+            return None
+        evidence = self._evidence(cluster, group, topic, partition, offset)
+        if evidence is not None and evidence.passed_while_present:
+            return None  # the group went past it while the log still held it: a skip, not a removal
+        retention_ms = evidence.retention_ms if evidence is not None else None
+        retention_bytes = evidence.retention_bytes if evidence is not None else None
+        if retention_ms is None:
+            retention_ms, retention_bytes = self._broker_retention(cluster, topic)
+        first_gone = evidence.first_gone_ms if evidence is not None else None
+        return Removal(start, first_gone if first_gone is not None else now, retention_ms, retention_bytes)
+
+    def _store_now(self) -> Store | None:
+        if not self.store_url:
+            return None
+        if self._store is None:
+            self._store = Store(self.store_url)
+        return self._store
+
+    def _admin(self, cluster: str) -> KafkaAdmin | None:
+        connection = self.clusters.get(cluster)
+        if connection is None:
+            return None
+        if cluster not in self._admins:
+            self._admins[cluster] = KafkaAdmin(connection, timeout_s=10)
+        return self._admins[cluster]
+
+    def _log_start(self, cluster: str, topic: str, partition: int, now: int) -> int | None:
+        cached = self._starts.get((cluster, topic, partition))
+        if cached is not None and now - cached[0] < self.cache_ms:
+            return cached[1]
+        start: int | None = None
+        store = self._store_now()
+        try:
+            latest = store.latest_log_start(cluster, topic, partition) if store is not None else None
+        except Exception as exc:  # the store is a shortcut; the broker is the fallback
+            log.warning("store unavailable for log starts (%s); asking the broker", exc)
+            latest = None
+        if latest is not None and now - latest[0] <= self.store_fresh_ms:
+            start = latest[1]
+        else:
+            admin = self._admin(cluster)
+            if admin is not None:
+                try:
+                    found = admin.log_starts([(topic, partition)])
+                    start = found.found.get((topic, partition))
+                except KafkaUnavailable as exc:
+                    log.warning("log start of %s[%d] on %s unavailable: %s", topic, partition, cluster, exc)
+        self._starts[(cluster, topic, partition)] = (now, start)
+        return start
+
+    def _evidence(self, cluster: str, group: str, topic: str, partition: int, offset: int) -> RemovalEvidence | None:
+        store = self._store_now()
+        if store is None:
+            return None
+        try:
+            return store.removal_evidence(cluster, group, topic, partition, offset)
+        except Exception as exc:
+            log.warning("store unavailable for the offset history of %s[%d] (%s)", topic, partition, exc)
+            return None
+
+    def _broker_retention(self, cluster: str, topic: str) -> tuple[int | None, int | None]:
+        if (cluster, topic) not in self._retention:
+            admin = self._admin(cluster)
+            kept = admin.retention([topic]).found.get(topic) if admin is not None else None
+            self._retention[(cluster, topic)] = (kept.retention_ms, kept.retention_bytes) if kept else (None, None)
+        return self._retention[(cluster, topic)]

@@ -10,9 +10,13 @@ Rules (Inca's central idea, sharpened):
 - A read hop (topic -> group) is decided only once the group's committed offset has passed every
   position of the message on that topic and ``grace_ms`` has gone by since that was first seen:
   until then the message is simply on its way, however long that takes (up to ``max_wait_ms``).
-  Then: no RECEIVED -> LOST, skipped by consumer (or TRACE_LOST when a later hop shows it
-  arrived, or when an emitter of the group's location points at the record: a later RECEIVED
-  trace's back-pointer or a mark says it was received); one -> DELIVERED; more ->
+  A record that left the log before the group got to it (the partition's log start passed it
+  while the group's committed offset had not) is final the same way: the group can never read
+  it. Then: no RECEIVED -> LOST (or TRACE_LOST when a later hop shows it arrived, or when an
+  emitter of the group's location points at the record: a later RECEIVED trace's back-pointer or
+  a mark says it was received), skipped by consumer, or expired / truncated when the record was
+  removed from the log before the group read it (retention deletes only records older than
+  ``retention.ms``: a younger one, or one of a topic kept forever, was truncated); one -> DELIVERED; more ->
   DUPLICATE, rewind/replay when one offset was read twice, producer retry when the id sits at
   several offsets.
 - A write hop with SENT traces is DELIVERED (DUPLICATE when the id was written at several
@@ -37,9 +41,13 @@ from khipu.detector.model import (
     CommittedLookup,
     DetectorConfig,
     PointerLookup,
+    Removal,
+    RemovalLookup,
     Verdict,
     VerdictKind,
     nothing_pointed_at,
+    nothing_removed,
+    removal_cause,
 )
 from khipu.registry.model import ConsumerSpec, Hop, HopKind, Stream, TopicRef
 from khipu.trace.model import Trace, TraceType
@@ -92,8 +100,10 @@ class _Judge:
         timed_out: bool,
         pointed_at: PointerLookup,
         clock_ms: int,
+        removed: RemovalLookup,
     ) -> None:
         self.pointed_at = pointed_at
+        self.removed = removed
         self.clock_ms = clock_ms  # now, or the time up to which the trace topic is read, if earlier
         self.timed_out = timed_out  # past max_wait: write hops are judged on the evidence there is
         self.message_id, self.stream, self.evidence = message_id, stream, evidence
@@ -145,10 +155,14 @@ class _Judge:
                 self.open.append(hop)  # nothing to compare its committed offset with: reconciliation's
             return
         all_final = True
+        removals: dict[Position, Removal] = {}
         for partition, offset in sorted(positions):
             committed = self.committed(hop.topic.cluster, hop.group, hop.topic.topic, partition)
             key = f"{hop.id}|{partition}|{offset}"
-            if committed is not None and committed > offset:
+            passed = committed is not None and committed > offset
+            if not passed and (gone := self.removed(hop.topic.cluster, hop.group, hop.topic.topic, partition, offset)):
+                removals[(partition, offset)] = gone  # out of the log before the group got to it: final too
+            if passed or (partition, offset) in removals:
                 seen = self.passed_at.setdefault(key, self.now_ms)
                 if self.clock_ms - seen < self.config.grace_ms:
                     all_final = False
@@ -193,16 +207,16 @@ class _Judge:
                     f"back to offset {offset}",
                 )
             else:
-                self._verdict(
-                    hop,
-                    VerdictKind.LOST,
-                    Cause.SKIPPED_BY_CONSUMER,
-                    0,
-                    partition,
-                    offset,
-                    None,
-                    f"group {hop.group} committed past offset {offset} and never received it",
+                removal = removals.get((partition, offset)) or self.removed(
+                    hop.topic.cluster, hop.group, hop.topic.topic, partition, offset
                 )
+                if removal is None:
+                    cause, detail = Cause.SKIPPED_BY_CONSUMER, f"group {hop.group} committed past offset {offset}"
+                    detail += " and never received it"
+                else:
+                    cause, why = removal_cause(positions.get((partition, offset)), removal)
+                    detail = f"offset {offset} left the log before group {hop.group} read it: {why}"
+                self._verdict(hop, VerdictKind.LOST, cause, 0, partition, offset, None, detail)
             return
         written_ms = positions.get((first.partition, first.offset)) if first else None
         latency = first.timestamp_ms - written_ms if first and written_ms is not None else None
@@ -420,18 +434,22 @@ def decide(
     config: DetectorConfig,
     pointed_at: PointerLookup = nothing_pointed_at,
     read_to_ms: int | None = None,
+    removed: RemovalLookup = nothing_removed,
 ) -> Decision:
     """Judge every hop the message reached (see the module doc).
 
     ``read_to_ms``: every trace produced before this time has been read (the detector is caught
     up to it). Grace and maximum wait run on ``min(now_ms, read_to_ms)``: a detector behind on the
     trace topic sees committed offsets ahead of the traces it has read, and must not conclude
-    from traces it has not read yet.
+    from traces it has not read yet. ``removed`` says whether a record left its log before a group
+    got to it (expiry or truncation; see :class:`khipu.detector.model.Removal`).
     """
     evidence = _gather(traces)
     clock = now_ms if read_to_ms is None else min(now_ms, read_to_ms)
     timed_out = clock - first_seen_ms >= config.max_wait_ms
-    judge = _Judge(message_id, stream, evidence, committed, passed_at, now_ms, config, timed_out, pointed_at, clock)
+    judge = _Judge(
+        message_id, stream, evidence, committed, passed_at, now_ms, config, timed_out, pointed_at, clock, removed
+    )
     route = stream.route
     reached = sorted([*evidence.positions, *judge.implied], key=str)
     for topic in reached:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
 from khipu.errors import InvalidSetting
+
+VERDICT_QUERY, ARCHIVE_QUERY = "khipu_verdicts", "khipu_archive"  # the detector's two streaming queries
 
 
 class VerdictKind(StrEnum):
@@ -20,6 +23,8 @@ class VerdictKind(StrEnum):
 class Cause(StrEnum):
     SKIPPED_BY_CONSUMER = "skipped_by_consumer"  # the group committed past it and never received it
     DROPPED_IN_PROCESSOR = "dropped_in_processor"  # received and committed by a processor, never written on
+    EXPIRED = "expired"  # retention deleted it from the log before the group read it
+    TRUNCATED = "truncated"  # removed from the log (DeleteRecords) before the group read it, younger than retention
     REWIND_REPLAY = "rewind_replay"  # the same offset read again
     PRODUCER_RETRY = "producer_retry"  # the same id written at two offsets
 
@@ -65,9 +70,68 @@ class DetectorConfig:
         if self.max_wait_ms < self.grace_ms:
             raise DetectorConfigError("max_wait_ms", self.max_wait_ms, f"at least grace_ms ({self.grace_ms})")
 
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DetectorConfig:
+        """``KHIPU_DETECTOR_GRACE_MS``, ``KHIPU_DETECTOR_MAX_WAIT_MS``, ``KHIPU_DETECTOR_RECHECK_MS``
+        (unset: the defaults above)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, int] = {}
+        for name in ("grace_ms", "max_wait_ms", "recheck_ms"):
+            variable = f"KHIPU_DETECTOR_{name.upper()}"
+            raw = env.get(variable)
+            if raw:
+                if not raw.isdigit():
+                    raise DetectorConfigError(variable, raw, "a duration in ms >= 0")
+                values[name] = int(raw)
+        return cls(**values)
+
 
 # committed(cluster, group, topic, partition) -> the group's committed offset (next to read), or None
 CommittedLookup = Callable[[str, str, str, int], int | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Removal:
+    """The record at a position is no longer in its partition's log, and the group never went past it
+    while it was there (it did not skip it: the log moved out from under it)."""
+
+    log_start: int  # the partition's log-start offset, past the record
+    removed_by_ms: int  # the record was first seen gone then (a snapshot, or the broker now): removed at or before
+    retention_ms: int | None  # the topic's retention.ms (-1: unlimited; None: not known)
+    retention_bytes: int | None = None  # the topic's retention.bytes (-1: unlimited)
+
+
+def removal_cause(written_ms: int | None, removal: Removal) -> tuple[Cause, str]:
+    """Expired or truncated, and why. Retention deletes a record only once it is older than ``retention.ms``
+    (or its partition outgrew ``retention.bytes``); a record gone younger than that, or from a topic kept
+    forever, was removed on purpose (DeleteRecords, as an operator or a tool truncating the log does)."""
+    kept_ms, kept_bytes = removal.retention_ms, removal.retention_bytes
+    gone = f"the log starts at {removal.log_start} now"
+    if kept_bytes is not None and kept_bytes >= 0:
+        return Cause.EXPIRED, f"{gone}; retention.bytes {kept_bytes} deletes the oldest records of a full partition"
+    if kept_ms is None:
+        return Cause.EXPIRED, f"{gone}; the topic's retention is not known, so retention may have deleted it"
+    if kept_ms < 0:
+        return Cause.TRUNCATED, f"{gone}; the topic keeps records forever, so it was deleted on purpose"
+    if written_ms is None:
+        return Cause.EXPIRED, f"{gone}; its write time is not known, retention.ms {kept_ms} may have deleted it"
+    age = removal.removed_by_ms - written_ms
+    if age < kept_ms:
+        return (
+            Cause.TRUNCATED,
+            f"{gone}; it was gone {age} ms after it was written, younger than retention.ms {kept_ms}",
+        )
+    return Cause.EXPIRED, f"{gone}; written {age} ms before it was seen gone, past retention.ms {kept_ms}"
+
+
+# removed(cluster, group, topic, partition, offset) -> the record's removal from the log before the group
+# got to it, or None (still in the log, or the group went past it while it was there)
+RemovalLookup = Callable[[str, str, str, int, int], Removal | None]
+
+
+def nothing_removed(cluster: str, group: str, topic: str, partition: int, offset: int) -> Removal | None:
+    return None
+
 
 # pointed_at(location, cluster, topic, partition, offset) -> whether an emitter at that location said
 # it received that record (a later trace's back-pointer, or a mark): then only its trace was lost

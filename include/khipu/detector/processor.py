@@ -25,7 +25,15 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 
 from khipu.detector.decide import decide
-from khipu.detector.model import CommittedLookup, DetectorConfig, PointerLookup, Verdict, nothing_pointed_at
+from khipu.detector.model import (
+    CommittedLookup,
+    DetectorConfig,
+    PointerLookup,
+    RemovalLookup,
+    Verdict,
+    nothing_pointed_at,
+    nothing_removed,
+)
 from khipu.detector.parse import TRACE_COLUMNS
 from khipu.registry.model import Registry
 from khipu.trace.model import NO_ATTRIBUTES, Trace, TraceType
@@ -92,7 +100,9 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
         config: DetectorConfig,
         pointed_at: PointerLookup = nothing_pointed_at,
         read_to: Callable[[], int | None] | None = None,
+        removed: RemovalLookup = nothing_removed,
     ) -> None:
+        self.removed = removed
         self.registry = registry
         self.committed = committed
         self.config = config
@@ -145,6 +155,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
             self.config,
             self.pointed_at,
             read_to_ms,
+            self.removed,
         )
         fresh = [v for v in decision.verdicts if v.hop not in emitted]
         if decision.done:

@@ -1,30 +1,90 @@
-"""Keeping the detector running: is it healthy, and stopping a hung one so it can be restarted.
+"""Keeping the detector running: how it is doing, from its heartbeat and its driver process.
 
-The detector's heartbeat (every batch, and every idle trigger) is its sign of life. A detector
-whose newest heartbeat is older than ``stale_after_ms`` is down or hung: the supervising DAG stops
-what is left of it (on this host, from the driver file the entry point writes) and submits it
-again; it resumes from its checkpoint.
+The detector's heartbeat (every batch, and every idle trigger) is its sign of life; the driver
+process, where it runs on the supervisor's host, tells a hung detector (alive, silent) from a
+dead one. Rules, in the style of :mod:`khipu.health.rules` (each a small named predicate; the
+first that fires decides, in this order):
+
+1. STARTING   the driver was submitted less than ``startup_grace_ms`` ago, runs, and has not
+              reported since: give it time (a JVM, a Spark session, a first batch);
+2. NEVER_RAN  no heartbeat was ever stored and no driver runs;
+3. DOWN       the driver is known to be gone (its heartbeat may still be fresh: it just died);
+4. HUNG       the newest heartbeat is older than ``stale_after_ms`` while the driver still runs
+              (or runs elsewhere, where only the heartbeat can be seen);
+5. HEALTHY    otherwise.
+
+The supervising DAG restarts the detector on NEVER_RAN, DOWN and HUNG (it resumes from its
+checkpoint), and one detector-down alert fires when it goes DOWN or HUNG and resolves when it is
+HEALTHY again (:func:`khipu.alerting.decide.detector_alert`).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
-import signal
-import socket
-import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
 
-log = logging.getLogger(__name__)
+from khipu.errors import InvalidSetting
 
 
 class DetectorState(StrEnum):
     HEALTHY = "healthy"
-    STALE = "stale"  # it ran, but has not reported for too long: down or hung
+    STARTING = "starting"
     NEVER_RAN = "never_ran"
+    DOWN = "down"  # its driver is gone
+    HUNG = "hung"  # its driver runs but has not reported for too long
+
+    @property
+    def needs_restart(self) -> bool:
+        return self in (DetectorState.NEVER_RAN, DetectorState.DOWN, DetectorState.HUNG)
+
+    @property
+    def is_down(self) -> bool:
+        """What the detector-down alert is about: a detector that ran and no longer works."""
+        return self in (DetectorState.DOWN, DetectorState.HUNG)
+
+
+class SupervisionConfigError(InvalidSetting):
+    kind = "detector supervision setting"
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisionConfig:
+    stale_after_ms: int = 120_000  # a heartbeat older than this: the detector is hung or down
+    startup_grace_ms: int = 300_000  # a fresh submission gets this long to report
+
+    def __post_init__(self) -> None:
+        for name in ("stale_after_ms", "startup_grace_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1000:
+                raise SupervisionConfigError(name, value, "a duration in ms >= 1000")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> SupervisionConfig:
+        """``KHIPU_DETECTOR_STALE_AFTER_S`` and ``KHIPU_DETECTOR_STARTUP_GRACE_S`` (seconds)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, int] = {}
+        for variable, name in (
+            ("KHIPU_DETECTOR_STALE_AFTER_S", "stale_after_ms"),
+            ("KHIPU_DETECTOR_STARTUP_GRACE_S", "startup_grace_ms"),
+        ):
+            raw = env.get(variable)
+            if raw:
+                try:
+                    values[name] = int(float(raw) * 1000)
+                except ValueError:
+                    raise SupervisionConfigError(variable, raw, "a number of seconds") from None
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorObservation:
+    """What the supervisor sees: the newest heartbeat, and the driver it submitted (if any)."""
+
+    last_beat_ms: int | None
+    driver_alive: bool | None  # None: not known here (a driver on a cluster)
+    submitted_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,40 +94,60 @@ class DetectorHealth:
     reason: str
 
 
-def judge_detector(last_beat_ms: int | None, now_ms: int, stale_after_ms: int) -> DetectorHealth:
-    if last_beat_ms is None:
-        return DetectorHealth(DetectorState.NEVER_RAN, None, "no heartbeat has ever been stored")
-    age = now_ms - last_beat_ms
-    if age > stale_after_ms:
-        return DetectorHealth(
-            DetectorState.STALE,
-            last_beat_ms,
-            f"last heartbeat {age / 1000:.0f}s ago (stale after {stale_after_ms / 1000:.0f}s)",
+def _age_s(now_ms: int, then_ms: int) -> str:
+    return f"{(now_ms - then_ms) / 1000:.0f}s"
+
+
+def starting(seen: DetectorObservation, now_ms: int, config: SupervisionConfig) -> str | None:
+    if seen.driver_alive is False or seen.submitted_ms is None:
+        return None
+    if now_ms - seen.submitted_ms >= config.startup_grace_ms:
+        return None
+    if seen.last_beat_ms is not None and seen.last_beat_ms >= seen.submitted_ms:
+        return None
+    grace_s = config.startup_grace_ms // 1000
+    return f"submitted {_age_s(now_ms, seen.submitted_ms)} ago, no heartbeat yet (grace {grace_s}s)"
+
+
+def never_ran(seen: DetectorObservation, now_ms: int, config: SupervisionConfig) -> str | None:
+    if seen.last_beat_ms is None and seen.driver_alive is not True:
+        return "no heartbeat has ever been stored and no driver runs"
+    return None
+
+
+def driver_gone(seen: DetectorObservation, now_ms: int, config: SupervisionConfig) -> str | None:
+    if seen.driver_alive is False:
+        beat = "never" if seen.last_beat_ms is None else f"{_age_s(now_ms, seen.last_beat_ms)} ago"
+        return f"its driver is gone (last heartbeat {beat})"
+    return None
+
+
+def heartbeat_stale(seen: DetectorObservation, now_ms: int, config: SupervisionConfig) -> str | None:
+    if seen.last_beat_ms is None:
+        return f"its driver runs but never reported (submitted over {config.startup_grace_ms // 1000}s ago)"
+    if now_ms - seen.last_beat_ms > config.stale_after_ms:
+        return (
+            f"last heartbeat {_age_s(now_ms, seen.last_beat_ms)} ago "
+            f"(stale after {config.stale_after_ms // 1000}s) while its driver "
+            + ("still runs" if seen.driver_alive else "runs elsewhere")
         )
-    return DetectorHealth(DetectorState.HEALTHY, last_beat_ms, f"last heartbeat {age / 1000:.0f}s ago")
+    return None
 
 
-def stop_driver(checkpoint_dir: Path, timeout_s: float = 30.0) -> str:
-    """Stop the detector driver recorded in ``<checkpoint>/driver.json`` if it runs on this host."""
-    driver_file = checkpoint_dir / "driver.json"
-    try:
-        driver = json.loads(driver_file.read_text())
-        pid, host = int(driver["pid"]), str(driver["host"])
-    except (OSError, ValueError, KeyError):
-        return "no driver recorded"
-    if host != socket.gethostname():
-        return f"driver runs on {host}: stop it through its cluster manager"
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return f"driver {pid} already gone"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return f"driver {pid} stopped"
-        time.sleep(0.5)
-    os.kill(pid, signal.SIGKILL)
-    log.warning("detector driver %d did not stop within %.0fs: killed", pid, timeout_s)
-    return f"driver {pid} killed"
+_RULES: tuple[tuple[Callable[[DetectorObservation, int, SupervisionConfig], str | None], DetectorState], ...] = (
+    (starting, DetectorState.STARTING),
+    (never_ran, DetectorState.NEVER_RAN),
+    (driver_gone, DetectorState.DOWN),
+    (heartbeat_stale, DetectorState.HUNG),
+)
+
+
+def judge_detector(seen: DetectorObservation, now_ms: int, config: SupervisionConfig) -> DetectorHealth:
+    for rule, state in _RULES:
+        reason = rule(seen, now_ms, config)
+        if reason is not None:
+            return DetectorHealth(state, seen.last_beat_ms, reason)
+    assert seen.last_beat_ms is not None  # heartbeat_stale fires on a missing heartbeat
+    return DetectorHealth(
+        DetectorState.HEALTHY, seen.last_beat_ms, f"last heartbeat {_age_s(now_ms, seen.last_beat_ms)} ago"
+    )

@@ -30,6 +30,14 @@ from khipu.store import schema
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
+@dataclass(frozen=True, slots=True)
+class RemovalEvidence:
+    first_gone_ms: int | None  # the first snapshot whose log start was past the record
+    passed_while_present: bool  # the group's committed offset was past it while the log still held it
+    retention_ms: int | None  # from the newest snapshot that reported it
+    retention_bytes: int | None
+
+
 class StoreError(RuntimeError):
     """The store could not be reached or used; the message names the store without its password."""
 
@@ -189,12 +197,17 @@ class Store:
 
     def partition_history(self, key: PartitionKey, *, live_limit: int, recent_limit: int) -> list[PartitionSnapshot]:
         """The newest ``recent_limit`` snapshots of a partition together with its newest ``live_limit``
-        live ones (taken while the group had members, however long ago), oldest first."""
+        live ones (:attr:`PartitionSnapshot.live`, however long ago), oldest first."""
         table = schema.offset_snapshots
         same = and_(*_key_filter(table, key))
+        state_says_live = or_(table.c.group_state.is_(None), table.c.group_state.not_in(GROUP_STATES_WITHOUT_MEMBERS))
         live = and_(
             table.c.committed_offset.is_not(None),
-            or_(table.c.group_state.is_(None), table.c.group_state.not_in(GROUP_STATES_WITHOUT_MEMBERS)),
+            or_(
+                table.c.committed_changed.is_(True),
+                table.c.assigned.is_(True),
+                and_(table.c.assigned.is_(None), state_says_live),
+            ),
         )
         with self._begin() as tx:
             recent = tx.execute(select(table).where(same).order_by(table.c.snapshot_ms.desc()).limit(recent_limit))
@@ -237,6 +250,55 @@ class Store:
                 .limit(1)
             ).first()
         return None if row is None else CommittedOffset(int(row.committed_offset), int(row.snapshot_ms))
+
+    def latest_log_start(self, cluster: str, topic: str, partition: int) -> tuple[int, int] | None:
+        """The partition's log-start offset in its newest snapshot: (snapshot_ms, log_start)."""
+        table = schema.offset_snapshots
+        with self._begin() as tx:
+            row = tx.execute(
+                select(table.c.snapshot_ms, table.c.log_start_offset)
+                .where(
+                    table.c.cluster == cluster,
+                    table.c.topic == topic,
+                    table.c.partition == partition,
+                    table.c.log_start_offset.is_not(None),
+                )
+                .order_by(table.c.snapshot_ms.desc())
+                .limit(1)
+            ).first()
+        return None if row is None else (int(row.snapshot_ms), int(row.log_start_offset))
+
+    def removal_evidence(self, cluster: str, group: str, topic: str, partition: int, offset: int) -> RemovalEvidence:
+        """What the snapshot history says of a record that left its log: when it was first seen gone, whether
+        the group's committed offset was past it while it was still there (a skip), the topic's retention."""
+        table = schema.offset_snapshots
+        same = and_(table.c.cluster == cluster, table.c.topic == topic, table.c.partition == partition)
+        with self._begin() as tx:
+            first_gone = tx.execute(
+                select(func.min(table.c.snapshot_ms)).where(same, table.c.log_start_offset > offset)
+            ).scalar()
+            skipped = tx.execute(
+                select(table.c.snapshot_ms)
+                .where(
+                    same,
+                    table.c.group_id == group,
+                    table.c.committed_offset > offset,
+                    table.c.log_start_offset <= offset,
+                )
+                .limit(1)
+            ).first()
+            kept = tx.execute(
+                select(table.c.retention_ms, table.c.retention_bytes)
+                .where(same, table.c.retention_ms.is_not(None))
+                .order_by(table.c.snapshot_ms.desc())
+                .limit(1)
+            ).first()
+        return RemovalEvidence(
+            first_gone_ms=None if first_gone is None else int(first_gone),
+            passed_while_present=skipped is not None,
+            retention_ms=None if kept is None else kept.retention_ms,
+            retention_bytes=None if kept is None else kept.retention_bytes,
+        )
 
     def latest_committed(self, cluster: str, group: str) -> tuple[int, dict[tuple[str, int], int]] | None:
         """The group's committed offsets from its newest snapshot: (snapshot_ms, {(topic, partition): offset})."""
@@ -708,6 +770,32 @@ class Store:
                 )
             ]
 
+    def latest_alert(self, kind: str) -> Alert | None:
+        """The newest alert of a kind (e.g. whether the detector-down alert is firing)."""
+        table = schema.alerts
+        with self._begin() as tx:
+            row = tx.execute(
+                select(table).where(table.c.kind == kind).order_by(table.c.at_ms.desc(), table.c.id.desc()).limit(1)
+            ).first()
+        return None if row is None else _alert_from(row)
+
+    def claim_alert(self, key: str, claimed_ms: int) -> bool:
+        """Take a pending alert for delivery; False when another dispatcher took it first."""
+        table = schema.alerts
+        with self._begin() as tx:
+            taken = tx.execute(
+                update(table)
+                .where(table.c.alert_key == key, table.c.delivered_ms.is_(None))
+                .values(delivered_ms=-claimed_ms)
+            )
+        return bool(taken.rowcount)
+
+    def release_alert(self, key: str) -> None:
+        """Give a claimed alert back (no notifier could deliver it): the next dispatch retries it."""
+        table = schema.alerts
+        with self._begin() as tx:
+            tx.execute(update(table).where(table.c.alert_key == key).values(delivered_ms=None))
+
     def add_alert(self, alert: Alert) -> bool:
         """Record an alert to send (False when that occurrence was recorded before)."""
         with self._begin() as tx:
@@ -798,6 +886,9 @@ def _snapshot_row(row: PartitionSnapshot) -> dict[str, Any]:
         log_end_offset=row.log_end,
         group_state=row.group_state,
         retention_ms=row.retention_ms,
+        members=row.members,
+        assigned=row.assigned,
+        retention_bytes=row.retention_bytes,
     )
 
 
@@ -814,6 +905,9 @@ def _snapshot_from(row: Any) -> PartitionSnapshot:
         row.group_state,
         row.retention_ms,
         bool(row.committed_changed),
+        members=row.members,
+        assigned=None if row.assigned is None else bool(row.assigned),
+        retention_bytes=row.retention_bytes,
     )
 
 

@@ -1,15 +1,15 @@
-"""The detector DAG under dag.test(): a healthy detector is left alone; a stale one's hung driver is stopped
-and the job submitted again.
+"""The detector DAG under dag.test(): a running, reporting detector is left alone; the spark-submit command
+carries no secret, the connections file does (readable by its owner only).
 
-The submit task itself is marked successful here (``mark_success_pattern``): run for real it is the
-detector, which runs until stopped. ``make up`` runs it for real (docs/detector.md), and
-``test_spark_submit_arguments_come_from_the_connections`` checks what it would submit.
+The full cycle (submit, SIGSTOP, replaced from the checkpoint, alert fired and resolved) runs for real
+in tests/integration/detector/test_supervision.py.
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from khipu.detector.job import VERDICT_QUERY
+from khipu.detector.driver import DRIVER_FILE
+from khipu.detector.model import VERDICT_QUERY
 from khipu.store import Store
 
 pytestmark = pytest.mark.integration
 DAGS = Path(__file__).resolve().parents[3] / "dags"
+SECRET = "kafka-pw-7d1e"
 
 
 @pytest.fixture
@@ -32,7 +34,18 @@ def detector_env(airflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("AIRFLOW_CONN_KHIPU_STORE", json.dumps({"conn_type": "sqlite", "host": str(store_path)}))
     monkeypatch.setenv(
         "AIRFLOW_CONN_KHIPU_KAFKA",
-        json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": "127.0.0.1:1", "khipu.cluster": "local"}}),
+        json.dumps(
+            {
+                "conn_type": "kafka",
+                "login": "khipu",
+                "password": SECRET,
+                "extra": {
+                    "bootstrap.servers": "127.0.0.1:1",
+                    "security.protocol": "SASL_PLAINTEXT",
+                    "khipu.cluster": "local",
+                },
+            }
+        ),
     )
     store = Store(f"sqlite:///{store_path}")
     store.migrate()
@@ -55,56 +68,57 @@ def beat(at_ms: int) -> dict[str, object]:
     }
 
 
-def run_states() -> dict[str, str | None]:
-    from airflow.dag_processing.dagbag import DagBag
+def test_a_running_reporting_detector_is_left_alone_and_nothing_alerts(detector_env: Store, tmp_path: Path) -> None:
+    import psutil
 
-    dag = DagBag(dag_folder=str(DAGS)).get_dag("khipu_detector")
-    run = dag.test(mark_success_pattern="submit_detector")
-    return {ti.task_id: ti.state for ti in run.get_task_instances()}
-
-
-def test_a_healthy_detector_is_left_alone(detector_env: Store) -> None:
-    detector_env.record_heartbeat(beat(time.time_ns() // 1_000_000 - 5_000))
-    states = run_states()
-    assert states == {
-        "check_detector": "success",
-        "detector_is_healthy": "success",
-        "stop_hung_detector": "skipped",
-        "submit_detector": "skipped",
-    }
-
-
-def test_a_stale_detector_has_its_hung_driver_stopped_and_is_submitted_again(
-    detector_env: Store, tmp_path: Path
-) -> None:
-    detector_env.record_heartbeat(beat(time.time_ns() // 1_000_000 - 600_000))  # ten minutes silent
-    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
-    threading.Thread(target=hung.wait, daemon=True).start()  # reaped as it ends, as by its real parent
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    threading.Thread(target=driver.wait, daemon=True).start()
     try:
         checkpoint = tmp_path / "state" / "detector" / "checkpoint"
         checkpoint.mkdir(parents=True)
-        (checkpoint / "driver.json").write_text(json.dumps({"pid": hung.pid, "host": socket.gethostname()}))
-        started = time.monotonic()
-        states = run_states()
-        assert hung.wait(timeout=10) == -15  # the hung driver is gone: stopped by SIGTERM
-        assert time.monotonic() - started < 30  # ... at once, not after the kill timeout
+        (checkpoint / DRIVER_FILE).write_text(
+            json.dumps(
+                {
+                    "pid": driver.pid,
+                    "create_time": psutil.Process(driver.pid).create_time(),
+                    "host": socket.gethostname(),
+                    "started_ms": time.time_ns() // 1_000_000 - 60_000,
+                }
+            )
+        )
+        detector_env.record_heartbeat(beat(time.time_ns() // 1_000_000 - 5_000))
+        from airflow.dag_processing.dagbag import DagBag
+
+        run = DagBag(dag_folder=str(DAGS)).get_dag("khipu_detector").test()
+        states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+        assert driver.poll() is None  # untouched
     finally:
-        if hung.poll() is None:
-            hung.kill()
+        driver.kill()
     assert states == {
         "check_detector": "success",
-        "detector_is_healthy": "skipped",
-        "stop_hung_detector": "success",
-        "submit_detector": "success",
+        "choose": "success",
+        "detector_is_running": "success",
+        "restart_detector": "skipped",
+        "send_alerts": "success",
     }
+    assert detector_env.alerts() == []
 
 
-def test_spark_submit_arguments_come_from_the_connections(detector_env: Store, tmp_path: Path) -> None:
-    from khipu_airflow.detector import application_args
+def test_spark_submit_arguments_name_paths_only_and_the_secrets_go_to_an_owner_only_file(
+    detector_env: Store, tmp_path: Path
+) -> None:
+    from khipu_airflow.detector import application_args, submit_hook
 
     args = application_args("khipu_kafka", "khipu_store")
     pairs = dict(zip(args[::2], args[1::2], strict=True))
-    assert pairs["--bootstrap-servers"] == "127.0.0.1:1"
-    assert pairs["--store-url"] == f"sqlite:///{tmp_path / 'khipu.db'}"
     assert pairs["--checkpoint"] == str(tmp_path / "state" / "detector" / "checkpoint")
     assert pairs["--trace-topic"] == "khipu.traces"
+    command = submit_hook("spark_default", args)._build_spark_submit_command("spark/detector.py")
+    assert SECRET not in " ".join(command) and str(tmp_path / "khipu.db") not in " ".join(command)
+    assert any(part.endswith(".jar") and "spark-sql-kafka-0-10" in part for part in command)
+    connections = Path(pairs["--connections-file"])
+    assert stat.S_IMODE(connections.stat().st_mode) == 0o600
+    body = json.loads(connections.read_text())
+    assert body["trace"]["settings"]["sasl.password"] == SECRET
+    assert body["store_url"] == f"sqlite:///{tmp_path / 'khipu.db'}"
+    assert set(body["clusters"]) == {"local"}

@@ -6,12 +6,14 @@ local/out; sinks s1 and s2 read local/out. Grace 30 s, max wait 15 min. Times in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import NamedTuple
 
 import pytest
 
 from khipu.detector.decide import decide
-from khipu.detector.model import Cause, DetectorConfig, VerdictKind
+from khipu.detector.model import Cause, DetectorConfig, Removal, VerdictKind
 from khipu.registry import parse_registry
 from khipu.trace.model import Trace, TraceType
 
@@ -92,6 +94,10 @@ def clean(*, skip: set[str] = frozenset()) -> list[Trace]:  # type: ignore[assig
 
 PAST = {("proc", "in"): 6, ("s1", "out"): 8, ("s2", "out"): 8}  # every group committed past the message
 EARLY = {key: 0 for key in PAST}
+DAY = 86_400_000
+AGED_OUT = Removal(log_start=9, removed_by_ms=1200 + DAY + 5_000, retention_ms=DAY)  # out@7 written at 1200
+CUT_YOUNG = Removal(log_start=9, removed_by_ms=1200 + 60_000, retention_ms=DAY)  # a minute old: not retention
+KEPT_FOREVER = Removal(log_start=9, removed_by_ms=1200 + 2 * DAY, retention_ms=-1)
 
 
 class Case(NamedTuple):
@@ -104,6 +110,8 @@ class Case(NamedTuple):
     done: bool
     reason: str
     pointed: frozenset[tuple[str, str, str, int, int]] = frozenset()  # (location, cluster, topic, partition, offset)
+    # (group, topic) -> the message's record left the log before that group got to it
+    removed: Mapping[tuple[str, str], Removal] = MappingProxyType({})
 
 
 # fmt: off
@@ -185,6 +193,36 @@ CASES = [
     Case(20, clean(skip={SRC, PROC_IN, PROC_OUT}), PAST, 60_000, 70_000,
          {SRC: (TL, None, 0), PROC_IN: (TL, None, 0), PROC_OUT: (TL, None, 0), S1: (D, None, 1), S2: (D, None, 1)},
          True, "only the sinks' traces arrived: out has one writer, proc, so proc read it from in, and p wrote it"),
+    Case(21, clean(skip={S1}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1),
+          S1: (L, Cause.EXPIRED, 0), S2: (D, None, 1)}, True,
+         "s1 is past out@7 and never received it, but the record left the log a day after it was written, "
+         "with retention.ms one day, before s1 got to it: expired by retention (seed 002), not a skip",
+         removed={("s1", "out"): AGED_OUT}),
+    Case(22, clean(skip={S1}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1),
+          S1: (L, Cause.TRUNCATED, 0), S2: (D, None, 1)}, True,
+         "the record was gone a minute after it was written, far younger than its retention: retention did "
+         "not delete it, someone truncated the log (seed 000)", removed={("s1", "out"): CUT_YOUNG}),
+    Case(23, clean(skip={S1}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1),
+          S1: (L, Cause.TRUNCATED, 0), S2: (D, None, 1)}, True,
+         "a topic kept forever loses nothing to retention: a record gone from it was truncated",
+         removed={("s1", "out"): KEPT_FOREVER}),
+    Case(24, clean(skip={S1}), {**PAST, ("s1", "out"): 3}, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1),
+          S1: (L, Cause.EXPIRED, 0), S2: (D, None, 1)}, True,
+         "s1 still sits at offset 3 but the log now starts at 9: it can never read out@7, so the loss is "
+         "final without waiting for s1 to move (its committed offset is below the log start)",
+         removed={("s1", "out"): AGED_OUT}),
+    Case(25, clean(skip={S1}), {**PAST, ("s1", "out"): 3}, None, 70_000, {}, False,
+         "the record (and every group's commit) only just seen gone past: s1 may have read it and not "
+         "committed or flushed its trace yet; the grace applies to a removal as to a commit",
+         removed={("s1", "out"): AGED_OUT}),
+    Case(26, clean(), {**PAST, ("s1", "out"): 3}, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (D, None, 1), S2: (D, None, 1)},
+         True, "s1 received it before the log moved past it and has not committed yet: delivered, nothing lost",
+         removed={("s1", "out"): AGED_OUT}),
 ]
 # fmt: on
 
@@ -197,11 +235,18 @@ def test_verdict_rule_table(case: Case) -> None:
     def pointed_at(location: str, cluster: str, topic: str, partition: int, offset: int) -> bool:
         return (location, cluster, topic, partition, offset) in case.pointed
 
+    def removed(cluster: str, group: str, topic: str, partition: int, offset: int) -> Removal | None:
+        return case.removed.get((group, topic))
+
     passed_at: dict[str, int] = {}
     if case.passed_for_ms is not None:
-        first = decide("m1", STREAM, case.traces, committed, {}, 1000, case.now_ms - case.passed_for_ms, CONFIG)
+        first = decide(
+            "m1", STREAM, case.traces, committed, {}, 1000, case.now_ms - case.passed_for_ms, CONFIG, removed=removed
+        )
         passed_at = dict(first.passed_at)
-    decision = decide("m1", STREAM, case.traces, committed, passed_at, 1000, case.now_ms, CONFIG, pointed_at)
+    decision = decide(
+        "m1", STREAM, case.traces, committed, passed_at, 1000, case.now_ms, CONFIG, pointed_at, removed=removed
+    )
     got = {v.hop: (v.kind, v.cause, v.count) for v in decision.verdicts}
     assert got == case.expected, case.reason
     for v in decision.verdicts:  # a lost trace told by a pointer names the position pointed at
@@ -209,6 +254,9 @@ def test_verdict_rule_table(case: Case) -> None:
             assert f"points back to offset {v.offset}" in v.detail, v.detail
             assert (v.group, "local", v.topic, v.partition, v.offset) in case.pointed  # location = group here
     assert decision.done is case.done, case.reason
+    for v in decision.verdicts:  # an expiry or truncation says why, from the retention and the record's age
+        if v.cause in (Cause.EXPIRED, Cause.TRUNCATED):
+            assert "left the log before group" in v.detail and "the log starts at 9" in v.detail, v.detail
 
 
 def test_latencies_are_measured_hop_to_hop_and_from_the_source() -> None:

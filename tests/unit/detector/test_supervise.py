@@ -1,66 +1,81 @@
-"""Judging the detector's heartbeat, and stopping a recorded driver (real processes, started here)."""
+"""Judging the detector from its heartbeat and its driver: a numbered table of cases, each with its reason."""
 
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
-import sys
-import threading
-from pathlib import Path
-
 import pytest
 
-from khipu.detector.supervise import DetectorState, judge_detector, stop_driver
-
-STALE = 120_000
-
-
-@pytest.mark.parametrize(
-    ("last_beat_ms", "now_ms", "state", "reason"),
-    [
-        (None, 1_000_000, DetectorState.NEVER_RAN, "no heartbeat has ever been stored"),
-        (1_000_000, 1_005_000, DetectorState.HEALTHY, "last heartbeat 5s ago"),
-        (1_000_000, 1_120_000, DetectorState.HEALTHY, "last heartbeat 120s ago"),  # exactly at the limit
-        (1_000_000, 1_121_000, DetectorState.STALE, "last heartbeat 121s ago (stale after 120s)"),
-    ],
+from khipu.alerting.decide import detector_alert
+from khipu.alerting.model import AlertState
+from khipu.detector.supervise import (
+    DetectorObservation,
+    DetectorState,
+    SupervisionConfig,
+    SupervisionConfigError,
+    judge_detector,
 )
-def test_heartbeat_age_decides_the_state(last_beat_ms: int | None, now_ms: int, state: str, reason: str) -> None:
-    health = judge_detector(last_beat_ms, now_ms, STALE)
-    assert (health.state, health.reason, health.last_beat_ms) == (state, reason, last_beat_ms)
+
+CONFIG = SupervisionConfig(stale_after_ms=120_000, startup_grace_ms=300_000)
+NOW = 10_000_000
+S = 1000
+
+# (case, observation, state, reason fragment, why the answer is right)
+CASES = [
+    (1, DetectorObservation(None, False), DetectorState.NEVER_RAN, "no heartbeat has ever been stored",
+     "nothing ever reported and nothing runs: start it"),
+    (2, DetectorObservation(NOW - 5 * S, True, NOW - 600 * S), DetectorState.HEALTHY, "last heartbeat 5s ago",
+     "a fresh heartbeat from a running driver"),
+    (3, DetectorObservation(NOW - 120 * S, True, NOW - 600 * S), DetectorState.HEALTHY, "120s ago",
+     "exactly at the limit is not yet stale"),
+    (4, DetectorObservation(NOW - 121 * S, True, NOW - 600 * S), DetectorState.HUNG, "stale after 120s",
+     "the driver runs but has been silent too long: hung (a SIGSTOPped driver looks like this)"),
+    (5, DetectorObservation(NOW - 5 * S, False, NOW - 600 * S), DetectorState.DOWN, "its driver is gone",
+     "a fresh heartbeat does not help a driver that has exited: it just died"),
+    (6, DetectorObservation(NOW - 900 * S, False), DetectorState.DOWN, "last heartbeat 900s ago",
+     "it ran once and nothing runs now"),
+    (7, DetectorObservation(None, True, NOW - 30 * S), DetectorState.STARTING, "submitted 30s ago",
+     "a fresh submission gets its startup grace before it must report"),
+    (8, DetectorObservation(NOW - 900 * S, True, NOW - 30 * S), DetectorState.STARTING, "no heartbeat yet",
+     "the old heartbeat predates this submission: the new driver is still starting"),
+    (9, DetectorObservation(None, True, NOW - 301 * S), DetectorState.HUNG, "never reported",
+     "past the startup grace without a single heartbeat: hung at start"),
+    (10, DetectorObservation(NOW - 900 * S, None, NOW - 3600 * S), DetectorState.HUNG, "runs elsewhere",
+     "on a cluster only the heartbeat can be seen: silent means hung"),
+    (11, DetectorObservation(None, None, NOW - 60 * S), DetectorState.STARTING, "submitted 60s ago",
+     "a cluster submission also gets its startup grace"),
+    (12, DetectorObservation(NOW - 10 * S, None, NOW - 3600 * S), DetectorState.HEALTHY, "10s ago",
+     "a cluster driver that reports is healthy"),
+]  # fmt: skip
 
 
-def record(checkpoint: Path, pid: int, host: str) -> None:
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    (checkpoint / "driver.json").write_text(json.dumps({"pid": pid, "host": host}))
+@pytest.mark.parametrize(("case", "seen", "state", "reason", "why"), CASES, ids=[f"case-{c[0]}" for c in CASES])
+def test_detector_state_table(
+    case: int, seen: DetectorObservation, state: DetectorState, reason: str, why: str
+) -> None:
+    health = judge_detector(seen, NOW, CONFIG)
+    assert health.state is state, why
+    assert reason in health.reason, (health.reason, why)
 
 
-def test_a_driver_is_stopped_politely_and_a_deaf_one_is_killed(tmp_path: Path) -> None:
-    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    deaf = subprocess.Popen(
-        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"]
-    )
-    for process in (polite, deaf):  # reap them as they end, as their real parent would: no zombies
-        threading.Thread(target=process.wait, daemon=True).start()
-    try:
-        record(tmp_path / "a", polite.pid, socket.gethostname())
-        assert stop_driver(tmp_path / "a", timeout_s=10) == f"driver {polite.pid} stopped"
-        polite.wait(timeout=5)
-        # it must have installed its handler before we signal it
-        subprocess.run([sys.executable, "-c", "import time; time.sleep(0.5)"], check=True)
-        record(tmp_path / "b", deaf.pid, socket.gethostname())
-        assert stop_driver(tmp_path / "b", timeout_s=1) == f"driver {deaf.pid} killed"
-        assert deaf.wait(timeout=5) == -9
-    finally:
-        for process in (polite, deaf):
-            if process.poll() is None:
-                process.kill()
+def test_only_a_detector_that_ran_and_stopped_working_raises_the_alert_and_healthy_resolves_it() -> None:
+    hung = judge_detector(DetectorObservation(NOW - 300 * S, True, NOW - 3600 * S), NOW, CONFIG)
+    fired = detector_alert(hung, firing=False, now_ms=NOW)
+    assert fired is not None and fired.state is AlertState.FIRING and fired.kind == "detector_down"
+    assert "hung" in fired.title and "restarting it from its checkpoint" in fired.title
+    assert detector_alert(hung, firing=True, now_ms=NOW + 120 * S) is None  # once, not every check
+    starting = judge_detector(DetectorObservation(None, True, NOW - 10 * S), NOW, CONFIG)
+    assert detector_alert(starting, firing=True, now_ms=NOW) is None  # restarted, not yet healthy: still firing
+    never = judge_detector(DetectorObservation(None, False), NOW, CONFIG)
+    assert detector_alert(never, firing=False, now_ms=NOW) is None  # a new stack is not an incident
+    healthy = judge_detector(DetectorObservation(NOW - 2 * S, True, NOW - 60 * S), NOW, CONFIG)
+    resolved = detector_alert(healthy, firing=True, now_ms=NOW)
+    assert resolved is not None and resolved.state is AlertState.RESOLVED
+    assert detector_alert(healthy, firing=False, now_ms=NOW) is None
 
 
-def test_nothing_is_signalled_without_a_local_driver_record(tmp_path: Path) -> None:
-    assert stop_driver(tmp_path / "none") == "no driver recorded"
-    record(tmp_path / "remote", 1, "spark-master-7")
-    assert stop_driver(tmp_path / "remote") == "driver runs on spark-master-7: stop it through its cluster manager"
-    (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "driver.json").write_text("{not json")
-    assert stop_driver(tmp_path / "bad") == "no driver recorded"
+def test_settings_come_from_the_environment_and_bad_ones_name_the_variable() -> None:
+    config = SupervisionConfig.from_env({"KHIPU_DETECTOR_STALE_AFTER_S": "30", "KHIPU_DETECTOR_STARTUP_GRACE_S": "90"})
+    assert (config.stale_after_ms, config.startup_grace_ms) == (30_000, 90_000)
+    with pytest.raises(SupervisionConfigError, match="KHIPU_DETECTOR_STALE_AFTER_S"):
+        SupervisionConfig.from_env({"KHIPU_DETECTOR_STALE_AFTER_S": "soon"})
+    with pytest.raises(SupervisionConfigError, match="stale_after_ms"):
+        SupervisionConfig(stale_after_ms=10)
