@@ -26,7 +26,9 @@ Rules (Inca's central idea, sharpened):
   (a written record is seen downstream, so no pointer lookup is needed there).
 - A topic no trace shows the message on, but which a processor evidently read it from (it wrote
   the message on, and that topic is its only input): its hops are TRACE_LOST too, with no
-  position (SENT and RECEIVED both lost). Other groups reading it wait, then go to reconciliation.
+  position (SENT and RECEIVED both lost), once the trace topic has been read ``grace_ms`` past
+  the message's first trace (its traces there, had they been written, would have been read).
+  Other groups reading it wait, then go to reconciliation.
 - Hops past a loss get no verdict: the message never got there.
 - Still undecided ``max_wait_ms`` after the first trace: PENDING for what is open, and done.
 """
@@ -101,7 +103,9 @@ class _Judge:
         pointed_at: PointerLookup,
         clock_ms: int,
         removed: RemovalLookup,
+        first_seen_ms: int,
     ) -> None:
+        self.first_seen_ms = first_seen_ms
         self.pointed_at = pointed_at
         self.removed = removed
         self.clock_ms = clock_ms  # now, or the time up to which the trace topic is read, if earlier
@@ -138,7 +142,12 @@ class _Judge:
         assert hop.group is not None
         positions = self.evidence.positions.get(hop.topic, {})
         if not positions:  # a topic implied by a later hop: no trace says where the message sat there
-            if self._arrived_past(hop):
+            settle_ms = self.first_seen_ms + self.config.grace_ms  # its traces there, if any, are read by then
+            if self._arrived_past(hop) and self.clock_ms < settle_ms:
+                self.read_final[hop] = False
+                self.open.append(hop)
+                self.next_check.append(max(settle_ms, self.now_ms + 1))
+            elif self._arrived_past(hop):
                 self.read_final[hop] = True
                 self._verdict(
                     hop,
@@ -448,7 +457,18 @@ def decide(
     clock = now_ms if read_to_ms is None else min(now_ms, read_to_ms)
     timed_out = clock - first_seen_ms >= config.max_wait_ms
     judge = _Judge(
-        message_id, stream, evidence, committed, passed_at, now_ms, config, timed_out, pointed_at, clock, removed
+        message_id,
+        stream,
+        evidence,
+        committed,
+        passed_at,
+        now_ms,
+        config,
+        timed_out,
+        pointed_at,
+        clock,
+        removed,
+        first_seen_ms,
     )
     route = stream.route
     reached = sorted([*evidence.positions, *judge.implied], key=str)

@@ -259,6 +259,27 @@ def test_verdict_rule_table(case: Case) -> None:
             assert "left the log before group" in v.detail and "the log starts at 9" in v.detail, v.detail
 
 
+def test_a_topic_implied_by_later_traces_waits_until_the_trace_topic_is_read_past_the_grace() -> None:
+    """Case 19 read too early: a capped batch brought the sinks' traces and proc's SENT, not yet the traces
+    on in (further down the trace topic). Judging in at once called them lost; it must wait until
+    the detector has read past the first trace + grace, and then the traces on in are there."""
+
+    def committed(cluster: str, group: str, topic: str, partition: int) -> int | None:
+        return PAST.get((group, topic))
+
+    downstream = clean(skip={SRC, PROC_IN})
+    first = decide("m1", STREAM, downstream, committed, {}, 10_000, 10_000, CONFIG, read_to_ms=10_000)
+    assert SRC not in {v.hop for v in first.verdicts} and PROC_IN not in {v.hop for v in first.verdicts}
+    assert not first.done and first.next_check_ms is not None and first.next_check_ms <= 10_000 + CONFIG.grace_ms
+    read_on = decide("m1", STREAM, clean(), committed, first.passed_at, 10_000, 45_000, CONFIG, read_to_ms=45_000)
+    later = decide("m1", STREAM, clean(), committed, read_on.passed_at, 10_000, 80_000, CONFIG, read_to_ms=80_000)
+    assert TL not in {v.kind for v in [*read_on.verdicts, *later.verdicts]}
+    decided = {v.hop: v.kind for v in later.verdicts}
+    assert (decided[PROC_IN], decided[SRC]) == (D, D)
+    never = decide("m1", STREAM, downstream, committed, first.passed_at, 10_000, 45_000, CONFIG, read_to_ms=45_000)
+    assert {v.hop: v.kind for v in never.verdicts}[PROC_IN] is TL  # read past the grace, still nothing on in
+
+
 def test_latencies_are_measured_hop_to_hop_and_from_the_source() -> None:
     def committed(cluster: str, group: str, topic: str, partition: int) -> int | None:
         return PAST.get((group, topic))
