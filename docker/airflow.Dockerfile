@@ -4,7 +4,15 @@
 #     Airflow task process (the Spark driver lives here, the executors on the Spark worker);
 #   - Khipu's pinned requirements and the khipu package itself (include/), installed editable from
 #     /opt/khipu so that the ./include bind mount of docker-compose.yaml is the code that runs and
-#     khipu.settings.project_root() resolves to /opt/khipu (config/ and spark/ are mounted beside it).
+#     khipu.settings.project_root() resolves to /opt/khipu (config/ and spark/ are mounted beside it);
+#   - Spark's Kafka connector (jvm/spark-kafka.pom.xml), fetched by Maven at build time into
+#     /opt/khipu/.jvm/spark-kafka, where the detector DAG hands it to spark-submit with --jars.
+
+# Build stage: the connector jars from Maven Central, never at run time.
+FROM maven:3.9-eclipse-temurin-17 AS spark-kafka-jars
+COPY jvm/spark-kafka.pom.xml /build/pom.xml
+RUN mvn -B -q -f /build/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=/jars
+
 FROM apache/airflow:3.3.2-python3.11
 
 USER root
@@ -32,6 +40,7 @@ RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -r requireme
 # The khipu package (include/khipu), editable: a .pth entry points at /opt/khipu/include.
 COPY --chown=airflow:0 include/ ./include/
 RUN pip install --no-cache-dir --no-deps -e .
+COPY --from=spark-kafka-jars --chown=airflow:0 /jars/ ./.jvm/spark-kafka/
 
 ENV KHIPU_STATE_DIR=/opt/khipu/state \
     PYSPARK_PYTHON=python3

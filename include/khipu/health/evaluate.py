@@ -28,7 +28,6 @@ class HealthConfig:
     skip_factor: float = 10.0  # a forward jump this many times the usual advance is a skip window...
     skip_min_records: int = 1000  # ...and at least this many records
     expiry_margin_ms: int = 600_000  # EXPIRY_RISK when the oldest unconsumed record is this close to retention
-    default_retention_ms: int | None = None  # when the broker does not report retention.ms
 
     def __post_init__(self) -> None:
         for name in ("window_size", "min_window", "recent_log_ends", "skip_min_records"):
@@ -39,23 +38,21 @@ class HealthConfig:
                 raise HealthConfigError(name, getattr(self, name), "a duration in ms >= 0")
         if not self.skip_factor > 1:
             raise HealthConfigError("skip_factor", self.skip_factor, "a number > 1")
-        if self.default_retention_ms is not None and self.default_retention_ms == 0:
-            raise HealthConfigError("default_retention_ms", 0, "a retention in ms > 0, -1 for unlimited, or none")
 
 
 def health_config_from_env(environ: Mapping[str, str] | None = None) -> HealthConfig:
-    """``KHIPU_HEALTH_WINDOW`` (observations, default 10) and ``KHIPU_DEFAULT_RETENTION_MS`` (used when
-    the broker does not report a topic's ``retention.ms``; unset: unknown)."""
+    """``KHIPU_HEALTH_WINDOW`` (observations, default 10) and ``KHIPU_EXPIRY_MARGIN_S`` (how close to its
+    retention the oldest unconsumed record may come before EXPIRY_RISK; default 600)."""
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     for variable, name in (
         ("KHIPU_HEALTH_WINDOW", "window_size"),
-        ("KHIPU_DEFAULT_RETENTION_MS", "default_retention_ms"),
+        ("KHIPU_EXPIRY_MARGIN_S", "expiry_margin_ms"),
     ):
         raw = env.get(variable)
         if raw:
             try:
-                values[name] = int(raw)
+                values[name] = int(raw) * (1000 if name.endswith("_ms") else 1)
             except ValueError:
                 raise HealthConfigError(variable, raw, "an integer") from None
     return HealthConfig(**values)
@@ -114,7 +111,7 @@ def evaluate_history(
     )
     status, reasons = evaluation.status, [evaluation.reason]
     age = time_lag_ms(lag, backlog_started_ms, now_ms)
-    retention = latest.retention_ms if latest.retention_ms is not None else config.default_retention_ms
+    retention = latest.retention_ms
     expired = latest.committed is not None and latest.log_start is not None and latest.log_start > latest.committed
     if expired or at_expiry_risk(age, retention, config.expiry_margin_ms):
         status = PartitionStatus.EXPIRY_RISK
