@@ -25,6 +25,7 @@ from khipu.detector.model import DetectorConfig
 from khipu.settings import KhipuSettings
 
 CONNECTIONS_FILE_VARIABLE = "KHIPU_CONNECTIONS_FILE"
+DEFAULT_MAX_OFFSETS_PER_TRIGGER = 50_000  # about half a minute of work here: well inside the staleness limit
 
 
 def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
@@ -48,7 +49,12 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
     parser.add_argument("--archive", type=Path, default=settings.state_dir / "archive")
     parser.add_argument("--starting-offsets", default="earliest")
     parser.add_argument("--trigger-seconds", type=float, default=float(os.environ.get("KHIPU_DETECTOR_TRIGGER_S", "5")))
-    parser.add_argument("--max-offsets-per-trigger", type=int)
+    parser.add_argument(
+        "--max-offsets-per-trigger",
+        type=int,
+        default=DEFAULT_MAX_OFFSETS_PER_TRIGGER,
+        help="bounds a batch, so a backlog is worked off in batches that each report (0: no bound)",
+    )
     parser.add_argument("--shuffle-partitions", type=int, default=4)
     parser.add_argument("--grace-ms", type=int, default=defaults.grace_ms)
     parser.add_argument("--max-wait-ms", type=int, default=defaults.max_wait_ms)
@@ -75,7 +81,7 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
         cluster_connections=clusters,
         starting_offsets=args.starting_offsets,
         trigger_seconds=args.trigger_seconds,
-        max_offsets_per_trigger=args.max_offsets_per_trigger,
+        max_offsets_per_trigger=args.max_offsets_per_trigger or None,
         shuffle_partitions=args.shuffle_partitions,
         detector=DetectorConfig(grace_ms=args.grace_ms, max_wait_ms=args.max_wait_ms, recheck_ms=args.recheck_ms),
     )
@@ -89,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    write_driver_record(job.checkpoint_dir)  # lets a supervisor on this host tell a hung detector from a dead one
     builder = SparkSession.builder.appName("khipu-detector")
     if "PYSPARK_GATEWAY_PORT" not in os.environ:  # started directly; under spark-submit master and jars are set
         builder = builder.master(master).config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
@@ -97,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     spark.sparkContext.setLogLevel("WARN")
     queries = start_detector(spark, job)
     signal.signal(signal.SIGTERM, lambda *_: [q.stop() for q in queries])
+    write_driver_record(job.checkpoint_dir)  # up: a supervisor on this host tells a hung detector from a dead one
     logging.getLogger("khipu.detector").info("detector running: %s", ", ".join(q.name for q in queries))
     spark.streams.awaitAnyTermination()
     failed = [q for q in queries if q.exception() is not None]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from khipu.errors import InvalidSetting
@@ -39,7 +39,7 @@ class KhipuSettings:
     state_dir: Path
     broker_port: int
     airflow_port: int
-    store_url: str
+    store_url: str = field(repr=False)  # may hold a password
     controller_port: int = 9093
     lost_topic: str = DEFAULT_LOST_TOPIC
 

@@ -26,7 +26,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from khipu.alerting.decide import DETECTOR_ALERT_KIND, detector_alert
 from khipu.detector.driver import read_driver_record, stop_driver
 from khipu.detector.job import VERDICT_QUERY, connector_jars, write_connections_file
-from khipu.detector.supervise import DetectorObservation, SupervisionConfig, judge_detector
+from khipu.detector.supervise import DetectorObservation, DetectorState, SupervisionConfig, judge_detector
 from khipu.localstack.processes import ProcessTable, Started
 from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings, project_root
@@ -90,20 +90,26 @@ def observe(store_conn_id: str) -> DetectorObservation:
         beat = store.latest_heartbeat(VERDICT_QUERY)
     finally:
         store.close()
-    last_beat = int(beat["at_ms"]) if beat else None
+    # its last sign of life: the end of its newest batch (a batch's heartbeat is stamped with its start)
+    last_beat = int(beat["at_ms"]) + int(beat["batch_duration_ms"] or 0) if beat else None
     submitted = _process_table().running(DETECTOR)
     if submitted is not None:
         return DetectorObservation(last_beat, True, int(submitted.create_time * 1000))
     driver = read_driver_record(checkpoint_dir())
     if driver is not None and driver.alive() is not False:
         return DetectorObservation(last_beat, driver.alive(), driver.started_ms)
-    try:
-        record = json.loads(_submission_file().read_text())
-    except (OSError, ValueError):
-        record = {}
+    record = _submission()
     if record.get("deploy_mode") == "cluster":
         return DetectorObservation(last_beat, None, int(record["submitted_ms"]))
-    return DetectorObservation(last_beat, False)
+    return DetectorObservation(last_beat, False, int(record["submitted_ms"]) if record else None)
+
+
+def _submission() -> dict[str, Any]:
+    try:
+        record = json.loads(_submission_file().read_text())
+        return record if isinstance(record, dict) and "submitted_ms" in record else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def check_detector(store_conn_id: str) -> dict[str, Any]:
@@ -120,7 +126,13 @@ def check_detector(store_conn_id: str) -> dict[str, Any]:
             log.warning("detector alert raised: %s", alert.title)
     finally:
         store.close()
-    return {"state": health.state.value, "reason": health.reason, "restart": health.state.needs_restart}
+    restart = health.state.needs_restart
+    if restart and health.state is DetectorState.HUNG and _submission().get("deploy_mode") == "cluster":
+        raise DetectorLaunchError(
+            f"the detector on the cluster is hung ({health.reason}); stop its application through the cluster "
+            "manager: submitting a second one on the same checkpoint is not safe"
+        )
+    return {"state": health.state.value, "reason": health.reason, "restart": restart}
 
 
 # -- restarting ------------------------------------------------------------------------------------------
@@ -189,8 +201,8 @@ def restart_detector(kafka_conn_id: str, store_conn_id: str, spark_conn_id: str)
     log.info("old detector: %s", stopped)
     hook = submit_hook(spark_conn_id, application_args(kafka_conn_id, store_conn_id))
     if hook._connection["deploy_mode"] == "cluster":
-        hook.submit(application())  # returns once the cluster accepted it (waitAppCompletion=false)
         record = {"deploy_mode": "cluster", "submitted_ms": _now_ms()}
+        hook.submit(application())  # returns once the cluster accepted it (waitAppCompletion=false)
         _submission_file().write_text(json.dumps(record))
         return {"stopped": stopped, **record}
     started = launch_local(hook._build_spark_submit_command(application()))
@@ -199,11 +211,12 @@ def restart_detector(kafka_conn_id: str, store_conn_id: str, spark_conn_id: str)
 
 def launch_local(argv: list[str], up_timeout_s: float = UP_TIMEOUT_S) -> Started:
     """Run ``spark-submit`` detached (own process group, log in <state>/logs/detector.log); wait until the
-    driver has written its driver file, so the caller knows it is up."""
+    driver has started its queries and written its driver file, so the caller knows it is up."""
     settings = KhipuSettings.from_env()
     log_path = settings.state_dir / "logs" / "detector.log"
-    _submission_file().unlink(missing_ok=True)
     launched_ms = _now_ms()
+    _submission_file().parent.mkdir(parents=True, exist_ok=True)
+    _submission_file().write_text(json.dumps({"deploy_mode": "client", "submitted_ms": launched_ms}))
     env = {**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
     started = _process_table().spawn(
         DETECTOR, argv, env, log_path, f"spark-submit spark/detector.py, log {log_path}", cwd=project_root()

@@ -13,7 +13,7 @@ from khipu.health.service import evaluate_cluster
 from khipu.offsets.collect import SnapshotError, collect_snapshot, groups_to_watch
 from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings
-from khipu_airflow.hooks import KhipuStoreHook, cluster_connections
+from khipu_airflow.hooks import KafkaConnectionError, KhipuKafkaHook, KhipuStoreHook
 from khipu_airflow.notifiers import configured_notifiers
 
 log = logging.getLogger(__name__)
@@ -33,11 +33,12 @@ def snapshot_offsets(store_conn_id: str, all_groups: bool) -> dict[str, Any]:
     unreachable: list[str] = []
     try:
         store.migrate()
-        for cluster, connection in cluster_connections(registry).items():
+        for cluster, spec in sorted(registry.clusters.items()):
             watched = groups_to_watch(registry, cluster)
             try:
+                connection = KhipuKafkaHook(spec.connection_id, cluster=cluster).connection()
                 run, rows = collect_snapshot(connection, watched, now_ms(), all_groups=all_groups)
-            except SnapshotError as exc:
+            except (SnapshotError, KafkaConnectionError) as exc:
                 log.error("snapshot of %s failed: %s", cluster, exc)
                 unreachable.append(str(exc))
                 continue

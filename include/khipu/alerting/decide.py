@@ -183,7 +183,7 @@ def detector_alert(health: DetectorHealth, firing: bool, now_ms: int) -> Alert |
             kind=DETECTOR_ALERT_KIND,
             state=AlertState.FIRING,
             severity=Severity.CRITICAL,
-            title=f"detector {health.state.value}: {health.reason}; restarting it from its checkpoint",
+            title=f"detector {health.state.value}: {health.reason}",
             at_ms=now_ms,
             details=details,
         )

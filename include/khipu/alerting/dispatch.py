@@ -33,7 +33,7 @@ def dispatch_pending(store: Store, sinks: Sequence[AlertSink], now_ms: int) -> D
     (the failures are recorded with it); one that none delivered stays pending and is retried.
     Each alert is claimed first, so two dispatchers running at once never both send it."""
     sent = failed = undelivered = 0
-    for alert in store.pending_alerts():
+    for alert in store.pending_alerts(now_ms):
         if not store.claim_alert(alert.key, now_ms):
             continue
         outcomes: dict[str, str] = {}

@@ -148,7 +148,9 @@ class RecordRemovals:
     (ListOffsets earliest), cached ``cache_ms`` per partition: asking for every undecided message costs
     a few lookups per batch. Only a record below the log start costs more: the snapshot history says
     when it was first seen gone and whether the group had gone past it while it was there (then it
-    was skipped, and this answers None); retention comes from the snapshots, else the broker.
+    was skipped, and this answers None); retention comes from the snapshots, else the broker. A log
+    start neither can tell is taken as "still in the log" (the message waits, or a group past it
+    skipped it); a store that fails on the history of a removed record fails the batch.
     """
 
     def __init__(
@@ -225,18 +227,21 @@ class RecordRemovals:
         return start
 
     def _evidence(self, cluster: str, group: str, topic: str, partition: int, offset: int) -> RemovalEvidence | None:
+        """The snapshot history of a removed record. A store that cannot answer fails the batch (it is
+        retried): answering "no history" could turn a skip into an expiry."""
         store = self._store_now()
-        if store is None:
-            return None
-        try:
-            return store.removal_evidence(cluster, group, topic, partition, offset)
-        except Exception as exc:
-            log.warning("store unavailable for the offset history of %s[%d] (%s)", topic, partition, exc)
-            return None
+        return None if store is None else store.removal_evidence(cluster, group, topic, partition, offset)
 
     def _broker_retention(self, cluster: str, topic: str) -> tuple[int | None, int | None]:
+        """The topic's retention from the broker, remembered once known (a failure is asked again next time)."""
         if (cluster, topic) not in self._retention:
             admin = self._admin(cluster)
-            kept = admin.retention([topic]).found.get(topic) if admin is not None else None
-            self._retention[(cluster, topic)] = (kept.retention_ms, kept.retention_bytes) if kept else (None, None)
+            try:
+                kept = admin.retention([topic]).found.get(topic) if admin is not None else None
+            except KafkaUnavailable as exc:
+                log.warning("retention of %s on %s unavailable: %s", topic, cluster, exc)
+                kept = None
+            if kept is None:
+                return None, None
+            self._retention[(cluster, topic)] = (kept.retention_ms, kept.retention_bytes)
         return self._retention[(cluster, topic)]

@@ -16,7 +16,8 @@ Rules (Inca's central idea, sharpened):
   emitter of the group's location points at the record: a later RECEIVED trace's back-pointer or
   a mark says it was received), skipped by consumer, or expired / truncated when the record was
   removed from the log before the group read it (retention deletes only records older than
-  ``retention.ms``: a younger one, or one of a topic kept forever, was truncated); one -> DELIVERED; more ->
+  ``retention.ms``, or the oldest of a partition over ``retention.bytes``: a younger one from a
+  topic without a size limit, or one of a topic kept forever, was truncated); one -> DELIVERED; more ->
   DUPLICATE, rewind/replay when one offset was read twice, producer retry when the id sits at
   several offsets.
 - A write hop with SENT traces is DELIVERED (DUPLICATE when the id was written at several
@@ -27,7 +28,8 @@ Rules (Inca's central idea, sharpened):
 - A topic no trace shows the message on, but which a processor evidently read it from (it wrote
   the message on, and that topic is its only input): its hops are TRACE_LOST too, with no
   position (SENT and RECEIVED both lost), once the trace topic has been read ``grace_ms`` past
-  the message's first trace (its traces there, had they been written, would have been read).
+  the time the detector first saw the message (its traces there, had they been written, would
+  have been read by then).
   Other groups reading it wait, then go to reconciliation.
 - Hops past a loss get no verdict: the message never got there.
 - Still undecided ``max_wait_ms`` after the first trace: PENDING for what is open, and done.

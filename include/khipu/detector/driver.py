@@ -74,12 +74,15 @@ def stop_driver(record: DriverRecord, timeout_s: float = 30.0) -> str:
         return f"driver runs on {record.host}: stop it through its cluster manager"
     if not record.alive():
         return f"driver {record.pid} already gone"
-    for signum in (signal.SIGTERM, signal.SIGCONT):
-        os.kill(record.pid, signum)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not record.alive():
-            return f"driver {record.pid} stopped"
-        time.sleep(0.5)
-    os.kill(record.pid, signal.SIGKILL)
+    try:
+        for signum in (signal.SIGTERM, signal.SIGCONT):
+            os.kill(record.pid, signum)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not record.alive():
+                return f"driver {record.pid} stopped"
+            time.sleep(0.5)
+        os.kill(record.pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended between our look and our signal
+        return f"driver {record.pid} stopped"
     return f"driver {record.pid} killed after {timeout_s:.0f}s"

@@ -109,6 +109,7 @@ def write_connections_file(
     }
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a left-over file keeps its old mode through O_CREAT
     with os.fdopen(fd, "w") as handle:
         json.dump(body, handle)
     os.replace(temporary, path)

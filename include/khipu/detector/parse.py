@@ -23,10 +23,12 @@ from pyspark.sql import functions as F
 from khipu.trace.codec import (
     MAX_ATTRIBUTE_CHARS,
     MAX_ATTRIBUTES,
+    MAX_COUNT,
     MAX_ID_CHARS,
     MAX_MARK_BYTES,
     MAX_MARK_ENTRIES,
     MAX_NAME_CHARS,
+    MAX_PARTITION,
     MAX_PREV_OFFSETS,
     MAX_TRACE_BYTES,
     READABLE_VERSIONS,
@@ -56,6 +58,10 @@ _JSON = "_j"
 # -- the JVM's checks, one small expression per rule of the trace format ------------------------------
 
 
+# Typed extraction is always try_variant_get: Spark may evaluate a cast before the type test guarding
+# it (common subexpressions are hoisted), and a failing variant_get cast throws instead of answering.
+
+
 def _kind(path: str) -> str:
     """The JSON type at ``path``: STRING, BIGINT, DOUBLE, DECIMAL(p,s), BOOLEAN, VOID (null), OBJECT<..>,
     ARRAY<..>; SQL NULL when absent."""
@@ -69,13 +75,14 @@ def _absent(path: str) -> str:
 def _name(path: str, max_chars: int = MAX_NAME_CHARS) -> str:
     return (
         f"coalesce({_kind(path)} = 'STRING' "
-        f"AND char_length(variant_get({_JSON}, '{path}', 'string')) BETWEEN 1 AND {max_chars}, false)"
+        f"AND char_length(try_variant_get({_JSON}, '{path}', 'string')) BETWEEN 1 AND {max_chars}, false)"
     )
 
 
-def _count(path: str) -> str:
-    """An integer >= 0 that fits a long (the codec's 'integer >= 0')."""
-    return f"coalesce({_kind(path)} = 'BIGINT' AND variant_get({_JSON}, '{path}', 'bigint') >= 0, false)"
+def _count(path: str, largest: int = MAX_COUNT) -> str:
+    """An integer >= 0 that fits a long, or an int (a partition): the codec's 'integer >= 0'."""
+    value = f"try_variant_get({_JSON}, '{path}', 'bigint')"
+    return f"coalesce({_kind(path)} = 'BIGINT' AND {value} >= 0 AND {value} <= {largest}, false)"
 
 
 def _only_fields(allowed: Iterable[str]) -> str:
@@ -87,11 +94,11 @@ def _only_fields(allowed: Iterable[str]) -> str:
 
 
 def _version(version: int) -> str:
-    return f"coalesce({_kind('$.v')} = 'BIGINT' AND variant_get({_JSON}, '$.v', 'bigint') = {version}, false)"
+    return f"coalesce({_kind('$.v')} = 'BIGINT' AND try_variant_get({_JSON}, '$.v', 'bigint') = {version}, false)"
 
 
 def _sampling_percent() -> str:
-    value = f"variant_get({_JSON}, '$.sampling_percent', 'double')"
+    value = f"try_variant_get({_JSON}, '$.sampling_percent', 'double')"
     kind = _kind("$.sampling_percent")
     number = f"({kind} IN ('BIGINT', 'DOUBLE') OR {kind} LIKE 'DECIMAL%')"
     return f"coalesce({number} AND {value} > 0 AND {value} <= 100, false)"
@@ -103,7 +110,7 @@ def _attributes() -> str:
         f"({_absent('$.attributes')} OR coalesce({_kind('$.attributes')} LIKE 'OBJECT<%' "
         f"AND size({entries}) <= {MAX_ATTRIBUTES} "
         f"AND forall(map_values({entries}), a -> schema_of_variant(a) = 'STRING' "
-        f"AND char_length(variant_get(a, '$', 'string')) <= {MAX_ATTRIBUTE_CHARS}), false))"
+        f"AND char_length(try_variant_get(a, '$', 'string')) <= {MAX_ATTRIBUTE_CHARS}), false))"
     )
 
 
@@ -123,12 +130,13 @@ def _received() -> str:
     entries = f"try_variant_get({_JSON}, '$.received', 'array<variant>')"
     names = [
         f"schema_of_variant(variant_get(e, '$[{i}]')) = 'STRING' "
-        f"AND char_length(variant_get(e, '$[{i}]', 'string')) BETWEEN 1 AND {MAX_NAME_CHARS}"
+        f"AND char_length(try_variant_get(e, '$[{i}]', 'string')) BETWEEN 1 AND {MAX_NAME_CHARS}"
         for i in (0, 1)
     ]
     counts = [
-        f"schema_of_variant(variant_get(e, '$[{i}]')) = 'BIGINT' AND variant_get(e, '$[{i}]', 'bigint') >= 0"
-        for i in (2, 3)
+        f"schema_of_variant(variant_get(e, '$[{i}]')) = 'BIGINT' AND try_variant_get(e, '$[{i}]', 'bigint') >= 0 "
+        f"AND try_variant_get(e, '$[{i}]', 'bigint') <= {largest}"
+        for i, largest in ((2, MAX_PARTITION), (3, MAX_COUNT))
     ]
     entry = " AND ".join(
         ["schema_of_variant(e) LIKE 'ARRAY<%'", "size(try_variant_get(e, '$', 'array<variant>')) = 4", *names, *counts]
@@ -140,8 +148,8 @@ def _received() -> str:
 
 
 def _valid_trace(known_streams: Iterable[str]) -> str:
-    is_sent = f"coalesce(variant_get({_JSON}, '$.type', 'string') = 'SENT', false)"
-    is_received = f"coalesce(variant_get({_JSON}, '$.type', 'string') = 'RECEIVED', false)"
+    is_sent = f"coalesce(try_variant_get({_JSON}, '$.type', 'string') = 'SENT', false)"
+    is_received = f"coalesce(try_variant_get({_JSON}, '$.type', 'string') = 'RECEIVED', false)"
     versions = " OR ".join(f"({_version(v)} AND {_only_fields(trace_fields(v))})" for v in READABLE_VERSIONS)
     known = ", ".join(f"'{name}'" for name in sorted(known_streams)) or "NULL"
     rules = [
@@ -151,11 +159,12 @@ def _valid_trace(known_streams: Iterable[str]) -> str:
         *(_name(f"$.{field}") for field in ("stream", "location", "cluster", "topic", "emitter_id")),
         f"{_kind('$.type')} = 'STRING' AND ({is_sent} OR {is_received})",
         f"(({is_received} AND {_name('$.group')}) OR ({is_sent} AND {_absent('$.group')}))",
-        *(_count(f"$.{field}") for field in ("timestamp_ms", "partition", "offset", "emitter_seq")),
+        *(_count(f"$.{field}") for field in ("timestamp_ms", "offset", "emitter_seq")),
+        _count("$.partition", MAX_PARTITION),
         _sampling_percent(),
         _attributes(),
         _prev_offsets(is_sent),
-        f"variant_get({_JSON}, '$.stream', 'string') IN ({known})",
+        f"try_variant_get({_JSON}, '$.stream', 'string') IN ({known})",
     ]
     return " AND ".join(f"({rule})" for rule in rules)
 
@@ -185,7 +194,7 @@ def _typed(path: str, spark_type: str) -> Column:
 def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFrame:
     """Decode a DataFrame of Spark's Kafka schema (in the JVM); split it with :func:`valid` / :func:`quarantined`."""
     streams = sorted(set(known_streams))
-    is_mark = f"coalesce({_kind('$.mark')} = 'BOOLEAN' AND variant_get({_JSON}, '$.mark', 'boolean'), false)"
+    is_mark = f"coalesce({_kind('$.mark')} = 'BOOLEAN' AND try_variant_get({_JSON}, '$.mark', 'boolean'), false)"
     decoded = kafka_rows.select(
         "value",
         "topic",

@@ -7,8 +7,9 @@ first that fires decides, in this order):
 
 1. STARTING   the driver was submitted less than ``startup_grace_ms`` ago, runs, and has not
               reported since: give it time (a JVM, a Spark session, a first batch);
-2. NEVER_RAN  no heartbeat was ever stored and no driver runs;
-3. DOWN       the driver is known to be gone (its heartbeat may still be fresh: it just died);
+2. NEVER_RAN  no heartbeat was ever stored, no driver runs, and none was ever submitted;
+3. DOWN       the driver is known to be gone (its heartbeat may still be fresh: it just died; or it
+              died at start, before it ever reported);
 4. HUNG       the newest heartbeat is older than ``stale_after_ms`` while the driver still runs
               (or runs elsewhere, where only the heartbeat can be seen);
 5. HEALTHY    otherwise.
@@ -80,7 +81,8 @@ class SupervisionConfig:
 
 @dataclass(frozen=True, slots=True)
 class DetectorObservation:
-    """What the supervisor sees: the newest heartbeat, and the driver it submitted (if any)."""
+    """What the supervisor sees: the detector's last sign of life (the end of its newest batch), and the
+    driver it submitted (if any)."""
 
     last_beat_ms: int | None
     driver_alive: bool | None  # None: not known here (a driver on a cluster)
@@ -110,8 +112,8 @@ def starting(seen: DetectorObservation, now_ms: int, config: SupervisionConfig) 
 
 
 def never_ran(seen: DetectorObservation, now_ms: int, config: SupervisionConfig) -> str | None:
-    if seen.last_beat_ms is None and seen.driver_alive is not True:
-        return "no heartbeat has ever been stored and no driver runs"
+    if seen.last_beat_ms is None and seen.driver_alive is not True and seen.submitted_ms is None:
+        return "no heartbeat has ever been stored, and it was never submitted"
     return None
 
 

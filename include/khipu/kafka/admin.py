@@ -8,6 +8,7 @@ batch call are returned to the caller as text, so one bad group or topic does no
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -53,10 +54,20 @@ class KafkaAdmin:
 
     def __init__(self, connection: KafkaConnection, timeout_s: float = 15.0) -> None:
         self.connection, self.timeout_s = connection, timeout_s
-        self._client = AdminClient({**connection.client_config(), "socket.connection.setup.timeout.ms": 5000})
+        self._client_errors: deque[str] = deque(maxlen=8)  # what librdkafka said about the connection lately
+        config: dict[str, Any] = {**connection.client_config(), "socket.connection.setup.timeout.ms": 5000}
+        config["error_cb"] = lambda error: self._client_errors.append(error.str())
+        self._client = AdminClient(config)
 
     def _unavailable(self, what: str, exc: KafkaException) -> KafkaUnavailable:
-        return KafkaUnavailable(f"cannot {what} on {self.connection.describe()}: {error_text(exc)}")
+        return KafkaUnavailable(f"cannot {what} on {self.connection.describe()}: {error_text(exc)}{self._why()}")
+
+    def _why(self) -> str:
+        """The client's own account of a failed connection (a refused login, a TLS error), when it has one:
+        a request only says "transport failure"."""
+        self._client.poll(0)
+        telling = [e for e in self._client_errors if "brokers are down" not in e]
+        return f" ({telling[-1].split(': ', 1)[-1]})" if telling else ""
 
     # -- topics ---------------------------------------------------------------------------------------
 
@@ -65,7 +76,9 @@ class KafkaAdmin:
         try:
             metadata = self._client.list_topics(timeout=self.timeout_s)
         except KafkaException as exc:
-            raise KafkaUnavailable(f"cannot reach {self.connection.describe()}: {error_text(exc)}") from None
+            raise KafkaUnavailable(
+                f"cannot reach {self.connection.describe()}: {error_text(exc)}{self._why()}"
+            ) from None
         return {name: sorted(meta.partitions) for name, meta in metadata.topics.items() if meta.error is None}
 
     def ensure_topics(

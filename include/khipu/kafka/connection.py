@@ -10,7 +10,6 @@ two client builders reveal them.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,7 +36,20 @@ _OWNED = {
     "ssl.ca.location",
     "ssl.key.password",
 }
-_SECRET_WORDS = ("password", "secret", "jaas", "token", "key.pem", "private")
+_SECRET_WORDS = ("password", "secret", "jaas", "token", "key.pem", "private", "oauthbearer")
+# librdkafka settings whose Java client (Spark's connector) setting has the same name and meaning
+_SAME_IN_JAVA = frozenset(
+    {
+        "client.id",
+        "request.timeout.ms",
+        "metadata.max.age.ms",
+        "reconnect.backoff.ms",
+        "reconnect.backoff.max.ms",
+        "retry.backoff.ms",
+        "socket.connection.setup.timeout.ms",
+        "ssl.endpoint.identification.algorithm",
+    }
+)
 MASK = "***"
 
 
@@ -195,15 +207,28 @@ class KafkaConnection:
 
     def spark_options(self) -> dict[str, str]:
         """Options for Spark's Kafka source and sink (``kafka.``-prefixed Java client settings), credentials
-        included: set them on the reader in the driver, never on a command line."""
+        included: set them on the reader in the driver, never on a command line. A setting the Java
+        client cannot take as given is refused by name, rather than silently left out."""
+        unmapped = sorted(key for key in self.options if key not in _SAME_IN_JAVA)
+        if unmapped:
+            raise KafkaConnectionError(
+                unmapped[0],
+                MASK if is_secret_setting(unmapped[0]) else self.options[unmapped[0]],
+                f"a setting Spark's Kafka connector takes under the same name ({', '.join(sorted(_SAME_IN_JAVA))})",
+            )
+        if self.ssl_key_password is not None:
+            raise KafkaConnectionError(
+                "ssl.key.password", MASK, "no client certificate: the detector's Spark reader trusts a CA only"
+            )
         options = {"kafka.bootstrap.servers": self.bootstrap_servers}
+        options.update({f"kafka.{key}": value for key, value in self.options.items()})
         if self.security_protocol != "PLAINTEXT":
             options["kafka.security.protocol"] = self.security_protocol
         if self.sasl_mechanism and self.sasl_username and self.sasl_password is not None:
             options["kafka.sasl.mechanism"] = self.sasl_mechanism
             options["kafka.sasl.jaas.config"] = (
                 f"{_LOGIN_MODULES[self.sasl_mechanism]} required "
-                f"username={json.dumps(self.sasl_username)} password={json.dumps(self.sasl_password.reveal())};"
+                f"username={_jaas_quoted(self.sasl_username)} password={_jaas_quoted(self.sasl_password.reveal())};"
             )
         if self.ssl_ca_location:
             options["kafka.ssl.truststore.type"] = "PEM"
@@ -235,6 +260,11 @@ class KafkaConnection:
             return cls.from_settings(dict(data["settings"]), cluster=str(data["cluster"]))
         except (KeyError, TypeError):
             raise KafkaConnectionError("<connection>", "<malformed>", '{"cluster": ..., "settings": {...}}') from None
+
+
+def _jaas_quoted(text: str) -> str:
+    """A JAAS option value in double quotes: only backslash and quote are escaped (JAAS knows no \\u escapes)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _secret(value: Any) -> Secret | None:

@@ -180,6 +180,7 @@ def write_config(spec: BrokerSpec) -> Path:
         f"{key}={value}\n" for key, value in spec.properties().items()
     )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its old mode through O_CREAT
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
     (spec.directory / "log4j2.properties").write_text(_LOG4J2)

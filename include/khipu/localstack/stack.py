@@ -25,7 +25,8 @@ from khipu.settings import KhipuSettings, project_root
 from khipu.store import Store
 
 BROKER, AIRFLOW, DEMO, DETECTOR = "broker", "airflow", "demo", "detector"
-COMPONENTS = (DETECTOR, DEMO, AIRFLOW, BROKER)  # stop order; the detector is started by Airflow (khipu_detector)
+# stop order: Airflow first, so that its khipu_detector DAG cannot start the detector again meanwhile
+COMPONENTS = (AIRFLOW, DETECTOR, DEMO, BROKER)
 AIRFLOW_READY_TIMEOUT_S = 300.0
 DEMO_RATE_PER_S = 2.0
 DEMO_FAULTS = (
@@ -191,6 +192,8 @@ def down(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
     table = ProcessTable(settings.state_dir)
     for name in COMPONENTS:
         say(f"{name}: {'stopped' if table.stop(name) else 'not running'}")
+    # the detector's connections (credentials) are written anew by the DAG at each start
+    (settings.state_dir / "detector" / "connections.json").unlink(missing_ok=True)
 
 
 def status(settings: KhipuSettings, say: Callable[[str], None] = print) -> bool:

@@ -760,13 +760,15 @@ class Store:
 
     # -- alerts ---------------------------------------------------------------------------
 
-    def pending_alerts(self) -> list[Alert]:
+    def pending_alerts(self, now_ms: int | None = None) -> list[Alert]:
+        """Alerts not delivered yet; with ``now_ms``, also those a dispatcher claimed over
+        ``CLAIM_LEASE_MS`` ago and never finished (it died mid-delivery)."""
         table = schema.alerts
         with self._begin() as tx:
             return [
                 _alert_from(r)
                 for r in tx.execute(
-                    select(table).where(table.c.delivered_ms.is_(None)).order_by(table.c.at_ms, table.c.id)
+                    select(table).where(_undelivered(table, now_ms)).order_by(table.c.at_ms, table.c.id)
                 )
             ]
 
@@ -780,12 +782,13 @@ class Store:
         return None if row is None else _alert_from(row)
 
     def claim_alert(self, key: str, claimed_ms: int) -> bool:
-        """Take a pending alert for delivery; False when another dispatcher took it first."""
+        """Take a pending alert for delivery (marked delivered at minus the claim time until it is);
+        False when another dispatcher holds it. A claim older than ``CLAIM_LEASE_MS`` may be taken over."""
         table = schema.alerts
         with self._begin() as tx:
             taken = tx.execute(
                 update(table)
-                .where(table.c.alert_key == key, table.c.delivered_ms.is_(None))
+                .where(table.c.alert_key == key, _undelivered(table, claimed_ms))
                 .values(delivered_ms=-claimed_ms)
             )
         return bool(taken.rowcount)
@@ -836,6 +839,17 @@ _VERDICT_COLUMNS = (
     "detail",
 )
 MINUTE_MS = 60_000
+
+
+CLAIM_LEASE_MS = 600_000
+
+
+def _undelivered(table: Any, now_ms: int | None) -> Any:
+    """Not delivered: never claimed, or (given ``now_ms``) claimed by a dispatcher over the lease ago."""
+    if now_ms is None:
+        return table.c.delivered_ms.is_(None)
+    stale_claim = and_(table.c.delivered_ms < 0, table.c.delivered_ms > -(now_ms - CLAIM_LEASE_MS))
+    return or_(table.c.delivered_ms.is_(None), stale_claim)
 
 
 def _sqlite_for_concurrent_writers(connection: Any, _record: Any) -> None:

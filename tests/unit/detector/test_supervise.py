@@ -21,7 +21,7 @@ S = 1000
 # (case, observation, state, reason fragment, why the answer is right)
 CASES = [
     (1, DetectorObservation(None, False), DetectorState.NEVER_RAN, "no heartbeat has ever been stored",
-     "nothing ever reported and nothing runs: start it"),
+     "nothing ever reported, nothing runs, nothing was submitted: start it"),
     (2, DetectorObservation(NOW - 5 * S, True, NOW - 600 * S), DetectorState.HEALTHY, "last heartbeat 5s ago",
      "a fresh heartbeat from a running driver"),
     (3, DetectorObservation(NOW - 120 * S, True, NOW - 600 * S), DetectorState.HEALTHY, "120s ago",
@@ -44,6 +44,8 @@ CASES = [
      "a cluster submission also gets its startup grace"),
     (12, DetectorObservation(NOW - 10 * S, None, NOW - 3600 * S), DetectorState.HEALTHY, "10s ago",
      "a cluster driver that reports is healthy"),
+    (13, DetectorObservation(None, False, NOW - 60 * S), DetectorState.DOWN, "its driver is gone",
+     "submitted, then died at start before a single heartbeat: that is down (and alerts), not never-ran"),
 ]  # fmt: skip
 
 
@@ -60,12 +62,14 @@ def test_only_a_detector_that_ran_and_stopped_working_raises_the_alert_and_healt
     hung = judge_detector(DetectorObservation(NOW - 300 * S, True, NOW - 3600 * S), NOW, CONFIG)
     fired = detector_alert(hung, firing=False, now_ms=NOW)
     assert fired is not None and fired.state is AlertState.FIRING and fired.kind == "detector_down"
-    assert "hung" in fired.title and "restarting it from its checkpoint" in fired.title
+    assert fired.title.startswith("detector hung: last heartbeat 300s ago")
     assert detector_alert(hung, firing=True, now_ms=NOW + 120 * S) is None  # once, not every check
     starting = judge_detector(DetectorObservation(None, True, NOW - 10 * S), NOW, CONFIG)
     assert detector_alert(starting, firing=True, now_ms=NOW) is None  # restarted, not yet healthy: still firing
     never = judge_detector(DetectorObservation(None, False), NOW, CONFIG)
     assert detector_alert(never, firing=False, now_ms=NOW) is None  # a new stack is not an incident
+    died_at_start = judge_detector(DetectorObservation(None, False, NOW - 60 * S), NOW, CONFIG)
+    assert detector_alert(died_at_start, firing=False, now_ms=NOW) is not None
     healthy = judge_detector(DetectorObservation(NOW - 2 * S, True, NOW - 60 * S), NOW, CONFIG)
     resolved = detector_alert(healthy, firing=True, now_ms=NOW)
     assert resolved is not None and resolved.state is AlertState.RESOLVED

@@ -34,6 +34,7 @@ def test_librdkafka_and_spark_each_get_the_same_cluster_in_their_own_words() -> 
     }
     options = connection.spark_options()
     assert options["kafka.bootstrap.servers"] == "k1:9094,k2:9094"
+    assert options["kafka.client.id"] == "khipu-detector"
     assert options["kafka.security.protocol"] == "SASL_PLAINTEXT"
     assert options["kafka.sasl.mechanism"] == "SCRAM-SHA-512"
     assert options["kafka.sasl.jaas.config"] == (
@@ -106,3 +107,16 @@ def test_from_env_reads_the_khipu_kafka_variables() -> None:
     )
     assert connection.client_config()["sasl.password"] == "p"
     assert KafkaConnection.from_env({}).client_config() == {"bootstrap.servers": "127.0.0.1:9092"}
+
+
+def test_the_jaas_config_escapes_only_what_jaas_knows_so_non_ascii_passwords_survive() -> None:
+    options = sasl(**{"sasl.password": 'pä\\ss"'}).spark_options()
+    assert options["kafka.sasl.jaas.config"].endswith('password="pä\\\\ss\\"";')
+
+
+def test_a_setting_spark_cannot_take_is_refused_by_name_not_dropped() -> None:
+    connection = sasl(**{"ssl.certificate.location": "/etc/client.pem"})
+    assert connection.client_config()["ssl.certificate.location"] == "/etc/client.pem"  # librdkafka takes it
+    with pytest.raises(KafkaConnectionError) as caught:
+        connection.spark_options()
+    assert caught.value.setting == "ssl.certificate.location" and "Spark's Kafka connector" in str(caught.value)
