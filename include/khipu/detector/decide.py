@@ -171,7 +171,14 @@ class _Judge:
             committed = self.committed(hop.topic.cluster, hop.group, hop.topic.topic, partition)
             key = f"{hop.id}|{partition}|{offset}"
             passed = committed is not None and committed > offset
-            if not passed and (gone := self.removed(hop.topic.cluster, hop.group, hop.topic.topic, partition, offset)):
+            # a record the group has not reached is asked after (it may have left the log) only once the
+            # message has been on its way longer than the grace: most are passed by then, and asking costs
+            overdue = self.clock_ms - self.first_seen_ms >= self.config.grace_ms
+            if (
+                not passed
+                and overdue
+                and (gone := self.removed(hop.topic.cluster, hop.group, hop.topic.topic, partition, offset))
+            ):
                 removals[(partition, offset)] = gone  # out of the log before the group got to it: final too
             if passed or (partition, offset) in removals:
                 seen = self.passed_at.setdefault(key, self.now_ms)

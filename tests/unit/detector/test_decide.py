@@ -210,17 +210,18 @@ CASES = [
           S1: (L, Cause.TRUNCATED, 0), S2: (D, None, 1)}, True,
          "a topic kept forever loses nothing to retention: a record gone from it was truncated",
          removed={("s1", "out"): KEPT_FOREVER}),
-    Case(24, clean(skip={S1}), {**PAST, ("s1", "out"): 3}, 60_000, 70_000,
+    Case(24, clean(skip={S1}), {**PAST, ("s1", "out"): 3}, 60_000, 100_000,
          {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1),
           S1: (L, Cause.EXPIRED, 0), S2: (D, None, 1)}, True,
-         "s1 still sits at offset 3 but the log now starts at 9: it can never read out@7, so the loss is "
-         "final without waiting for s1 to move (its committed offset is below the log start)",
+         "s1 still sits at offset 3 but the log now starts at 9 (asked once the message was on its way "
+         "longer than the grace, and seen so for longer than the grace): it can never read out@7, so the "
+         "loss is final without waiting for s1 to move (its committed offset is below the log start)",
          removed={("s1", "out"): AGED_OUT}),
     Case(25, clean(skip={S1}), {**PAST, ("s1", "out"): 3}, None, 70_000, {}, False,
          "the record (and every group's commit) only just seen gone past: s1 may have read it and not "
          "committed or flushed its trace yet; the grace applies to a removal as to a commit",
          removed={("s1", "out"): AGED_OUT}),
-    Case(26, clean(), {**PAST, ("s1", "out"): 3}, 60_000, 70_000,
+    Case(26, clean(), {**PAST, ("s1", "out"): 3}, 60_000, 100_000,
          {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (D, None, 1), S2: (D, None, 1)},
          True, "s1 received it before the log moved past it and has not committed yet: delivered, nothing lost",
          removed={("s1", "out"): AGED_OUT}),
