@@ -6,13 +6,17 @@ with one user whose password is drawn per session, for the tests of secured clus
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,3 +55,25 @@ def airflow_db() -> Path:
     result = subprocess.run([str(airflow), "db", "migrate"], capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, f"airflow db migrate failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
     return home
+
+
+@pytest.fixture
+def webhook() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A real HTTP receiver on 127.0.0.1 for the webhook notifier: (its URL, the JSON bodies it got)."""
+    received: list[dict[str, Any]] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/alerts", received
+    finally:
+        server.shutdown()

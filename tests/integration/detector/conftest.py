@@ -130,3 +130,22 @@ def wait_until_settled(store_url: str, expected_messages: int, timeout_s: float 
         raise AssertionError(f"detector did not settle within {timeout_s:.0f}s: {last} verdicts")
     finally:
         store.close()
+
+
+def run_detector_until(spark: Any, job: DetectorJob, verdicts: int, timeout_s: float = 150) -> list[dict[str, Any]]:
+    """Run the detector in this process until the store holds ``verdicts`` verdicts (or the time is up)."""
+    from khipu.detector.job import start_detector
+
+    store = Store(job.store_url)
+    queries = start_detector(spark, job)
+    try:
+        found: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and len(found) < verdicts:
+            time.sleep(2)
+            found = store.verdicts()
+        return found
+    finally:
+        for query in queries:
+            query.stop()
+        store.close()

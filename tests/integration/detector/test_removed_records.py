@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from khipu.detector.job import DetectorJob, start_detector
+from khipu.detector.job import DetectorJob
 from khipu.health.evaluate import HealthConfig
 from khipu.health.rules import PartitionStatus
 from khipu.health.service import evaluate_cluster
@@ -23,7 +23,7 @@ from khipu.offsets.collect import collect_snapshot
 from khipu.offsets.model import PartitionKey
 from khipu.store import Store
 from khipu.tracing import TracedProducer, TraceEmitter, TraceEmitterConfig
-from tests.integration.detector.conftest import FAST
+from tests.integration.detector.conftest import FAST, run_detector_until
 from tests.integration.helpers import consumer_config
 
 pytestmark = pytest.mark.integration
@@ -131,17 +131,8 @@ streams:
         trigger_seconds=1.0,
         detector=FAST,
     )
-    queries = start_detector(spark, job)
-    try:
-        verdicts: list[dict[str, Any]] = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(verdicts) < 4 * MESSAGES:
-            time.sleep(2)
-            verdicts = store.verdicts()
-    finally:
-        for query in queries:
-            query.stop()
     store.close()
+    verdicts = run_detector_until(spark, job, 4 * MESSAGES)
 
     by_hop: dict[str, set[tuple[str, str | None]]] = {}
     for v in verdicts:

@@ -27,7 +27,7 @@ from khipu.localstack.processes import stop_process_group
 from khipu.store import Store
 from khipu.tracing import TracedConsumer, TracedProducer, TraceEmitter, TraceEmitterConfig, carry_trace_headers
 from tests.integration.conftest import SASL_USER
-from tests.integration.detector.conftest import FAST, REGISTRY, demo_traces, wait_until_settled
+from tests.integration.detector.conftest import FAST, REGISTRY, demo_traces, run_detector_until, wait_until_settled
 from tests.integration.helpers import TEST_SESSION_TIMEOUT_MS
 
 pytestmark = pytest.mark.integration
@@ -211,17 +211,8 @@ streams:
         trigger_seconds=1.0,
         detector=FAST,
     )
-    queries = start_detector(spark, job)
-    try:
-        verdicts: list[dict[str, Any]] = []
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline and len(verdicts) < 4 * count:
-            time.sleep(2)
-            verdicts = store.verdicts()
-    finally:
-        for query in queries:
-            query.stop()
-        store.close()
+    store.close()
+    verdicts = run_detector_until(spark, job, 4 * count)
     kinds: dict[str, dict[str, int]] = {}
     for v in verdicts:
         label = v["verdict"] + (f"/{v['cause']}" if v["cause"] else "")
