@@ -157,8 +157,7 @@ def application_args(kafka_conn_id: str, store_conn_id: str) -> list[str]:
     kafka = KhipuKafkaHook(kafka_conn_id)
     trace = kafka.connection()
     registry = load_registry(settings.registry_path)
-    clusters = cluster_connections(registry) if registry.clusters else {}
-    clusters.setdefault(trace.cluster, trace)
+    clusters = cluster_connections(registry)
     connections = write_connections_file(
         detector_dir() / "connections.json", trace, clusters, KhipuStoreHook(store_conn_id).url()
     )

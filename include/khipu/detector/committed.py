@@ -68,29 +68,52 @@ class PointedPositions:
         return self._store.pointed_at(location, cluster, topic, partition, offset)
 
 
+class ClusterClients:
+    """One admin client per cluster and one store, built lazily where they are used (on executors) and never
+    pickled live: shared by the lookups below, so a worker holds one client per cluster, not one per lookup."""
+
+    def __init__(self, clusters: Mapping[str, KafkaConnection], store_url: str | None = None) -> None:
+        self.clusters, self.store_url = dict(clusters), store_url
+        self._admins: dict[str, KafkaAdmin] = {}
+        self._store: Store | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_admins={}, _store=None)
+        return state
+
+    def admin(self, cluster: str) -> KafkaAdmin | None:
+        """The cluster's admin client; None when no connection names it."""
+        connection = self.clusters.get(cluster)
+        if connection is None:
+            return None
+        if cluster not in self._admins:
+            self._admins[cluster] = KafkaAdmin(connection, timeout_s=10)
+        return self._admins[cluster]
+
+    def store(self) -> Store | None:
+        if not self.store_url:
+            return None
+        if self._store is None:
+            self._store = Store(self.store_url)
+        return self._store
+
+
 class CommittedOffsets:
     """``lookup(cluster, group, topic, partition)`` -> the group's committed offset, or None when unknown."""
 
     def __init__(
-        self,
-        clusters: Mapping[str, KafkaConnection],
-        store_url: str | None = None,
-        store_fresh_ms: int = 15_000,
-        cache_ms: int = 2_000,
-        clock_ms: Any = None,
+        self, clients: ClusterClients, store_fresh_ms: int = 15_000, cache_ms: int = 2_000, clock_ms: Any = None
     ) -> None:
-        self.clusters = dict(clusters)
-        self.store_url = store_url
+        self.clients = clients
         self.store_fresh_ms = store_fresh_ms
         self.cache_ms = cache_ms
         self._clock_ms = clock_ms
-        self._admins: dict[str, KafkaAdmin] = {}
-        self._store: Store | None = None
         self._cache: dict[tuple[str, str], tuple[int, dict[tuple[str, int], int]]] = {}
 
-    def __getstate__(self) -> dict[str, Any]:  # shipped to executors without live clients
+    def __getstate__(self) -> dict[str, Any]:  # shipped to executors without live clients or stale answers
         state = dict(self.__dict__)
-        state.update(_admins={}, _store=None, _cache={})
+        state.update(_cache={})
         return state
 
     def _now(self) -> int:
@@ -111,13 +134,10 @@ class CommittedOffsets:
         from_store = self._from_store(cluster, group, now)
         if from_store is not None:
             return from_store
-        connection = self.clusters.get(cluster)
-        if connection is None:
+        admin = self.clients.admin(cluster)
+        if admin is None:
             log.warning("no connection for cluster %r: committed offsets of %s unknown", cluster, group)
             return {}
-        admin = self._admins.get(cluster)
-        if admin is None:
-            admin = self._admins[cluster] = KafkaAdmin(connection, timeout_s=10)
         try:
             offsets = admin.committed_offsets(group)
         except KafkaUnavailable as exc:
@@ -126,12 +146,11 @@ class CommittedOffsets:
         return {position: offset for position, offset in offsets.items() if offset is not None}
 
     def _from_store(self, cluster: str, group: str, now: int) -> dict[tuple[str, int], int] | None:
-        if not self.store_url:
+        store = self.clients.store()
+        if store is None:
             return None
-        if self._store is None:
-            self._store = Store(self.store_url)
         try:
-            latest = self._store.latest_committed(cluster, group)
+            latest = store.latest_committed(cluster, group)
         except Exception as exc:  # the store is a shortcut; the broker is the fallback
             log.warning("store unavailable for committed offsets (%s); asking the broker", exc)
             return None
@@ -153,23 +172,14 @@ class RecordRemovals:
     skipped it); a store that fails on the history of a removed record fails the batch.
     """
 
-    def __init__(
-        self,
-        clusters: Mapping[str, KafkaConnection],
-        store_url: str | None = None,
-        store_fresh_ms: int = 15_000,
-        cache_ms: int = 5_000,
-    ) -> None:
-        self.clusters = dict(clusters)
-        self.store_url, self.store_fresh_ms, self.cache_ms = store_url, store_fresh_ms, cache_ms
-        self._admins: dict[str, KafkaAdmin] = {}
-        self._store: Store | None = None
+    def __init__(self, clients: ClusterClients, store_fresh_ms: int = 15_000, cache_ms: int = 5_000) -> None:
+        self.clients, self.store_fresh_ms, self.cache_ms = clients, store_fresh_ms, cache_ms
         self._starts: dict[tuple[str, str, int], tuple[int, int | None]] = {}
         self._retention: dict[tuple[str, str], tuple[int | None, int | None]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_admins={}, _store=None, _starts={}, _retention={})
+        state.update(_starts={}, _retention={})
         return state
 
     def __call__(self, cluster: str, group: str, topic: str, partition: int, offset: int) -> Removal | None:
@@ -187,27 +197,12 @@ class RecordRemovals:
         first_gone = evidence.first_gone_ms if evidence is not None else None
         return Removal(start, first_gone if first_gone is not None else now, retention_ms, retention_bytes)
 
-    def _store_now(self) -> Store | None:
-        if not self.store_url:
-            return None
-        if self._store is None:
-            self._store = Store(self.store_url)
-        return self._store
-
-    def _admin(self, cluster: str) -> KafkaAdmin | None:
-        connection = self.clusters.get(cluster)
-        if connection is None:
-            return None
-        if cluster not in self._admins:
-            self._admins[cluster] = KafkaAdmin(connection, timeout_s=10)
-        return self._admins[cluster]
-
     def _log_start(self, cluster: str, topic: str, partition: int, now: int) -> int | None:
         cached = self._starts.get((cluster, topic, partition))
         if cached is not None and now - cached[0] < self.cache_ms:
             return cached[1]
         start: int | None = None
-        store = self._store_now()
+        store = self.clients.store()
         try:
             latest = store.latest_log_start(cluster, topic, partition) if store is not None else None
         except Exception as exc:  # the store is a shortcut; the broker is the fallback
@@ -216,7 +211,7 @@ class RecordRemovals:
         if latest is not None and now - latest[0] <= self.store_fresh_ms:
             start = latest[1]
         else:
-            admin = self._admin(cluster)
+            admin = self.clients.admin(cluster)
             if admin is not None:
                 try:
                     found = admin.log_starts([(topic, partition)])
@@ -229,13 +224,13 @@ class RecordRemovals:
     def _evidence(self, cluster: str, group: str, topic: str, partition: int, offset: int) -> RemovalEvidence | None:
         """The snapshot history of a removed record. A store that cannot answer fails the batch (it is
         retried): answering "no history" could turn a skip into an expiry."""
-        store = self._store_now()
+        store = self.clients.store()
         return None if store is None else store.removal_evidence(cluster, group, topic, partition, offset)
 
     def _broker_retention(self, cluster: str, topic: str) -> tuple[int | None, int | None]:
         """The topic's retention from the broker, remembered once known (a failure is asked again next time)."""
         if (cluster, topic) not in self._retention:
-            admin = self._admin(cluster)
+            admin = self.clients.admin(cluster)
             try:
                 kept = admin.retention([topic]).found.get(topic) if admin is not None else None
             except KafkaUnavailable as exc:

@@ -24,7 +24,13 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from khipu.detector.committed import CommittedOffsets, PointedPositions, RecordRemovals, StreamReadProgress
+from khipu.detector.committed import (
+    ClusterClients,
+    CommittedOffsets,
+    PointedPositions,
+    RecordRemovals,
+    StreamReadProgress,
+)
 from khipu.detector.model import ARCHIVE_QUERY, VERDICT_QUERY, DetectorConfig
 from khipu.detector.outputs import ArchiveWriter, HeartbeatListener, VerdictWriter
 from khipu.detector.parse import parse_traces, valid
@@ -165,8 +171,8 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
     )
     spark.streams.addListener(HeartbeatListener(job.store_url))
-    connections = job.connections_by_cluster(sorted(registry.clusters))
-    committed = CommittedOffsets(connections, job.store_url)
+    clients = ClusterClients(job.connections_by_cluster(sorted(registry.clusters)), job.store_url)
+    committed = CommittedOffsets(clients)
     trigger = {"processingTime": f"{job.trigger_seconds} seconds"}
 
     verdicts = (
@@ -179,7 +185,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
                 job.detector,
                 PointedPositions(job.store_url),
                 StreamReadProgress(job.store_url, (VERDICT_QUERY, ARCHIVE_QUERY)),
-                RecordRemovals(connections, job.store_url),
+                RecordRemovals(clients),
             ),
             outputStructType=VERDICT_SCHEMA,
             outputMode="Update",

@@ -149,3 +149,23 @@ def run_detector_until(spark: Any, job: DetectorJob, verdicts: int, timeout_s: f
         for query in queries:
             query.stop()
         store.close()
+
+
+def verdict_keys(rows: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
+    """What must be equal between two runs: (message, hop, verdict, cause, count) per stored verdict."""
+    return {(r["message_id"], r["hop"], r["verdict"], r["cause"], r["count"]) for r in rows}
+
+
+def uninterrupted_run(
+    broker: BrokerProcess, spark: Any, tmp_path: Path, trace_topic: str, messages: int
+) -> list[dict[str, Any]]:
+    """The verdicts of a detector that reads the whole trace topic in this process, never stopped."""
+    from khipu.detector.job import start_detector
+
+    job = detector_job(broker, tmp_path, trace_topic, "whole", lost_topic=None)
+    queries = start_detector(spark, job)
+    try:
+        return wait_until_settled(job.store_url, messages)
+    finally:
+        for query in queries:
+            query.stop()

@@ -23,7 +23,14 @@ from khipu.localstack.broker import BrokerProcess
 from khipu.store import Store
 from khipu.trace import Trace
 from khipu.trace.topic import read_trace_topic
-from tests.integration.detector.conftest import REGISTRY, demo_traces, detector_job, wait_until_settled
+from tests.integration.detector.conftest import (
+    REGISTRY,
+    demo_traces,
+    detector_job,
+    uninterrupted_run,
+    verdict_keys,
+    wait_until_settled,
+)
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[3]
@@ -175,21 +182,12 @@ def test_a_detector_killed_mid_stream_and_restarted_ends_with_the_verdicts_of_an
         os.killpg(second.pid, signal.SIGTERM)
         second.wait(timeout=60)
 
-    uninterrupted = detector_job(broker, tmp_path, demo.trace_topic, "whole", lost_topic=None)
-    queries = start_detector(spark, uninterrupted)
-    try:
-        whole = wait_until_settled(uninterrupted.store_url, observable)
-    finally:
-        for query in queries:
-            query.stop()
-
-    def key(rows: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
-        return {(r["message_id"], r["hop"], r["verdict"], r["cause"], r["count"]) for r in rows}
+    whole = uninterrupted_run(broker, spark, tmp_path, demo.trace_topic, observable)
 
     assert at_kill["state_rows"] > 0 and not at_kill["caught_up"]  # killed holding messages, with more to read
     assert partial < len(after_restart)
-    assert key(after_restart) == key(whole)
-    assert len(after_restart) == len(key(after_restart))  # none stored twice
+    assert verdict_keys(after_restart) == verdict_keys(whole)
+    assert len(after_restart) == len(verdict_keys(after_restart))  # none stored twice
     assert score(demo.truth, after_restart).exact
 
 

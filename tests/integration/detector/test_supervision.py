@@ -20,12 +20,16 @@ import pytest
 from khipu.demo.ledger import build_truth, read_ledger
 from khipu.demo.score import observable_messages, score
 from khipu.detector.driver import read_driver_record
-from khipu.detector.job import start_detector
 from khipu.detector.model import VERDICT_QUERY
 from khipu.localstack.broker import BrokerProcess
 from khipu.localstack.processes import ProcessTable
 from khipu.store import Store
-from tests.integration.detector.conftest import demo_traces, detector_job, wait_until_settled
+from tests.integration.detector.conftest import (
+    demo_traces,
+    uninterrupted_run,
+    verdict_keys,
+    wait_until_settled,
+)
 
 pytestmark = pytest.mark.integration
 DAGS = Path(__file__).resolve().parents[3] / "dags"
@@ -124,18 +128,9 @@ def test_a_hung_driver_is_replaced_from_its_checkpoint_alerting_once_and_verdict
         table.stop("detector", timeout_s=30)
         store.close()
 
-    uninterrupted = detector_job(broker, tmp_path, first.trace_topic, "whole", lost_topic=None)
-    queries = start_detector(spark, uninterrupted)
-    try:
-        whole = wait_until_settled(uninterrupted.store_url, len(observable))
-    finally:
-        for query in queries:
-            query.stop()
+    whole = uninterrupted_run(broker, spark, tmp_path, first.trace_topic, len(observable))
 
-    def key(rows: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
-        return {(r["message_id"], r["hop"], r["verdict"], r["cause"], r["count"]) for r in rows}
-
-    assert key(verdicts) == key(whole) and len(verdicts) == len(key(verdicts))
+    assert verdict_keys(verdicts) == verdict_keys(whole) and len(verdicts) == len(verdict_keys(verdicts))
     result = score(truth, verdicts)
     assert result.exact, (result.wrong, result.missing, result.extra)
     print(f"hung driver replaced {replaced_after_s:.0f} s after SIGSTOP")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from khipu.detector.committed import RecordRemovals
+from khipu.detector.committed import ClusterClients, RecordRemovals
 from khipu.kafka import KafkaConnection
 from khipu.localstack.processes import free_port
 from khipu.offsets.model import PartitionSnapshot, SnapshotRun
@@ -34,7 +34,7 @@ def test_the_history_says_when_a_record_went_and_whether_the_group_had_skipped_i
     snapshot(store, now - 30_000, "sleeper", committed=10, log_start=0)
     snapshot(store, now - 5_000, "skipper", committed=60, log_start=45)  # then retention moved the log start
     snapshot(store, now - 5_000, "sleeper", committed=10, log_start=45)
-    removals = RecordRemovals({"local": KafkaConnection(f"127.0.0.1:{free_port()}")}, store_url=url_of(store))
+    removals = RecordRemovals(ClusterClients({"local": KafkaConnection(f"127.0.0.1:{free_port()}")}, url_of(store)))
 
     assert removals("local", "skipper", "orders", 0, 40) is None  # a skip, whatever happened to the log later
     gone = removals("local", "sleeper", "orders", 0, 40)
@@ -45,7 +45,7 @@ def test_the_history_says_when_a_record_went_and_whether_the_group_had_skipped_i
 def test_a_store_that_cannot_answer_fails_the_lookup_instead_of_calling_a_skip_a_removal(store: Store) -> None:
     now = time.time_ns() // 1_000_000
     snapshot(store, now - 1_000, "sleeper", committed=10, log_start=45)
-    removals = RecordRemovals({}, store_url=url_of(store))
+    removals = RecordRemovals(ClusterClients({}, url_of(store)))
     assert removals("local", "sleeper", "orders", 0, 40) is not None  # the log start (45) is now cached
     with store.engine.begin() as tx:  # the history vanishes under it (a dropped table stands for an outage)
         tx.exec_driver_sql("ALTER TABLE offset_snapshots RENAME TO offset_snapshots_gone")
