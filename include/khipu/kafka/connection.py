@@ -175,16 +175,19 @@ class KafkaConnection:
         settings: dict[str, Any] = {
             "bootstrap.servers": env.get("KHIPU_BOOTSTRAP_SERVERS", f"127.0.0.1:{default_port}")
         }
-        for variable, key in (
-            ("KHIPU_KAFKA_SECURITY_PROTOCOL", "security.protocol"),
-            ("KHIPU_KAFKA_SASL_MECHANISM", "sasl.mechanism"),
-            ("KHIPU_KAFKA_SASL_USERNAME", "sasl.username"),
-            ("KHIPU_KAFKA_SASL_PASSWORD", "sasl.password"),
-            ("KHIPU_KAFKA_SSL_CA_LOCATION", "ssl.ca.location"),
-        ):
-            if env.get(variable):
-                settings[key] = env[variable]
-        return cls.from_settings(settings, cluster=env.get("KHIPU_CLUSTER", "local"))
+        variables = {
+            "security.protocol": "KHIPU_KAFKA_SECURITY_PROTOCOL",
+            "sasl.mechanism": "KHIPU_KAFKA_SASL_MECHANISM",
+            "sasl.username": "KHIPU_KAFKA_SASL_USERNAME",
+            "sasl.password": "KHIPU_KAFKA_SASL_PASSWORD",
+            "ssl.ca.location": "KHIPU_KAFKA_SSL_CA_LOCATION",
+        }
+        settings.update({key: env[variable] for key, variable in variables.items() if env.get(variable)})
+        try:
+            return cls.from_settings(settings, cluster=env.get("KHIPU_CLUSTER", "local"))
+        except KafkaConnectionError as exc:  # name what the user set: the environment variable
+            named = " / ".join(variables.get(part, part) for part in exc.setting.split("/"))
+            raise KafkaConnectionError(named, exc.value, exc.expected) from None
 
     # -- what clients get ------------------------------------------------------------------------------
 

@@ -120,3 +120,12 @@ def test_a_setting_spark_cannot_take_is_refused_by_name_not_dropped() -> None:
     with pytest.raises(KafkaConnectionError) as caught:
         connection.spark_options()
     assert caught.value.setting == "ssl.certificate.location" and "Spark's Kafka connector" in str(caught.value)
+
+
+def test_a_bad_environment_names_the_variable_to_fix() -> None:
+    with pytest.raises(KafkaConnectionError) as caught:
+        KafkaConnection.from_env({"KHIPU_KAFKA_SECURITY_PROTOCOL": "SASL_SSL"})
+    assert caught.value.setting == "KHIPU_KAFKA_SASL_MECHANISM" and "PLAIN" in str(caught.value)
+    with pytest.raises(KafkaConnectionError) as caught:
+        KafkaConnection.from_env({"KHIPU_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KHIPU_KAFKA_SASL_MECHANISM": "PLAIN"})
+    assert caught.value.setting == "KHIPU_KAFKA_SASL_USERNAME / KHIPU_KAFKA_SASL_PASSWORD"
