@@ -1,43 +1,37 @@
 """The verdict of every hop a message reached, from its traces, its route and committed offsets.
 
-A pure function: the traces gathered so far, the stream's route, a committed-offset lookup, the
-memo of when each group was first seen past the message, and ``now`` come in; verdicts, whether
-the message is decided, the updated memo and when to look again go out. The stateful processor
-only gathers inputs and applies it.
+A pure function: the traces gathered so far, the stream's route, the lookups (committed offsets,
+pointers, removals from the log), the memo of when each group was first seen past the message,
+and ``now`` come in; verdicts, whether the message is decided, the updated memo and when to look
+again go out. The streaming detector's stateful processor and the reconciliation batch both
+apply it: there is one implementation of the rules.
 
-Rules (Inca's central idea, sharpened):
+It reads like :mod:`khipu.health.rules`: small named predicates over the facts of one hop, and an
+ordered rule table per hop kind in which the first rule that holds gives the verdict.
 
-- A read hop (topic -> group) is decided only once the group's committed offset has passed every
-  position of the message on that topic and ``grace_ms`` has gone by since that was first seen:
-  until then the message is simply on its way, however long that takes (up to ``max_wait_ms``).
-  A record that left the log before the group got to it (the partition's log start passed it
-  while the group's committed offset had not) is final the same way: the group can never read
-  it. Then: no RECEIVED -> LOST (or TRACE_LOST when a later hop shows it arrived, or when an
-  emitter of the group's location points at the record: a later RECEIVED trace's back-pointer or
-  a mark says it was received), skipped by consumer, or expired / truncated when the record was
-  removed from the log before the group read it (retention deletes only records older than
-  ``retention.ms``, or the oldest of a partition over ``retention.bytes``: a younger one from a
-  topic without a size limit, or one of a topic kept forever, was truncated); one -> DELIVERED; more ->
-  DUPLICATE, rewind/replay when one offset was read twice, producer retry when the id sits at
-  several offsets.
-- A write hop with SENT traces is DELIVERED (DUPLICATE when the id was written at several
-  offsets), decided when the hops reading its topic are decided (and, for a processor, its input
-  read). Without a SENT but with the message seen on its topic: TRACE_LOST. A processor that
-  received the message and committed past it, with nothing written on: LOST, dropped in processor
-  (a written record is seen downstream, so no pointer lookup is needed there).
+When a hop is settled (ready to be judged):
+
+- A read hop (topic -> group) once the group's committed offset has passed every position of
+  the message on that topic and ``grace_ms`` has gone by since that was first seen: until then
+  the message is simply on its way, however long that takes (up to ``max_wait_ms``). A record
+  that left the log before the group got to it (the partition's log start passed it while the
+  group's committed offset had not) is settled the same way: the group can never read it.
+- A write hop once the hops reading its topic are settled (and, for a processor, its input
+  read); past ``max_wait_ms`` a write hop with SENT traces is judged on them.
 - A topic no trace shows the message on, but which a processor evidently read it from (it wrote
-  the message on, and that topic is its only input): its hops are TRACE_LOST too, with no
-  position (SENT and RECEIVED both lost), once the trace topic has been read ``grace_ms`` past
-  the time the detector first saw the message (its traces there, had they been written, would
-  have been read by then).
-  Other groups reading it wait, then go to reconciliation.
-- Hops past a loss get no verdict: the message never got there.
-- Still undecided ``max_wait_ms`` after the first trace: PENDING for what is open, and done.
+  the message on, and that topic is its only input), once the trace topic has been read
+  ``grace_ms`` past the time the detector first saw the message (its traces there, had they been
+  written, would have been read by then). Other groups reading it wait, then go to reconciliation.
+
+The rules (:data:`READ_RULES`, :data:`WRITE_RULES`, :data:`IMPLIED_READ_RULES`, and the
+processor's :func:`dropped_in_processor`) say what a settled hop's verdict is. Hops past a loss
+get no verdict: the message never got there. Still undecided ``max_wait_ms`` after the first
+trace: PENDING for what is open, and done.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from khipu.detector.model import (
@@ -57,6 +51,7 @@ from khipu.registry.model import ConsumerSpec, Hop, HopKind, Stream, TopicRef
 from khipu.trace.model import Trace, TraceType
 
 Position = tuple[int, int]  # (partition, offset)
+RECEIPT_KINDS = frozenset({VerdictKind.DELIVERED, VerdictKind.DUPLICATE, VerdictKind.TRACE_LOST})
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,14 +62,26 @@ class Decision:
     next_check_ms: int | None = None
 
 
-@dataclass(slots=True)
-class _Evidence:
-    sent: dict[Hop, list[Trace]]
-    received: dict[Hop, list[Trace]]
-    positions: dict[TopicRef, dict[Position, int | None]]  # position -> when written (None: not seen written)
+@dataclass(frozen=True, slots=True)
+class Lookups:
+    """What the rules may ask of the world beyond the traces (all side-effect free)."""
+
+    committed: CommittedLookup
+    pointed_at: PointerLookup = nothing_pointed_at
+    removed: RemovalLookup = nothing_removed
 
 
-def _gather(traces: Sequence[Trace]) -> _Evidence:
+# -- the evidence: a message's traces, by hop and by position ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    sent: Mapping[Hop, tuple[Trace, ...]]
+    received: Mapping[Hop, tuple[Trace, ...]]
+    positions: Mapping[TopicRef, Mapping[Position, int | None]]  # position -> when written (None: not seen)
+
+
+def gather(traces: Sequence[Trace]) -> Evidence:
     sent: dict[Hop, list[Trace]] = {}
     received: dict[Hop, list[Trace]] = {}
     positions: dict[TopicRef, dict[Position, int | None]] = {}
@@ -88,357 +95,519 @@ def _gather(traces: Sequence[Trace]) -> _Evidence:
         else:
             received.setdefault(hop, []).append(trace)
             at.setdefault(position, None)
-    return _Evidence(sent, received, positions)
+    return Evidence(
+        {hop: tuple(ts) for hop, ts in sent.items()},
+        {hop: tuple(ts) for hop, ts in received.items()},
+        positions,
+    )
 
 
-class _Judge:
-    def __init__(
-        self,
-        message_id: str,
-        stream: Stream,
-        evidence: _Evidence,
-        committed: CommittedLookup,
-        passed_at: Mapping[str, int],
-        now_ms: int,
-        config: DetectorConfig,
-        timed_out: bool,
-        pointed_at: PointerLookup,
-        clock_ms: int,
-        removed: RemovalLookup,
-        first_seen_ms: int,
-    ) -> None:
-        self.first_seen_ms = first_seen_ms
-        self.pointed_at = pointed_at
-        self.removed = removed
-        self.clock_ms = clock_ms  # now, or the time up to which the trace topic is read, if earlier
-        self.timed_out = timed_out  # past max_wait: write hops are judged on the evidence there is
-        self.message_id, self.stream, self.evidence = message_id, stream, evidence
-        self.committed, self.now_ms, self.config = committed, now_ms, config
-        self.passed_at = dict(passed_at)
-        self.verdicts: list[Verdict] = []
-        self.open: list[Hop] = []
-        self.next_check: list[int] = []
-        self.read_final: dict[Hop, bool] = {}
-        self.reached: set[Hop] = set()  # read hops the message evidently got to
-        source_sents = [t for hop, ts in evidence.sent.items() if self._is_source(hop) for t in ts]
-        self.source_sent_ms = min((t.timestamp_ms for t in source_sents), default=None)
-        self.implied = self.implied_topics()  # topics it passed with no trace there
+# -- the moment of judgement: everything fixed for one evaluation -----------------------------------------
 
-    # -- route questions ----------------------------------------------------------------------
 
-    def _is_source(self, hop: Hop) -> bool:
-        return any(p.location == hop.location and hop.topic in p.writes for p in self.stream.route.producers)
+@dataclass(frozen=True, slots=True)
+class Moment:
+    message_id: str
+    stream: Stream
+    evidence: Evidence
+    lookups: Lookups
+    config: DetectorConfig
+    now_ms: int
+    clock_ms: int  # now, or the time up to which the trace topic is read, if earlier
+    first_seen_ms: int
+    implied: tuple[TopicRef, ...]  # topics the message evidently passed with no trace there
+    source_sent_ms: int | None
 
-    def _processor_at(self, location: str | None) -> ConsumerSpec | None:
-        return next((c for c in self.stream.route.consumers if c.is_processor and c.location == location), None)
+    @property
+    def timed_out(self) -> bool:
+        """Past the maximum wait: what is open goes PENDING; write hops are judged on the SENT there is."""
+        return self.clock_ms - self.first_seen_ms >= self.config.max_wait_ms
 
-    def writers_of(self, topic: TopicRef) -> list[Hop]:
-        route = self.stream.route
-        hops = [Hop.write(p.location, topic) for p in route.producers if topic in p.writes]
-        hops += [Hop.write(c.location, topic) for c in route.consumers if topic in c.writes]
-        return hops
+    @property
+    def overdue(self) -> bool:
+        """On its way longer than the grace: worth asking whether an unread record left the log."""
+        return self.clock_ms - self.first_seen_ms >= self.config.grace_ms
 
-    # -- read hops --------------------------------------------------------------------------
 
-    def read_hop(self, hop: Hop) -> None:
-        assert hop.group is not None
-        positions = self.evidence.positions.get(hop.topic, {})
-        if not positions:  # a topic implied by a later hop: no trace says where the message sat there
-            settle_ms = self.first_seen_ms + self.config.grace_ms  # its traces there, if any, are read by then
-            if self._arrived_past(hop) and self.clock_ms < settle_ms:
-                self.read_final[hop] = False
-                self.open.append(hop)
-                self.next_check.append(max(settle_ms, self.now_ms + 1))
-            elif self._arrived_past(hop):
-                self.read_final[hop] = True
-                self._verdict(
-                    hop,
-                    VerdictKind.TRACE_LOST,
-                    None,
-                    0,
-                    None,
-                    None,
-                    None,
-                    f"no trace on {hop.topic} at all, but {hop.group} wrote the message on: it got it",
-                )
-            else:
-                self.read_final[hop] = False
-                self.open.append(hop)  # nothing to compare its committed offset with: reconciliation's
-            return
-        all_final = True
-        removals: dict[Position, Removal] = {}
-        for partition, offset in sorted(positions):
-            committed = self.committed(hop.topic.cluster, hop.group, hop.topic.topic, partition)
-            key = f"{hop.id}|{partition}|{offset}"
-            passed = committed is not None and committed > offset
-            # a record the group has not reached is asked after (it may have left the log) only once the
-            # message has been on its way longer than the grace: most are passed by then, and asking costs
-            overdue = self.clock_ms - self.first_seen_ms >= self.config.grace_ms
-            if (
-                not passed
-                and overdue
-                and (gone := self.removed(hop.topic.cluster, hop.group, hop.topic.topic, partition, offset))
-            ):
-                removals[(partition, offset)] = gone  # out of the log before the group got to it: final too
-            if passed or (partition, offset) in removals:
-                seen = self.passed_at.setdefault(key, self.now_ms)
-                if self.clock_ms - seen < self.config.grace_ms:
-                    all_final = False
-                    self.next_check.append(seen + self.config.grace_ms)
-            else:
-                all_final = False
-                self.next_check.append(self.now_ms + self.config.recheck_ms)
-        self.read_final[hop] = all_final
-        if not all_final:
-            self.open.append(hop)
-            return
-        receives = self.evidence.received.get(hop, [])
-        per_position: dict[Position, int] = {}
-        for trace in receives:
-            per_position[(trace.partition, trace.offset)] = per_position.get((trace.partition, trace.offset), 0) + 1
-        first = receives[0] if receives else None
-        partition, offset = (first.partition, first.offset) if first else min(positions)
-        if not receives:
-            location = self._location_of(hop.group)
-            if self._arrived_past(hop):
-                self._verdict(
-                    hop,
-                    VerdictKind.TRACE_LOST,
-                    None,
-                    0,
-                    partition,
-                    offset,
-                    None,
-                    "no RECEIVED trace, but a later hop shows the group got the message",
-                )
-            elif location is not None and (pointed := self._pointed_position(hop, location, positions)):
-                partition, offset = pointed
-                self._verdict(
-                    hop,
-                    VerdictKind.TRACE_LOST,
-                    None,
-                    0,
-                    partition,
-                    offset,
-                    None,
-                    f"no RECEIVED trace, but {location} received it: a later trace or mark of its emitter points "
-                    f"back to offset {offset}",
-                )
-            else:
-                removal = removals.get((partition, offset)) or self.removed(
-                    hop.topic.cluster, hop.group, hop.topic.topic, partition, offset
-                )
-                if removal is None:
-                    cause, detail = Cause.SKIPPED_BY_CONSUMER, f"group {hop.group} committed past offset {offset}"
-                    detail += " and never received it"
-                else:
-                    cause, why = removal_cause(positions.get((partition, offset)), removal)
-                    detail = f"offset {offset} left the log before group {hop.group} read it: {why}"
-                self._verdict(hop, VerdictKind.LOST, cause, 0, partition, offset, None, detail)
-            return
-        written_ms = positions.get((first.partition, first.offset)) if first else None
-        latency = first.timestamp_ms - written_ms if first and written_ms is not None else None
-        if len(receives) == 1:
-            self._verdict(hop, VerdictKind.DELIVERED, None, 1, partition, offset, first, "received once", latency)
-        elif max(per_position.values()) > 1:
-            self._verdict(
-                hop,
-                VerdictKind.DUPLICATE,
-                Cause.REWIND_REPLAY,
-                len(receives),
-                partition,
-                offset,
-                first,
-                "the same offset was read more than once",
-                latency,
-            )
-        else:
-            self._verdict(
-                hop,
-                VerdictKind.DUPLICATE,
-                Cause.PRODUCER_RETRY,
-                len(receives),
-                partition,
-                offset,
-                first,
-                f"the id was read at {len(per_position)} offsets",
-                latency,
-            )
+def verdict(
+    moment: Moment,
+    hop: Hop,
+    *,
+    kind: VerdictKind,
+    detail: str,
+    cause: Cause | None = None,
+    count: int = 0,
+    at: Position | None = None,
+    trace: Trace | None = None,
+    latency_ms: int | None = None,
+) -> Verdict:
+    observed = trace.timestamp_ms if trace else None
+    source = moment.source_sent_ms
+    return Verdict(
+        message_id=moment.message_id,
+        stream=moment.stream.name,
+        hop=hop.id,
+        hop_kind=hop.kind.value,
+        kind=kind,
+        cause=cause,
+        count=count,
+        topic=hop.topic.topic,
+        partition=at[0] if at else None,
+        offset=at[1] if at else None,
+        group=hop.group,
+        location=hop.location,
+        observed_ms=observed,
+        latency_ms=latency_ms,
+        e2e_latency_ms=observed - source if observed is not None and source is not None else None,
+        decided_ms=moment.now_ms,
+        detail=detail,
+    )
 
-    def _location_of(self, group: str) -> str | None:
-        return next((c.location for c in self.stream.route.consumers if c.group == group), None)
 
-    def _pointed_position(self, hop: Hop, location: str, positions: Mapping[Position, int | None]) -> Position | None:
-        """The first of the message's positions on the hop's topic that an emitter of ``location`` points at."""
-        return next(
-            (
-                (partition, offset)
-                for partition, offset in sorted(positions)
-                if self.pointed_at(location, hop.topic.cluster, hop.topic.topic, partition, offset)
-            ),
-            None,
-        )
+# -- route questions --------------------------------------------------------------------------------------
 
-    def implied_topics(self) -> list[TopicRef]:
-        """Topics the message evidently passed though no trace shows it there: the single input of a
-        processor that wrote it on (its SENT traces, or the message seen on an output only it writes)."""
-        implied: list[TopicRef] = []
-        changed = True
-        while changed:
-            changed = False
-            for processor in (c for c in self.stream.route.consumers if c.is_processor and len(c.reads) == 1):
-                source = processor.reads[0]
-                if source in self.evidence.positions or source in implied:
-                    continue
-                if any(self._wrote_on(processor, out, implied) for out in processor.writes):
-                    implied.append(source)
-                    changed = True
-        return implied
 
-    def _wrote_on(self, processor: ConsumerSpec, out: TopicRef, implied: list[TopicRef]) -> bool:
-        if Hop.write(processor.location, out) in self.evidence.sent:
+def is_source(stream: Stream, hop: Hop) -> bool:
+    return any(p.location == hop.location and hop.topic in p.writes for p in stream.route.producers)
+
+
+def processor_at(stream: Stream, location: str | None) -> ConsumerSpec | None:
+    return next((c for c in stream.route.consumers if c.is_processor and c.location == location), None)
+
+
+def writers_of(stream: Stream, topic: TopicRef) -> list[Hop]:
+    route = stream.route
+    hops = [Hop.write(p.location, topic) for p in route.producers if topic in p.writes]
+    hops += [Hop.write(c.location, topic) for c in route.consumers if topic in c.writes]
+    return hops
+
+
+def location_of(stream: Stream, group: str) -> str | None:
+    return next((c.location for c in stream.route.consumers if c.group == group), None)
+
+
+def implied_topics(stream: Stream, evidence: Evidence) -> tuple[TopicRef, ...]:
+    """Topics the message evidently passed though no trace shows it there: the single input of a
+    processor that wrote it on (its SENT traces, or the message seen on an output only it writes)."""
+    implied: list[TopicRef] = []
+
+    def wrote_on(processor: ConsumerSpec, out: TopicRef) -> bool:
+        if Hop.write(processor.location, out) in evidence.sent:
             return True
-        only_writer = self.writers_of(out) == [Hop.write(processor.location, out)]
-        return only_writer and (out in self.evidence.positions or out in implied)
+        only_writer = writers_of(stream, out) == [Hop.write(processor.location, out)]
+        return only_writer and (out in evidence.positions or out in implied)
 
-    def _arrived_past(self, hop: Hop) -> bool:
-        """A processor that writes on what it received: its SENT traces prove it got the message."""
-        processor = next((c for c in self.stream.route.readers_of(hop.topic) if c.group == hop.group), None)
-        if processor is None or not processor.is_processor:
-            return False
-        return any(
-            Hop.write(processor.location, out) in self.evidence.sent
-            or self.evidence.positions.get(out)
-            or out in self.implied
-            for out in processor.writes
-        )
+    changed = True
+    while changed:
+        changed = False
+        for processor in (c for c in stream.route.consumers if c.is_processor and len(c.reads) == 1):
+            source = processor.reads[0]
+            if source in evidence.positions or source in implied:
+                continue
+            if any(wrote_on(processor, out) for out in processor.writes):
+                implied.append(source)
+                changed = True
+    return tuple(implied)
 
-    # -- write hops -------------------------------------------------------------------------
 
-    def write_hop(self, hop: Hop) -> None:
-        sents = self.evidence.sent.get(hop, [])
-        readers = [Hop.read(hop.topic, c.group) for c in self.stream.route.readers_of(hop.topic)]
-        processor = self._processor_at(hop.location)
-        inputs = [Hop.read(t, processor.group) for t in processor.reads] if processor else []
-        blocked = not all(self.read_final.get(h, True) for h in [*readers, *inputs])  # hops not reached do not block
-        if blocked and not (self.timed_out and sents):
-            self.open.append(hop)
-            return
-        positions = self.evidence.positions.get(hop.topic, {})
-        if not sents:
-            partition, offset = min(positions) if positions else (None, None)
-            self._verdict(
-                hop,
-                VerdictKind.TRACE_LOST,
+def arrived_past(moment: Moment, hop: Hop) -> bool:
+    """A processor that writes on what it received: its SENT traces (or the message on its outputs)
+    prove it got the message."""
+    processor = next((c for c in moment.stream.route.readers_of(hop.topic) if c.group == hop.group), None)
+    if processor is None or not processor.is_processor:
+        return False
+    evidence = moment.evidence
+    return any(
+        Hop.write(processor.location, out) in evidence.sent or evidence.positions.get(out) or out in moment.implied
+        for out in processor.writes
+    )
+
+
+# -- read hops --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReadProgress:
+    """Whether a read hop is settled, and if not, when to look again."""
+
+    settled: bool
+    next_check_ms: tuple[int, ...] = ()
+    removals: Mapping[Position, Removal] = field(default_factory=dict)
+    passed_at: Mapping[str, int] = field(default_factory=dict)  # memo entries for the hop's positions
+
+
+def read_progress(moment: Moment, hop: Hop, memo: Mapping[str, int]) -> ReadProgress:
+    """Settled once the group's committed offset passed every position of the message (or the record left
+    the log first) and the grace has gone by since that was first seen."""
+    assert hop.group is not None
+    lookups, config = moment.lookups, moment.config
+    settled = True
+    checks: list[int] = []
+    removals: dict[Position, Removal] = {}
+    passed_at: dict[str, int] = {}
+    for partition, offset in sorted(moment.evidence.positions.get(hop.topic, {})):
+        committed = lookups.committed(hop.topic.cluster, hop.group, hop.topic.topic, partition)
+        passed = committed is not None and committed > offset
+        # a record the group has not reached is asked after (it may have left the log) only once the message
+        # has been on its way longer than the grace: most are passed by then, and asking costs
+        if not passed and moment.overdue:
+            gone = lookups.removed(hop.topic.cluster, hop.group, hop.topic.topic, partition, offset)
+            if gone is not None:
+                removals[(partition, offset)] = gone  # out of the log before the group got to it: final too
+        if passed or (partition, offset) in removals:
+            key = f"{hop.id}|{partition}|{offset}"
+            seen = passed_at[key] = memo.get(key, moment.now_ms)
+            if moment.clock_ms - seen < config.grace_ms:
+                settled = False
+                checks.append(seen + config.grace_ms)
+        else:
+            settled = False
+            checks.append(moment.now_ms + config.recheck_ms)
+    return ReadProgress(settled, tuple(checks), removals, passed_at)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadFacts:
+    """A settled read hop: what its traces and the world say."""
+
+    hop: Hop
+    receives: tuple[Trace, ...]
+    positions: Mapping[Position, int | None]
+    at: Position  # the first receive's position, else the message's first position on the topic
+    arrived_past: bool
+    pointed: Position | None  # a position the group's location says it received (pointer or mark)
+    removal: Removal | None  # the record at ``at`` left the log before the group read it
+
+    @property
+    def reads_per_position(self) -> Mapping[Position, int]:
+        counts: dict[Position, int] = {}
+        for trace in self.receives:
+            counts[(trace.partition, trace.offset)] = counts.get((trace.partition, trace.offset), 0) + 1
+        return counts
+
+
+def read_facts(moment: Moment, hop: Hop, progress: ReadProgress) -> ReadFacts:
+    assert hop.group is not None
+    positions = moment.evidence.positions.get(hop.topic, {})
+    receives = moment.evidence.received.get(hop, ())
+    at = (receives[0].partition, receives[0].offset) if receives else min(positions)
+    arrived = arrived_past(moment, hop)
+    pointed = removal = None  # asked of the world only when the rules before them do not already hold
+    if not receives and not arrived:
+        location = location_of(moment.stream, hop.group)
+        if location is not None:
+            pointed = next(
+                (
+                    position
+                    for position in sorted(positions)
+                    if moment.lookups.pointed_at(location, hop.topic.cluster, hop.topic.topic, *position)
+                ),
                 None,
-                0,
-                partition,
-                offset,
-                None,
-                f"no SENT trace, but the message was seen on {hop.topic}"
-                if positions
-                else f"no trace on {hop.topic} at all, but a processor reading it wrote the message on",
             )
-            return
-        first = sents[0]
-        offsets = {(t.partition, t.offset) for t in sents}
-        latency = None
-        if processor:
-            received = [t for h in inputs for t in self.evidence.received.get(h, [])]
-            latency = first.timestamp_ms - received[0].timestamp_ms if received else None
-        if len(offsets) == 1:
-            self._verdict(
-                hop, VerdictKind.DELIVERED, None, 1, first.partition, first.offset, first, "written once", latency
+        if pointed is None:
+            removal = progress.removals.get(at) or moment.lookups.removed(
+                hop.topic.cluster, hop.group, hop.topic.topic, *at
             )
-            return
-        cause = Cause.PRODUCER_RETRY
-        if processor:
-            input_reads = [(t.partition, t.offset) for h in inputs for t in self.evidence.received.get(h, [])]
-            if len(input_reads) > len(set(input_reads)):
-                cause = Cause.REWIND_REPLAY
-        self._verdict(
-            hop,
-            VerdictKind.DUPLICATE,
-            cause,
-            len(offsets),
-            first.partition,
-            first.offset,
-            first,
-            f"written at {len(offsets)} offsets",
-            latency,
+    return ReadFacts(hop, receives, positions, at, arrived, pointed, removal)
+
+
+def received_once(facts: ReadFacts) -> bool:
+    return len(facts.receives) == 1
+
+
+def same_offset_read_twice(facts: ReadFacts) -> bool:
+    return bool(facts.receives) and max(facts.reads_per_position.values()) > 1
+
+
+def read_at_several_offsets(facts: ReadFacts) -> bool:
+    return len(facts.receives) > 1
+
+
+def later_hop_shows_arrival(facts: ReadFacts) -> bool:
+    return not facts.receives and facts.arrived_past
+
+
+def group_points_at_it(facts: ReadFacts) -> bool:
+    return not facts.receives and facts.pointed is not None
+
+
+def removed_before_read(facts: ReadFacts) -> bool:
+    return not facts.receives and facts.removal is not None
+
+
+def never_received(facts: ReadFacts) -> bool:
+    return not facts.receives
+
+
+def _receive_latency(moment: Moment, facts: ReadFacts) -> int | None:
+    written_ms = facts.positions.get(facts.at)
+    return facts.receives[0].timestamp_ms - written_ms if written_ms is not None else None
+
+
+def _delivered(moment: Moment, facts: ReadFacts) -> Verdict:
+    return verdict(
+        moment,
+        facts.hop,
+        kind=VerdictKind.DELIVERED,
+        count=1,
+        at=facts.at,
+        trace=facts.receives[0],
+        latency_ms=_receive_latency(moment, facts),
+        detail="received once",
+    )
+
+
+def _duplicate_read(cause: Cause, detail: Callable[[ReadFacts], str]) -> Callable[[Moment, ReadFacts], Verdict]:
+    def build(moment: Moment, facts: ReadFacts) -> Verdict:
+        return verdict(
+            moment,
+            facts.hop,
+            kind=VerdictKind.DUPLICATE,
+            cause=cause,
+            count=len(facts.receives),
+            at=facts.at,
+            trace=facts.receives[0],
+            latency_ms=_receive_latency(moment, facts),
+            detail=detail(facts),
         )
 
-    def missing_processor_write(self, processor: ConsumerSpec, output: TopicRef) -> None:
-        """A processor got the message (its read hop was reached) and wrote nothing on to ``output``."""
-        hop = Hop.write(processor.location, output)
-        inputs = [Hop.read(t, processor.group) for t in processor.reads if Hop.read(t, processor.group) in self.reached]
-        if not inputs:
-            return
-        where = ", ".join(str(h.topic) for h in inputs)
-        self._verdict(
-            hop,
-            VerdictKind.LOST,
-            Cause.DROPPED_IN_PROCESSOR,
-            0,
-            None,
-            None,
-            None,
-            f"{processor.group} got it from {where}, committed past it, and wrote nothing to {output}",
+    return build
+
+
+def _trace_lost_arrived(moment: Moment, facts: ReadFacts) -> Verdict:
+    return verdict(
+        moment,
+        facts.hop,
+        kind=VerdictKind.TRACE_LOST,
+        at=facts.at,
+        detail="no RECEIVED trace, but a later hop shows the group got the message",
+    )
+
+
+def _trace_lost_pointed(moment: Moment, facts: ReadFacts) -> Verdict:
+    assert facts.pointed is not None
+    location = location_of(moment.stream, facts.hop.group or "")
+    return verdict(
+        moment,
+        facts.hop,
+        kind=VerdictKind.TRACE_LOST,
+        at=facts.pointed,
+        detail=f"no RECEIVED trace, but {location} received it: a later trace or mark of its emitter points "
+        f"back to offset {facts.pointed[1]}",
+    )
+
+
+def _lost_removed(moment: Moment, facts: ReadFacts) -> Verdict:
+    assert facts.removal is not None
+    cause, why = removal_cause(facts.positions.get(facts.at), facts.removal)
+    return verdict(
+        moment,
+        facts.hop,
+        kind=VerdictKind.LOST,
+        cause=cause,
+        at=facts.at,
+        detail=f"offset {facts.at[1]} left the log before group {facts.hop.group} read it: {why}",
+    )
+
+
+def _lost_skipped(moment: Moment, facts: ReadFacts) -> Verdict:
+    return verdict(
+        moment,
+        facts.hop,
+        kind=VerdictKind.LOST,
+        cause=Cause.SKIPPED_BY_CONSUMER,
+        at=facts.at,
+        detail=f"group {facts.hop.group} committed past offset {facts.at[1]} and never received it",
+    )
+
+
+ReadRule = tuple[Callable[[ReadFacts], bool], Callable[[Moment, ReadFacts], Verdict]]
+
+# A settled read hop: the first rule that holds gives its verdict.
+READ_RULES: tuple[ReadRule, ...] = (
+    (received_once, _delivered),
+    (same_offset_read_twice, _duplicate_read(Cause.REWIND_REPLAY, lambda f: "the same offset was read more than once")),
+    (
+        read_at_several_offsets,
+        _duplicate_read(Cause.PRODUCER_RETRY, lambda f: f"the id was read at {len(f.reads_per_position)} offsets"),
+    ),
+    (later_hop_shows_arrival, _trace_lost_arrived),
+    (group_points_at_it, _trace_lost_pointed),
+    (removed_before_read, _lost_removed),
+    (never_received, _lost_skipped),
+)
+
+
+def judge_read(moment: Moment, facts: ReadFacts) -> Verdict:
+    return next(build(moment, facts) for holds, build in READ_RULES if holds(facts))
+
+
+# -- read hops of a topic no trace shows the message on ---------------------------------------------------
+
+
+def implied_read_settles_ms(moment: Moment) -> int:
+    """The message's traces on the topic, had they been written, are read by then."""
+    return moment.first_seen_ms + moment.config.grace_ms
+
+
+def implied_read_settled(moment: Moment, hop: Hop) -> bool:
+    return arrived_past(moment, hop) and moment.clock_ms >= implied_read_settles_ms(moment)
+
+
+def _trace_lost_implied(moment: Moment, hop: Hop) -> Verdict:
+    return verdict(
+        moment,
+        hop,
+        kind=VerdictKind.TRACE_LOST,
+        detail=f"no trace on {hop.topic} at all, but {hop.group} wrote the message on: it got it",
+    )
+
+
+# -- write hops -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFacts:
+    hop: Hop
+    sents: tuple[Trace, ...]
+    positions: Mapping[Position, int | None]  # the message's positions on the topic, whoever saw them
+    input_reads: tuple[Trace, ...]  # a processor's RECEIVED traces on its inputs (empty for a producer)
+
+    @property
+    def written_offsets(self) -> frozenset[Position]:
+        return frozenset((t.partition, t.offset) for t in self.sents)
+
+
+def write_blocked(moment: Moment, hop: Hop, read_settled: Mapping[Hop, bool]) -> bool:
+    """The hops reading the topic (and a processor's input read) are not settled yet; hops the message
+    did not reach do not block."""
+    readers = [Hop.read(hop.topic, c.group) for c in moment.stream.route.readers_of(hop.topic)]
+    processor = processor_at(moment.stream, hop.location)
+    inputs = [Hop.read(t, processor.group) for t in processor.reads] if processor else []
+    return not all(read_settled.get(h, True) for h in [*readers, *inputs])
+
+
+def write_facts(moment: Moment, hop: Hop) -> WriteFacts:
+    processor = processor_at(moment.stream, hop.location)
+    inputs = [Hop.read(t, processor.group) for t in processor.reads] if processor else []
+    reads = tuple(t for h in inputs for t in moment.evidence.received.get(h, ()))
+    return WriteFacts(hop, moment.evidence.sent.get(hop, ()), moment.evidence.positions.get(hop.topic, {}), reads)
+
+
+def never_sent(facts: WriteFacts) -> bool:
+    return not facts.sents
+
+
+def written_once(facts: WriteFacts) -> bool:
+    return len(facts.written_offsets) == 1
+
+
+def processor_reread_input(facts: WriteFacts) -> bool:
+    reads = [(t.partition, t.offset) for t in facts.input_reads]
+    return len(reads) > len(set(reads))
+
+
+def written_several_times(facts: WriteFacts) -> bool:
+    return len(facts.written_offsets) > 1
+
+
+def _write_latency(facts: WriteFacts) -> int | None:
+    """From the processor's first receive to its first write (none for a producer)."""
+    return facts.sents[0].timestamp_ms - facts.input_reads[0].timestamp_ms if facts.input_reads else None
+
+
+def _trace_lost_write(moment: Moment, facts: WriteFacts) -> Verdict:
+    return verdict(
+        moment,
+        facts.hop,
+        kind=VerdictKind.TRACE_LOST,
+        at=min(facts.positions) if facts.positions else None,
+        detail=f"no SENT trace, but the message was seen on {facts.hop.topic}"
+        if facts.positions
+        else f"no trace on {facts.hop.topic} at all, but a processor reading it wrote the message on",
+    )
+
+
+def _written(moment: Moment, facts: WriteFacts) -> Verdict:
+    first = facts.sents[0]
+    return verdict(
+        moment,
+        facts.hop,
+        kind=VerdictKind.DELIVERED,
+        count=1,
+        at=(first.partition, first.offset),
+        trace=first,
+        latency_ms=_write_latency(facts),
+        detail="written once",
+    )
+
+
+def _duplicate_write(cause: Cause) -> Callable[[Moment, WriteFacts], Verdict]:
+    def build(moment: Moment, facts: WriteFacts) -> Verdict:
+        first = facts.sents[0]
+        return verdict(
+            moment,
+            facts.hop,
+            kind=VerdictKind.DUPLICATE,
+            cause=cause,
+            count=len(facts.written_offsets),
+            at=(first.partition, first.offset),
+            trace=first,
+            latency_ms=_write_latency(facts),
+            detail=f"written at {len(facts.written_offsets)} offsets",
         )
 
-    # -- output -----------------------------------------------------------------------------
+    return build
 
-    def _verdict(
-        self,
-        hop: Hop,
-        kind: VerdictKind,
-        cause: Cause | None,
-        count: int,
-        partition: int | None,
-        offset: int | None,
-        trace: Trace | None,
-        detail: str,
-        latency: int | None = None,
-    ) -> None:
-        observed = trace.timestamp_ms if trace else None
-        e2e = observed - self.source_sent_ms if observed is not None and self.source_sent_ms is not None else None
-        if hop.kind is HopKind.READ and kind in (VerdictKind.DELIVERED, VerdictKind.DUPLICATE, VerdictKind.TRACE_LOST):
-            self.reached.add(hop)
-        self.verdicts.append(
-            Verdict(
-                message_id=self.message_id,
-                stream=self.stream.name,
-                hop=hop.id,
-                hop_kind=hop.kind.value,
-                kind=kind,
-                cause=cause,
-                count=count,
-                topic=hop.topic.topic,
-                partition=partition,
-                offset=offset,
-                group=hop.group,
-                location=hop.location,
-                observed_ms=observed,
-                latency_ms=latency,
-                e2e_latency_ms=e2e,
-                decided_ms=self.now_ms,
-                detail=detail,
-            )
-        )
 
-    def pending(self, hop: Hop) -> None:
-        positions = self.evidence.positions.get(hop.topic, {})
-        partition, offset = min(positions) if positions else (None, None)
-        self._verdict(
-            hop,
-            VerdictKind.PENDING,
-            None,
-            0,
-            partition,
-            offset,
-            None,
-            f"undecided {self.config.max_wait_ms} ms after the first trace: handed to reconciliation",
-        )
+WriteRule = tuple[Callable[[WriteFacts], bool], Callable[[Moment, WriteFacts], Verdict]]
+
+# A settled write hop: the first rule that holds gives its verdict.
+WRITE_RULES: tuple[WriteRule, ...] = (
+    (never_sent, _trace_lost_write),
+    (written_once, _written),
+    (processor_reread_input, _duplicate_write(Cause.REWIND_REPLAY)),
+    (written_several_times, _duplicate_write(Cause.PRODUCER_RETRY)),
+)
+
+
+def judge_write(moment: Moment, facts: WriteFacts) -> Verdict:
+    return next(build(moment, facts) for holds, build in WRITE_RULES if holds(facts))
+
+
+# -- a processor that got the message and wrote nothing on ------------------------------------------------
+
+
+def dropped_in_processor(
+    moment: Moment, processor: ConsumerSpec, output: TopicRef, reached: set[Hop]
+) -> Verdict | None:
+    """LOST, dropped in the processor: it got the message (an input read hop was reached) and nothing
+    reached ``output`` (a written record is seen downstream, so no pointer lookup is needed)."""
+    inputs = [Hop.read(t, processor.group) for t in processor.reads if Hop.read(t, processor.group) in reached]
+    if not inputs:
+        return None
+    where = ", ".join(str(h.topic) for h in inputs)
+    return verdict(
+        moment,
+        Hop.write(processor.location, output),
+        kind=VerdictKind.LOST,
+        cause=Cause.DROPPED_IN_PROCESSOR,
+        detail=f"{processor.group} got it from {where}, committed past it, and wrote nothing to {output}",
+    )
+
+
+def pending(moment: Moment, hop: Hop) -> Verdict:
+    positions = moment.evidence.positions.get(hop.topic, {})
+    return verdict(
+        moment,
+        hop,
+        kind=VerdictKind.PENDING,
+        at=min(positions) if positions else None,
+        detail=f"undecided {moment.config.max_wait_ms} ms after the first trace: handed to reconciliation",
+    )
+
+
+# -- the whole message ------------------------------------------------------------------------------------
 
 
 def decide(
@@ -462,45 +631,72 @@ def decide(
     from traces it has not read yet. ``removed`` says whether a record left its log before a group
     got to it (expiry or truncation; see :class:`khipu.detector.model.Removal`).
     """
-    evidence = _gather(traces)
-    clock = now_ms if read_to_ms is None else min(now_ms, read_to_ms)
-    timed_out = clock - first_seen_ms >= config.max_wait_ms
-    judge = _Judge(
-        message_id,
-        stream,
-        evidence,
-        committed,
-        passed_at,
-        now_ms,
-        config,
-        timed_out,
-        pointed_at,
-        clock,
-        removed,
-        first_seen_ms,
+    evidence = gather(traces)
+    sources = [t for hop, ts in evidence.sent.items() if is_source(stream, hop) for t in ts]
+    moment = Moment(
+        message_id=message_id,
+        stream=stream,
+        evidence=evidence,
+        lookups=Lookups(committed, pointed_at, removed),
+        config=config,
+        now_ms=now_ms,
+        clock_ms=now_ms if read_to_ms is None else min(now_ms, read_to_ms),
+        first_seen_ms=first_seen_ms,
+        implied=implied_topics(stream, evidence),
+        source_sent_ms=min((t.timestamp_ms for t in sources), default=None),
     )
-    route = stream.route
-    reached = sorted([*evidence.positions, *judge.implied], key=str)
-    for topic in reached:
-        for reader in route.readers_of(topic):
-            judge.read_hop(Hop.read(topic, reader.group))
-    for topic in reached:
-        writers = judge.writers_of(topic)
+    judged: dict[Hop, Verdict] = {}
+    open_hops: list[Hop] = []
+    checks: list[int] = []
+    memo: dict[str, int] = dict(passed_at)
+    read_settled: dict[Hop, bool] = {}
+
+    reached_topics = sorted([*evidence.positions, *moment.implied], key=str)
+    for topic in reached_topics:
+        for reader in stream.route.readers_of(topic):
+            hop = Hop.read(topic, reader.group)
+            if topic not in evidence.positions:  # implied: no trace says where the message sat there
+                read_settled[hop] = implied_read_settled(moment, hop)
+                if read_settled[hop]:
+                    judged[hop] = _trace_lost_implied(moment, hop)
+                else:
+                    open_hops.append(hop)
+                    if arrived_past(moment, hop):  # else nothing to compare committed offsets with
+                        checks.append(max(implied_read_settles_ms(moment), now_ms + 1))
+                continue
+            progress = read_progress(moment, hop, memo)
+            memo.update(progress.passed_at)
+            read_settled[hop] = progress.settled
+            if progress.settled:
+                judged[hop] = judge_read(moment, read_facts(moment, hop, progress))
+            else:
+                open_hops.append(hop)
+                checks.extend(progress.next_check_ms)
+
+    for topic in reached_topics:
+        writers = writers_of(stream, topic)
         with_evidence = [h for h in writers if h in evidence.sent]
         for hop in with_evidence or (writers if len(writers) == 1 else []):
-            judge.write_hop(hop)
-    for processor in (c for c in route.consumers if c.is_processor):
+            if write_blocked(moment, hop, read_settled) and not (moment.timed_out and hop in evidence.sent):
+                open_hops.append(hop)
+            else:
+                judged[hop] = judge_write(moment, write_facts(moment, hop))
+
+    reached = {hop for hop, v in judged.items() if hop.kind is HopKind.READ and v.kind in RECEIPT_KINDS}
+    for processor in (c for c in stream.route.consumers if c.is_processor):
         inputs = [Hop.read(t, processor.group) for t in processor.reads if t in evidence.positions]
-        missing = [out for out in processor.writes if out not in evidence.positions]
-        if any(h in judge.open for h in inputs):  # not yet known whether it got there: wait with it
-            judge.open.extend(Hop.write(processor.location, out) for out in missing)
+        missing = [out for out in processor.writes if out not in evidence.positions and out not in moment.implied]
+        if any(h in open_hops for h in inputs):  # not yet known whether it got there: wait with it
+            open_hops.extend(Hop.write(processor.location, out) for out in missing)
             continue
         for output in missing:
-            judge.missing_processor_write(processor, output)
-    if judge.open and timed_out:
-        for hop in judge.open:
-            judge.pending(hop)
-        judge.open.clear()
-    done = not judge.open
-    next_check = None if done else min([*judge.next_check, first_seen_ms + config.max_wait_ms])
-    return Decision(tuple(judge.verdicts), done, judge.passed_at, next_check)
+            dropped = dropped_in_processor(moment, processor, output, reached)
+            if dropped is not None:
+                judged[Hop.write(processor.location, output)] = dropped
+
+    if open_hops and moment.timed_out:
+        judged.update((hop, pending(moment, hop)) for hop in open_hops)
+        open_hops.clear()
+    done = not open_hops
+    next_check = None if done else min([*checks, first_seen_ms + config.max_wait_ms])
+    return Decision(tuple(judged.values()), done, memo, next_check)
