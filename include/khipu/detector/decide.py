@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from khipu.detector.model import (
+    RECEIPT_KINDS,
     Cause,
     CommittedLookup,
     DetectorConfig,
@@ -51,7 +52,6 @@ from khipu.registry.model import ConsumerSpec, Hop, HopKind, Stream, TopicRef
 from khipu.trace.model import Trace, TraceType
 
 Position = tuple[int, int]  # (partition, offset)
-RECEIPT_KINDS = frozenset({VerdictKind.DELIVERED, VerdictKind.DUPLICATE, VerdictKind.TRACE_LOST})
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +161,7 @@ def verdict(
         e2e_latency_ms=observed - source if observed is not None and source is not None else None,
         decided_ms=moment.now_ms,
         detail=detail,
+        first_seen_ms=moment.first_seen_ms,
     )
 
 

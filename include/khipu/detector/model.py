@@ -18,6 +18,13 @@ class VerdictKind(StrEnum):
     DUPLICATE = "DUPLICATE"
     PENDING = "PENDING"  # undecided after the maximum wait: handed to reconciliation
     TRACE_LOST = "TRACE_LOST"  # the message evidently passed the hop; its trace did not arrive
+    CONFIRMED_LOST = "CONFIRMED_LOST"  # final: LOST, and still missing past the reconciliation horizon
+    RETRACTED = "RETRACTED"  # final: a LOST that later evidence contradicts (it says what the hop really got)
+
+
+FINAL_KINDS = frozenset({VerdictKind.CONFIRMED_LOST, VerdictKind.RETRACTED})
+LOSS_KINDS = frozenset({VerdictKind.LOST, VerdictKind.CONFIRMED_LOST})
+RECEIPT_KINDS = frozenset({VerdictKind.DELIVERED, VerdictKind.DUPLICATE, VerdictKind.TRACE_LOST})
 
 
 class Cause(StrEnum):
@@ -50,6 +57,10 @@ class Verdict:
     e2e_latency_ms: int | None  # from the source write to this hop
     decided_ms: int
     detail: str
+    first_seen_ms: int | None = None  # when the judge first saw the message (a detector state, or its first trace)
+    decided_by: str = "detector"  # detector | reconciliation
+    evidence_kind: VerdictKind | None = None  # a RETRACTED verdict: what the hop really got (DELIVERED, ...)
+    late_evidence: bool = False  # traces came after it was decided: reconciliation re-decides it
 
 
 class DetectorConfigError(InvalidSetting):

@@ -1,0 +1,226 @@
+"""How a new judgement of a hop combines with the verdict already stored for it.
+
+The streaming detector drops a message's state once it is decided; a trace of that message
+arriving later (a group that rewinds minutes after, a processor that held the message past the
+maximum wait) starts a fresh state that is judged on the late traces alone. Stored as it comes,
+that judgement would overwrite a verdict decided on complete evidence with one decided on less:
+a DELIVERED write hop turned into a false TRACE_LOST, a duplicate never reported. So:
+
+- **Late evidence never makes a verdict worse.** A detector judgement from a fresh state (its
+  ``first_seen_ms`` differs from the stored verdict's) is late evidence: it replaces the stored
+  verdict only where it adds to it (a PENDING it decides), turns it into what both together say
+  where the detector can tell at once (a LOST contradicted by a receipt: RETRACTED; the same
+  record read again: DUPLICATE, rewind/replay), and otherwise leaves it as it is. Either way the
+  verdict is marked ``late_evidence``, and the next reconciliation re-decides the message with
+  all its traces.
+- **Reconciliation decides with all the traces**, so its judgement replaces the stored one, in
+  final form: a LOST still missing past the horizon is CONFIRMED_LOST; a stored LOST the full
+  evidence contradicts is RETRACTED (saying what the hop really got and which trace showed it).
+  A PENDING never replaces a decided verdict: PENDING is no judgement.
+
+Each rule is a small named predicate over (stored, judged); the first that holds gives the result
+(:data:`DETECTOR_RULES`, :data:`RECONCILIATION_RULES`). :func:`settle` returns ``None`` when
+nothing stored would change, so applying the same judgement twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from khipu.detector.model import FINAL_KINDS, LOSS_KINDS, RECEIPT_KINDS, Cause, Verdict, VerdictKind
+
+
+class Judge(StrEnum):
+    DETECTOR = "detector"
+    RECONCILIATION = "reconciliation"
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What to store for a hop, and why (the verdict's history keeps the reason)."""
+
+    verdict: Verdict
+    reason: str
+
+
+def clock(ms: int | None) -> str:
+    """A time as a stream owner reads it: 2026-11-23 10:02:07 UTC."""
+    if ms is None:
+        return "an unknown time"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def shown_by(judged: Verdict) -> str:
+    """The trace (or inference) a judgement rests on, in words."""
+    trace = "SENT" if judged.hop_kind == "write" else "RECEIVED"
+    where = f" at offset {judged.offset}" if judged.offset is not None else ""
+    if judged.observed_ms is not None:
+        return f"{trace} trace at {clock(judged.observed_ms)}{where}"
+    return f"{judged.kind.value}{where}: {judged.detail}"
+
+
+Rule = tuple[Callable[[Verdict | None, Verdict], bool], Callable[[Verdict | None, Verdict], Change | None]]
+
+
+# -- the streaming detector's judgements -------------------------------------------------------------------
+
+
+def nothing_stored(stored: Verdict | None, judged: Verdict) -> bool:
+    return stored is None
+
+
+def same_state(stored: Verdict | None, judged: Verdict) -> bool:
+    """Judged from the same detector state as the stored verdict (a batch replayed after a restart, or a
+    PENDING hop decided on): the judgement has at least the evidence the stored verdict had."""
+    return (
+        stored is not None
+        and stored.decided_by == Judge.DETECTOR
+        and stored.first_seen_ms is not None
+        and stored.first_seen_ms == judged.first_seen_ms
+        and not stored.late_evidence
+    )
+
+
+def loss_contradicted(stored: Verdict | None, judged: Verdict) -> bool:
+    return stored is not None and stored.kind in LOSS_KINDS and judged.kind in RECEIPT_KINDS
+
+
+def stored_is_final(stored: Verdict | None, judged: Verdict) -> bool:
+    return stored is not None and stored.kind in FINAL_KINDS
+
+
+def pending_decided(stored: Verdict | None, judged: Verdict) -> bool:
+    return stored is not None and stored.kind is VerdictKind.PENDING and judged.kind is not VerdictKind.PENDING
+
+
+def same_record_read_again(stored: Verdict | None, judged: Verdict) -> bool:
+    """A group received the record again (it rewound): the stored receipt and the late one are at the
+    same position of the same read hop."""
+    receipts = (VerdictKind.DELIVERED, VerdictKind.DUPLICATE)
+    return (
+        stored is not None
+        and judged.hop_kind == "read"
+        and stored.kind in receipts
+        and judged.kind in receipts
+        and stored.offset is not None
+        and (stored.partition, stored.offset) == (judged.partition, judged.offset)
+    )
+
+
+def _take(stored: Verdict | None, judged: Verdict) -> Change | None:
+    if stored is not None and _same(stored, judged):
+        return None
+    return Change(judged, "decided" if stored is None else f"decided again: {judged.detail}")
+
+
+def _retract(stored: Verdict | None, judged: Verdict) -> Change | None:
+    assert stored is not None
+    late = judged.decided_by == Judge.DETECTOR
+    retracted = dataclasses.replace(
+        judged,
+        kind=VerdictKind.RETRACTED,
+        evidence_kind=judged.evidence_kind or judged.kind,
+        late_evidence=late,
+        detail=f"{stored.kind.value} at {clock(stored.decided_ms)} retracted: {shown_by(judged)}",
+    )
+    return None if _same(stored, retracted) else Change(retracted, f"retracted: {shown_by(judged)}")
+
+
+def _keep_with_late_evidence(stored: Verdict | None, judged: Verdict) -> Change | None:
+    assert stored is not None
+    if stored.late_evidence:
+        return None
+    return Change(
+        dataclasses.replace(stored, late_evidence=True),
+        f"late evidence ({judged.kind.value} from traces that came after it was decided) kept for reconciliation",
+    )
+
+
+def _decide_pending(stored: Verdict | None, judged: Verdict) -> Change | None:
+    return Change(dataclasses.replace(judged, late_evidence=True), f"late evidence decided it: {judged.detail}")
+
+
+def _read_again(stored: Verdict | None, judged: Verdict) -> Change | None:
+    assert stored is not None
+    count = stored.count + judged.count
+    duplicate = dataclasses.replace(
+        stored,
+        kind=VerdictKind.DUPLICATE,
+        cause=Cause.REWIND_REPLAY,
+        count=count,
+        late_evidence=True,
+        decided_ms=judged.decided_ms,
+        detail=f"offset {stored.offset} was read again at {clock(judged.observed_ms)}, after it was decided: "
+        f"{count} reads in all",
+    )
+    return Change(duplicate, f"read again: {shown_by(judged)}")
+
+
+# A detector judgement: the first rule that holds gives what to store.
+DETECTOR_RULES: tuple[Rule, ...] = (
+    (nothing_stored, _take),
+    (same_state, _take),
+    (loss_contradicted, _retract),
+    (stored_is_final, _keep_with_late_evidence),
+    (pending_decided, _decide_pending),
+    (same_record_read_again, _read_again),
+    (lambda stored, judged: True, _keep_with_late_evidence),  # judged on less than the stored verdict
+)
+
+
+# -- reconciliation's judgements (all the traces) ----------------------------------------------------------
+
+
+def judged_pending_over_decided(stored: Verdict | None, judged: Verdict) -> bool:
+    return stored is not None and stored.kind is not VerdictKind.PENDING and judged.kind is VerdictKind.PENDING
+
+
+def still_missing(stored: Verdict | None, judged: Verdict) -> bool:
+    return judged.kind is VerdictKind.LOST
+
+
+def loss_withdrawn(stored: Verdict | None, judged: Verdict) -> bool:
+    return stored is not None and stored.kind in (*LOSS_KINDS, VerdictKind.RETRACTED)
+
+
+def _keep_decided(stored: Verdict | None, judged: Verdict) -> Change | None:
+    assert stored is not None
+    if not stored.late_evidence:
+        return None
+    return Change(dataclasses.replace(stored, late_evidence=False), "reconciled: still undecided, kept")
+
+
+def _confirm(stored: Verdict | None, judged: Verdict) -> Change | None:
+    confirmed = dataclasses.replace(
+        judged,
+        kind=VerdictKind.CONFIRMED_LOST,
+        evidence_kind=VerdictKind.LOST,
+        detail=f"still missing past the reconciliation horizon: {judged.detail}",
+    )
+    return _take(stored, confirmed)
+
+
+# A reconciliation judgement: the first rule that holds gives what to store.
+RECONCILIATION_RULES: tuple[Rule, ...] = (
+    (judged_pending_over_decided, _keep_decided),
+    (still_missing, _confirm),
+    (loss_withdrawn, _retract),
+    (lambda stored, judged: True, _take),
+)
+
+
+def settle(stored: Verdict | None, judged: Verdict) -> Change | None:
+    """What to store for the hop given what is stored and a new judgement (``judged.decided_by`` says whose):
+    ``None`` when nothing changes."""
+    rules = RECONCILIATION_RULES if judged.decided_by == Judge.RECONCILIATION else DETECTOR_RULES
+    return next(build(stored, judged) for holds, build in rules if holds(stored, judged))
+
+
+def _same(a: Verdict, b: Verdict) -> bool:
+    """Equal in everything a stream owner reads of a verdict (not when it was decided)."""
+    fields = ("kind", "cause", "count", "partition", "offset", "evidence_kind", "late_evidence", "decided_by")
+    return all(getattr(a, name) == getattr(b, name) for name in fields)

@@ -1,0 +1,143 @@
+"""How a new judgement combines with the stored verdict: a numbered table of cases, each with its reason.
+
+Times: the message was first seen by the detector at 1_000 and decided at 40_000; a fresh state
+(late traces) first saw it at 500_000.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import pytest
+
+from khipu.detector.model import Cause, Verdict, VerdictKind
+from khipu.reconcile.settle import Judge, settle
+
+D, L, DUP, TL, P = (
+    VerdictKind.DELIVERED,
+    VerdictKind.LOST,
+    VerdictKind.DUPLICATE,
+    VerdictKind.TRACE_LOST,
+    VerdictKind.PENDING,
+)
+CL, R = VerdictKind.CONFIRMED_LOST, VerdictKind.RETRACTED
+FIRST, FRESH = 1_000, 500_000
+
+
+def hop(
+    kind: VerdictKind,
+    *,
+    cause: Cause | None = None,
+    count: int = 1,
+    offset: int | None = 7,
+    seen: int = FIRST,
+    by: Judge = Judge.DETECTOR,
+    hop_kind: str = "read",
+    late: bool = False,
+    evidence: VerdictKind | None = None,
+) -> Verdict:
+    return Verdict(
+        message_id="m1",
+        stream="orders",
+        hop="local/out -> s1" if hop_kind == "read" else "proc -> local/out",
+        hop_kind=hop_kind,
+        kind=kind,
+        cause=cause,
+        count=count if kind in (D, DUP, R) else 0,
+        topic="out",
+        partition=0 if offset is not None else None,
+        offset=offset,
+        group="s1" if hop_kind == "read" else None,
+        location=None if hop_kind == "read" else "proc",
+        observed_ms=seen + 300 if kind in (D, DUP) else None,
+        latency_ms=None,
+        e2e_latency_ms=None,
+        decided_ms=seen + 39_000,
+        detail=f"{kind.value} detail",
+        first_seen_ms=seen,
+        decided_by=by.value,
+        evidence_kind=evidence,
+        late_evidence=late,
+    )
+
+
+class Case(NamedTuple):
+    number: int
+    stored: Verdict | None
+    judged: Verdict
+    expected: tuple[VerdictKind, Cause | None, int, bool] | None  # (kind, cause, count, late evidence); None: no change
+    reason: str
+
+
+SKIP = Cause.SKIPPED_BY_CONSUMER
+# fmt: off
+CASES = [
+    Case(1, None, hop(D), (D, None, 1, False), "nothing stored: the judgement is stored as it is"),
+    Case(2, hop(D), hop(D), None, "the same state judged the same again (a replayed batch): nothing changes"),
+    Case(3, hop(P, offset=7), hop(D), (D, None, 1, False),
+         "the same state decided a hop it had handed over as PENDING: the decision has more evidence"),
+    Case(4, hop(D, hop_kind="write"), hop(TL, hop_kind="write", seen=FRESH), (D, None, 1, True),
+         "a fresh state of late RECEIVED traces has no SENT: its TRACE_LOST is judged on less than the stored "
+         "DELIVERED, which stays; reconciliation re-decides the message"),
+    Case(5, hop(D), hop(D, seen=FRESH), (DUP, Cause.REWIND_REPLAY, 2, True),
+         "the group read the same record again minutes after it was decided: a duplicate by rewind, at once"),
+    Case(6, hop(DUP, cause=Cause.REWIND_REPLAY, count=2), hop(D, seen=FRESH), (DUP, Cause.REWIND_REPLAY, 3, True),
+         "a third read of the same record adds to the duplicate's count"),
+    Case(7, hop(D), hop(D, offset=9, seen=FRESH), (D, None, 1, True),
+         "a late read at another offset: the detector cannot tell a retry from a replay alone; kept, flagged"),
+    Case(8, hop(L, cause=SKIP, count=0), hop(D, seen=FRESH), (R, None, 1, True),
+         "a late RECEIVED trace contradicts the LOST: retracted at once, saying what the hop got"),
+    Case(9, hop(P), hop(D, seen=FRESH), (D, None, 1, True),
+         "late traces decide a PENDING hop: taken, and reconciliation confirms it with all the traces"),
+    Case(10, hop(D, late=True), hop(TL, seen=FRESH), None,
+         "already flagged as having late evidence: another weaker judgement changes nothing"),
+    Case(11, hop(CL, cause=SKIP, count=0, by=Judge.RECONCILIATION, evidence=L), hop(L, cause=SKIP, seen=FRESH),
+         (CL, SKIP, 0, True), "a confirmed loss stays confirmed when a fresh state says LOST again; flagged"),
+    Case(12, hop(L, cause=SKIP, count=0), hop(L, cause=SKIP, count=0, by=Judge.RECONCILIATION),
+         (CL, SKIP, 0, False), "reconciliation, with all the traces, still finds it missing: CONFIRMED_LOST"),
+    Case(13, hop(L, cause=SKIP, count=0), hop(D, by=Judge.RECONCILIATION), (R, None, 1, False),
+         "reconciliation finds the RECEIVED trace the detector had not seen in time: the LOST is retracted"),
+    Case(14, hop(D, late=True), hop(DUP, cause=Cause.REWIND_REPLAY, count=2, by=Judge.RECONCILIATION),
+         (DUP, Cause.REWIND_REPLAY, 2, False), "reconciliation re-decides a hop with late evidence: its verdict wins"),
+    Case(15, hop(D), hop(P, by=Judge.RECONCILIATION), None,
+         "reconciliation could not decide (no committed offset past it): a PENDING never replaces a decision"),
+    Case(16, hop(CL, cause=SKIP, count=0, by=Judge.RECONCILIATION, evidence=L),
+         hop(L, cause=SKIP, count=0, by=Judge.RECONCILIATION), None,
+         "the same window reconciled twice: the second run changes nothing"),
+    Case(17, hop(P), hop(P, by=Judge.RECONCILIATION), (P, None, 0, False),
+         "still undecided after reconciliation: stays PENDING (the health view says which group is stuck)"),
+    Case(18, hop(R, by=Judge.RECONCILIATION, evidence=D), hop(D, by=Judge.RECONCILIATION), None,
+         "a retracted loss reconciled again: still retracted, nothing changes"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"case{c.number}" for c in CASES])
+def test_settle_rule_table(case: Case) -> None:
+    change = settle(case.stored, case.judged)
+    if case.expected is None:
+        assert change is None, case.reason
+        return
+    assert change is not None, case.reason
+    got = change.verdict
+    assert (got.kind, got.cause, got.count, got.late_evidence) == case.expected, case.reason
+    assert change.reason
+
+
+def test_a_retracted_loss_says_what_it_was_when_and_which_trace_retracted_it() -> None:
+    stored = hop(L, cause=SKIP, count=0)
+    change = settle(stored, hop(D, by=Judge.RECONCILIATION))
+    assert change is not None
+    verdict = change.verdict
+    assert verdict.evidence_kind is D and verdict.decided_by == "reconciliation"
+    assert verdict.detail.startswith("LOST at 1970-01-01 00:00:40 UTC retracted: RECEIVED trace at ")
+    assert "offset 7" in verdict.detail and "retracted" in change.reason
+
+
+def test_a_confirmed_loss_keeps_its_cause_and_says_the_horizon_passed() -> None:
+    judged = dataclasses.replace(hop(L, cause=SKIP, count=0, by=Judge.RECONCILIATION), detail="group s1 skipped it")
+    change = settle(hop(L, cause=SKIP, count=0), judged)
+    assert change is not None
+    assert change.verdict.cause is SKIP and change.verdict.evidence_kind is L
+    assert change.verdict.detail == "still missing past the reconciliation horizon: group s1 skipped it"
