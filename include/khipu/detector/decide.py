@@ -31,8 +31,10 @@ trace: PENDING for what is open, and done.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections import ChainMap
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from khipu.detector.model import (
     RECEIPT_KINDS,
@@ -649,7 +651,8 @@ def decide(
     judged: dict[Hop, Verdict] = {}
     open_hops: list[Hop] = []
     checks: list[int] = []
-    memo: dict[str, int] = dict(passed_at)
+    # new entries go first; the caller's memo (only read) may answer any key
+    memo: ChainMap[str, int] = ChainMap({}, cast(MutableMapping[str, int], passed_at))
     read_settled: dict[Hop, bool] = {}
 
     reached_topics = sorted([*evidence.positions, *moment.implied], key=str)
@@ -700,4 +703,4 @@ def decide(
         open_hops.clear()
     done = not open_hops
     next_check = None if done else min([*checks, first_seen_ms + config.max_wait_ms])
-    return Decision(tuple(judged.values()), done, memo, next_check)
+    return Decision(tuple(judged.values()), done, {**passed_at, **memo.maps[0]}, next_check)

@@ -1,0 +1,183 @@
+"""Which messages a reconciliation run re-decides, what it must read, and how it judges them.
+
+A run reconciles the messages first seen in a window ``[start, end)``. It reads their traces
+from the archive up to ``end + horizon`` (default two hours: Inca's 1 % of messages that take
+that long), so every message of the window had at least the horizon to show up everywhere. The
+hourly run for the data interval ``[S, E)`` reconciles ``[S - horizon, E - horizon)``: the hour
+whose horizon has just passed. A backfill names its window; it must lie in the past by the
+horizon, and the archive must cover it.
+
+Judging applies the detector's own rules (:func:`khipu.detector.decide.decide`) to all the
+message's traces, with the committed offsets from the snapshots: the hours since have let every
+group pass the message (or not), so the grace is long over.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+from khipu.detector.decide import Lookups, decide
+from khipu.detector.model import DetectorConfig, Verdict
+from khipu.errors import InvalidSetting
+from khipu.reconcile.settle import Change, Judge, settle
+from khipu.registry.model import Stream
+from khipu.trace.model import Trace
+
+HOUR_MS = 3_600_000
+DEFAULT_HORIZON_MS = 2 * HOUR_MS
+
+
+class ReconcileError(InvalidSetting):
+    kind = "reconciliation setting"
+
+
+def hour_of(ms: int) -> str:
+    """The archive's hour partition of a time: ``2026-11-23-10``."""
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d-%H")
+
+
+def iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileWindow:
+    start_ms: int  # messages first seen at or after this ...
+    end_ms: int  # ... and before this
+    horizon_ms: int = DEFAULT_HORIZON_MS
+    streams: tuple[str, ...] = ()  # none: every stream
+
+    def __post_init__(self) -> None:
+        if self.horizon_ms < 0:
+            raise ReconcileError("horizon_ms", self.horizon_ms, "a duration in ms >= 0")
+        if self.end_ms <= self.start_ms:
+            raise ReconcileError(
+                "end", iso(self.end_ms), f"a time after the start ({iso(self.start_ms)}): the window is empty"
+            )
+
+    @property
+    def read_to_ms(self) -> int:
+        """Traces are read up to here: the window's end plus the horizon."""
+        return self.end_ms + self.horizon_ms
+
+    def hours(self) -> list[str]:
+        """The archive hours to read: from the window's start to its end plus the horizon."""
+        first = self.start_ms // HOUR_MS
+        last = (self.read_to_ms - 1) // HOUR_MS
+        return [hour_of(h * HOUR_MS) for h in range(first, last + 1)]
+
+    def describe(self) -> str:
+        streams = ", ".join(self.streams) if self.streams else "every stream"
+        return (
+            f"messages first seen {iso(self.start_ms)} .. {iso(self.end_ms)} ({streams}), "
+            f"traces read to {iso(self.read_to_ms)} (horizon {self.horizon_ms // 60_000} min)"
+        )
+
+
+def hourly_window(interval_start_ms: int, interval_end_ms: int, horizon_ms: int) -> ReconcileWindow:
+    """The window an hourly run over ``[interval_start, interval_end)`` reconciles: the same span, ``horizon``
+    earlier, so its messages have had the whole horizon."""
+    return ReconcileWindow(interval_start_ms - horizon_ms, interval_end_ms - horizon_ms, horizon_ms)
+
+
+def horizon_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """``KHIPU_RECONCILE_HORIZON_MS`` (default two hours; tests use minutes)."""
+    env = os.environ if environ is None else environ
+    raw = env.get("KHIPU_RECONCILE_HORIZON_MS", "")
+    if not raw:
+        return DEFAULT_HORIZON_MS
+    if not raw.isdigit():
+        raise ReconcileError("KHIPU_RECONCILE_HORIZON_MS", raw, "a duration in ms >= 0")
+    return int(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveCoverage:
+    """What the trace archive holds: its first hour, and up to when the archive query has read the topic."""
+
+    first_hour: str | None  # None: the archive is empty
+    read_to_ms: int | None  # None: the archive query never caught up
+
+
+def coverage_problems(window: ReconcileWindow, coverage: ArchiveCoverage, now_ms: int) -> list[str]:
+    """Why the archive cannot answer for the window (empty: it can). Hours without traffic inside the
+    covered span are quiet, not missing."""
+    problems = []
+    if window.read_to_ms > now_ms:
+        problems.append(
+            f"the window's horizon has not passed: traces are needed up to {iso(window.read_to_ms)}, "
+            f"it is {iso(now_ms)}; end the window at {iso(now_ms - window.horizon_ms)} or earlier"
+        )
+    if coverage.first_hour is None:
+        problems.append("the trace archive is empty: the detector has archived nothing yet")
+        return problems
+    before = [hour for hour in window.hours() if hour < coverage.first_hour]
+    if before:
+        problems.append(
+            f"the archive starts at hour {coverage.first_hour}; missing hours {before[0]} .. {before[-1]} "
+            f"({len(before)} h)"
+        )
+    if coverage.read_to_ms is None or coverage.read_to_ms < window.read_to_ms <= now_ms:
+        read = "not yet" if coverage.read_to_ms is None else f"up to {iso(coverage.read_to_ms)}"
+        after = [h for h in window.hours() if coverage.read_to_ms is None or h > hour_of(coverage.read_to_ms)]
+        missing = f"; missing hours {after[0]} .. {after[-1]}" if after else ""
+        problems.append(
+            f"the detector has archived the trace topic {read}, the window needs {iso(window.read_to_ms)}{missing}"
+        )
+    return problems
+
+
+class _PassedLongAgo(Mapping[str, int]):
+    """The detector's memo of when each group was first seen past a position, for a judge that comes
+    hours later: every pass is as old as the message (the grace is long over)."""
+
+    def __init__(self, since_ms: int) -> None:
+        self.since_ms = since_ms
+
+    def __getitem__(self, key: str) -> int:
+        return self.since_ms
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def get(self, key: str, default: object = None) -> int:  # type: ignore[override]
+        return self.since_ms
+
+
+def rejudge(
+    message_id: str,
+    stream: Stream,
+    traces: Sequence[Trace],
+    lookups: Lookups,
+    config: DetectorConfig,
+    window: ReconcileWindow,
+    now_ms: int,
+) -> tuple[Verdict, ...]:
+    """Every hop of the message judged with all its traces, by the detector's rules."""
+    first_seen = min(t.timestamp_ms for t in traces)
+    decision = decide(
+        message_id,
+        stream,
+        traces,
+        lookups.committed,
+        _PassedLongAgo(first_seen),
+        first_seen,
+        now_ms,
+        config,
+        lookups.pointed_at,
+        read_to_ms=window.read_to_ms,
+        removed=lookups.removed,
+    )
+    return tuple(replace(v, decided_by=Judge.RECONCILIATION.value, first_seen_ms=first_seen) for v in decision.verdicts)
+
+
+def changes_for(stored: Mapping[str, Verdict], judged: Iterable[Verdict]) -> list[Change]:
+    """What reconciliation changes of a message's stored verdicts (by hop id); nothing when it agrees."""
+    found = (settle(stored.get(verdict.hop), verdict) for verdict in judged)
+    return [change for change in found if change is not None]
