@@ -155,9 +155,9 @@ def throughput(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace)
     started = time.perf_counter()
     queries = start_detector(spark, job)
     first_batch = None
-    while len(store.verdicts()) < traces:
+    while len(store.verdicts.read()) < traces:
         time.sleep(1)
-        if first_batch is None and store.latest_heartbeat(VERDICT_QUERY):
+        if first_batch is None and store.heartbeat.latest(VERDICT_QUERY):
             first_batch = time.perf_counter()
     finished = time.perf_counter()
     for query in queries:
@@ -182,7 +182,7 @@ def lost_latency(spark: Any, bootstrap: str, work: Path, args: argparse.Namespac
     seen: dict[str, float] = {}
 
     def look() -> None:
-        for verdict in store.verdicts():
+        for verdict in store.verdicts.read():
             if verdict["verdict"] == "LOST" and verdict["message_id"] not in seen:
                 seen[verdict["message_id"]] = time.time()
 
@@ -224,7 +224,7 @@ def state_per_message(spark: Any, bootstrap: str, work: Path, args: argparse.Nam
         beat = None
         while beat is None or not beat["state_rows"] or beat["batch_id"] < 1:
             time.sleep(2)
-            beat = store.latest_heartbeat(VERDICT_QUERY)
+            beat = store.heartbeat.latest(VERDICT_QUERY)
         for query in queries:
             query.stop()
         print(

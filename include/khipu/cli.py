@@ -230,8 +230,8 @@ def _store_migrate(_args: argparse.Namespace, settings: KhipuSettings) -> int:
 def _health(args: argparse.Namespace, settings: KhipuSettings) -> int:
     store = Store(settings.store_url)
     cluster = args.cluster or settings.cluster
-    statuses = store.current_statuses(cluster)
-    latest = {s.key: s for s in store.latest_snapshot(cluster)}
+    statuses = store.health.current_statuses(cluster)
+    latest = {s.key: s for s in store.snapshots.latest(cluster)}
     store.close()
     if not statuses:
         print(f"no health recorded for cluster {cluster!r} yet (the DAG khipu_snapshot_offsets writes it)")
@@ -242,7 +242,7 @@ def _health(args: argparse.Namespace, settings: KhipuSettings) -> int:
         lag = snapshot.lag if snapshot is not None else None
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(stored.since_ms / 1000))
         print(
-            f"{key.group:28} {key.topic:28} {key.partition:>4} {stored.status.name:12} "
+            f"{key.group:28} {key.topic:28} {key.partition:>4} {stored.status_name:12} "
             f"{'-' if lag is None else lag:>7}  {since}Z"
         )
     return 0
@@ -253,8 +253,8 @@ def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
 
     store = Store(settings.store_url)
     since = time.time_ns() // 1_000_000 - int(args.minutes * 60_000)
-    rows = store.verdicts(stream=args.stream, since_ms=since)
-    beat = store.latest_heartbeat(VERDICT_QUERY)
+    rows = store.verdicts.read(stream=args.stream, since_ms=since)
+    beat = store.heartbeat.latest(VERDICT_QUERY)
     store.close()
     counts: dict[tuple[str, str], dict[str, int]] = {}
     for row in rows:
@@ -281,12 +281,16 @@ def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
 def _alerts(args: argparse.Namespace, settings: KhipuSettings) -> int:
     store = Store(settings.store_url)
     since = time.time_ns() // 1_000_000 - int(args.minutes * 60_000)
-    rows = store.alerts(since_ms=since)
+    rows = store.alerts.read(since_ms=since)
     store.close()
-    for alert, delivered_ms, deliveries in rows:
+    for alert in rows:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(alert.at_ms / 1000))
-        sent = ", ".join(f"{name} {outcome}" for name, outcome in deliveries.items()) if delivered_ms else "pending"
-        print(f"{at}Z {alert.state.value:8} {alert.severity.value:8} {alert.title}  [{sent}]")
+        sent = (
+            ", ".join(f"{name} {outcome}" for name, outcome in alert.deliveries.items())
+            if alert.delivered_ms
+            else "pending"
+        )
+        print(f"{at}Z {alert.state:8} {alert.severity:8} {alert.title}  [{sent}]")
     print(f"{len(rows)} alert(s) in the last {args.minutes:g} minutes")
     return 0
 

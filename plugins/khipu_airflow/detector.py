@@ -24,6 +24,7 @@ from typing import Any
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
 from khipu.alerting.decide import DETECTOR_ALERT_KIND, detector_alert
+from khipu.alerting.model import AlertState, alert_from
 from khipu.detector.driver import read_driver_record, stop_driver
 from khipu.detector.job import VERDICT_QUERY, connector_jars, write_connections_file
 from khipu.detector.supervise import DetectorObservation, DetectorState, SupervisionConfig, judge_detector
@@ -87,7 +88,7 @@ def observe(store_conn_id: str) -> DetectorObservation:
     """
     store = KhipuStoreHook(store_conn_id).store()
     try:
-        beat = store.latest_heartbeat(VERDICT_QUERY)
+        beat = store.heartbeat.latest(VERDICT_QUERY)
     finally:
         store.close()
     # its last sign of life: the end of its newest batch (a batch's heartbeat is stamped with its start)
@@ -119,10 +120,10 @@ def check_detector(store_conn_id: str) -> dict[str, Any]:
     log.info("detector %s: %s", health.state.value, health.reason)
     store = KhipuStoreHook(store_conn_id).store()
     try:
-        last = store.latest_alert(DETECTOR_ALERT_KIND)
-        firing = last is not None and last.state.value == "firing"
+        last = store.alerts.latest(DETECTOR_ALERT_KIND)
+        firing = last is not None and alert_from(last).state is AlertState.FIRING
         alert = detector_alert(health, firing, now)
-        if alert is not None and store.add_alert(alert):
+        if alert is not None and store.alerts.add(alert):
             log.warning("detector alert raised: %s", alert.title)
     finally:
         store.close()

@@ -42,7 +42,7 @@ def snapshot_offsets(store_conn_id: str, all_groups: bool) -> dict[str, Any]:
                 log.error("snapshot of %s failed: %s", cluster, exc)
                 unreachable.append(str(exc))
                 continue
-            written = store.write_snapshot(run, rows)
+            written = store.snapshots.write(run, rows)
             for error in run.errors:
                 log.warning("snapshot of %s: %s", cluster, error)
             log.info(
@@ -109,7 +109,7 @@ def send_alerts(store_conn_id: str) -> dict[str, Any]:
 def prune_snapshots(store_conn_id: str, keep_days: float) -> dict[str, Any]:
     store = KhipuStoreHook(store_conn_id).store()
     try:
-        deleted = store.prune_snapshots(before_ms=now_ms() - int(keep_days * DAY_MS))
+        deleted = store.snapshots.prune(before_ms=now_ms() - int(keep_days * DAY_MS))
     finally:
         store.close()
     log.info("pruned %d snapshot rows older than %g days", deleted, keep_days)

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from khipu.alerting.model import Alert
-from khipu.store.store import Store
+from khipu.alerting.model import Alert, alert_from
+from khipu.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +33,10 @@ def dispatch_pending(store: Store, sinks: Sequence[AlertSink], now_ms: int) -> D
     (the failures are recorded with it); one that none delivered stays pending and is retried.
     Each alert is claimed first, so two dispatchers running at once never both send it."""
     sent = failed = undelivered = 0
-    for alert in store.pending_alerts(now_ms):
-        if not store.claim_alert(alert.key, now_ms):
+    for stored in store.alerts.pending(now_ms):
+        if not store.alerts.claim(stored.key, now_ms):
             continue
+        alert = alert_from(stored)
         outcomes: dict[str, str] = {}
         for sink in sinks:
             try:
@@ -46,9 +47,9 @@ def dispatch_pending(store: Store, sinks: Sequence[AlertSink], now_ms: int) -> D
                 failed += 1
                 log.warning("notifier %s could not deliver alert %s: %s", sink.name, alert.key, exc)
         if "ok" in outcomes.values():
-            store.mark_delivered(alert.key, outcomes, now_ms)
+            store.alerts.mark_delivered(alert.key, outcomes, now_ms)
             sent += 1
         else:
-            store.release_alert(alert.key)
+            store.alerts.release(alert.key)
             undelivered += 1
     return DispatchReport(sent, failed, undelivered)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 
 class AlertState(StrEnum):
@@ -45,6 +45,41 @@ class Alert:
             "at_ms": self.at_ms,
             "details": dict(self.details),
         }
+
+
+class StoredAlert(Protocol):
+    """An alert as the store keeps it (``khipu.store.AlertRecord``): state and severity as text."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def subject(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def severity(self) -> str: ...
+    @property
+    def title(self) -> str: ...
+    @property
+    def at_ms(self) -> int: ...
+    @property
+    def details(self) -> Mapping[str, Any]: ...
+
+
+def alert_from(stored: StoredAlert) -> Alert:
+    """The alert a stored one records."""
+    return Alert(
+        key=stored.key,
+        subject=stored.subject,
+        kind=stored.kind,
+        state=AlertState(stored.state),
+        severity=Severity(stored.severity),
+        title=stored.title,
+        at_ms=stored.at_ms,
+        details=stored.details,
+    )
 
 
 def task_failure_alert(dag_id: str, task_id: str | None, run_id: str | None, error: str, at_ms: int) -> Alert:

@@ -14,7 +14,7 @@ from typing import Any
 
 from khipu.detector.model import Removal
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
-from khipu.store.store import RemovalEvidence, Store
+from khipu.store import RemovalEvidence, Store
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class StreamReadProgress:
             if self._store is None:
                 self._store = Store(self.store_url)
             try:
-                self._cached = (now, min(self._store.read_to_ms(name) or 0 for name in self.query_names))
+                self._cached = (now, min(self._store.heartbeat.read_to_ms(name) or 0 for name in self.query_names))
             except Exception as exc:  # unknown progress: decide on nothing yet rather than too early
                 log.warning("stream progress of %s unavailable: %s", ", ".join(self.query_names), exc)
                 self._cached = (now, 0)
@@ -65,7 +65,7 @@ class PointedPositions:
     def __call__(self, location: str, cluster: str, topic: str, partition: int, offset: int) -> bool:
         if self._store is None:
             self._store = Store(self.store_url)
-        return self._store.pointed_at(location, cluster, topic, partition, offset)
+        return self._store.channel.pointed_at(location, cluster, topic, partition, offset)
 
 
 class ClusterClients:
@@ -150,7 +150,7 @@ class CommittedOffsets:
         if store is None:
             return None
         try:
-            latest = store.latest_committed(cluster, group)
+            latest = store.snapshots.latest_committed(cluster, group)
         except Exception as exc:  # the store is a shortcut; the broker is the fallback
             log.warning("store unavailable for committed offsets (%s); asking the broker", exc)
             return None
@@ -204,7 +204,7 @@ class RecordRemovals:
         start: int | None = None
         store = self.clients.store()
         try:
-            latest = store.latest_log_start(cluster, topic, partition) if store is not None else None
+            latest = store.snapshots.latest_log_start(cluster, topic, partition) if store is not None else None
         except Exception as exc:  # the store is a shortcut; the broker is the fallback
             log.warning("store unavailable for log starts (%s); asking the broker", exc)
             latest = None
@@ -225,7 +225,7 @@ class RecordRemovals:
         """The snapshot history of a removed record. A store that cannot answer fails the batch (it is
         retried): answering "no history" could turn a skip into an expiry."""
         store = self.clients.store()
-        return None if store is None else store.removal_evidence(cluster, group, topic, partition, offset)
+        return None if store is None else store.snapshots.removal_evidence(cluster, group, topic, partition, offset)
 
     def _broker_retention(self, cluster: str, topic: str) -> tuple[int | None, int | None]:
         """The topic's retention from the broker, remembered once known (a failure is asked again next time)."""

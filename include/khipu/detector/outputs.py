@@ -27,7 +27,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from khipu.detector.parse import archived, pointers, quarantine_reason, quarantined, sequences
 from khipu.kafka import KafkaConnection
-from khipu.store.store import Store
+from khipu.store import Store
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY_MS = 60_000
@@ -51,11 +51,11 @@ class VerdictWriter:
             return
         if self._store is None:
             self._store = Store(self.store_url)
-        keys = self._store.upsert_verdicts(rows)
+        keys = self._store.verdicts.upsert(rows)
         lost = [r for r in rows if r["verdict"] == "LOST"]
         if lost and self.lost_topic:
             self._publish_lost(self.lost_topic, lost)
-        self._store.refresh_metrics(keys)
+        self._store.verdicts.refresh_metrics(keys)
         log.info("batch %d: %d verdicts (%d LOST)", batch_id, len(rows), len(lost))
 
     def _publish_lost(self, topic: str, lost: list[dict[str, Any]]) -> None:
@@ -96,11 +96,13 @@ class ArchiveWriter:
             if self._store is None:
                 self._store = Store(self.store_url)
             now = _now_ms()
-            self._store.record_pointers((tuple(row) for row in pointers(parsed).collect()), now)
+            self._store.channel.record_pointers((tuple(row) for row in pointers(parsed).collect()), now)
             if now - self._pruned_ms >= PRUNE_EVERY_MS:
-                self._store.prune_pointers(now - self.keep_pointers_ms)
+                self._store.channel.prune_pointers(now - self.keep_pointers_ms)
                 self._pruned_ms = now
-            gaps = self._store.record_emitter_sequences((tuple(row) for row in sequences(parsed).collect()), now)
+            gaps = self._store.channel.record_emitter_sequences(
+                (tuple(row) for row in sequences(parsed).collect()), now
+            )
             if gaps:
                 log.warning("batch %d: %d new gaps in emitter sequences (lost traces)", batch_id, gaps)
             bad = [
@@ -108,7 +110,7 @@ class ArchiveWriter:
                 for row in quarantined(parsed).collect()
             ]
             if bad:
-                added = self._store.add_quarantine(bad, _now_ms())
+                added = self._store.channel.add_quarantine(bad, _now_ms())
                 log.warning("batch %d: %d malformed trace records quarantined (%d new)", batch_id, len(bad), added)
         finally:
             parsed.unpersist()
@@ -179,7 +181,7 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
 
     def _record(self, beat: dict[str, Any]) -> None:
         try:
-            self.store.record_heartbeat(beat)
+            self.store.heartbeat.record(beat)
         except Exception as exc:  # a heartbeat that cannot be stored must not stop the detector
             log.warning("heartbeat not stored: %s", exc)
 

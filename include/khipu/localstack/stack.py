@@ -161,7 +161,7 @@ def _detector_line(settings: KhipuSettings, table: ProcessTable) -> str:
     try:
         store = Store(settings.store_url)
         try:
-            beat = store.latest_heartbeat(VERDICT_QUERY)
+            beat = store.heartbeat.latest(VERDICT_QUERY)
         finally:
             store.close()
     except Exception:  # a store not migrated yet, or unreachable: the line says so below

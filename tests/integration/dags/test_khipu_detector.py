@@ -86,7 +86,7 @@ def test_a_running_reporting_detector_is_left_alone_and_nothing_alerts(detector_
                 }
             )
         )
-        detector_env.record_heartbeat(beat(time.time_ns() // 1_000_000 - 5_000))
+        detector_env.heartbeat.record(beat(time.time_ns() // 1_000_000 - 5_000))
         from airflow.dag_processing.dagbag import DagBag
 
         run = DagBag(dag_folder=str(DAGS)).get_dag("khipu_detector").test()
@@ -101,7 +101,7 @@ def test_a_running_reporting_detector_is_left_alone_and_nothing_alerts(detector_
         "restart_detector": "skipped",
         "send_alerts": "success",
     }
-    assert detector_env.alerts() == []
+    assert detector_env.alerts.read() == []
 
 
 def test_spark_submit_arguments_name_paths_only_and_the_secrets_go_to_an_owner_only_file(

@@ -80,7 +80,7 @@ streams:
         topic,
     )
     store = Store(f"sqlite:///{store_path}")
-    snapshots = store.histories("local", 0)
+    snapshots = store.snapshots.histories("local", 0)
     store.close()
     [(key, history)] = list(snapshots.items())
     assert (key.group, [s.committed for s in history], [s.log_end for s in history]) == (

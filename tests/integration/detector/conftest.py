@@ -120,8 +120,8 @@ def wait_until_settled(store_url: str, expected_messages: int, timeout_s: float 
     try:
         while time.monotonic() < deadline:
             time.sleep(2)
-            verdicts = store.verdicts()
-            beat = store.latest_heartbeat(VERDICT_QUERY)
+            verdicts = store.verdicts.read()
+            beat = store.heartbeat.latest(VERDICT_QUERY)
             settled = beat is not None and beat["state_rows"] == 0 and len(verdicts) == last > 0
             stable = stable + 1 if settled else 0
             if stable >= 2 and len({v["message_id"] for v in verdicts}) >= expected_messages:
@@ -143,7 +143,7 @@ def run_detector_until(spark: Any, job: DetectorJob, verdicts: int, timeout_s: f
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and len(found) < verdicts:
             time.sleep(2)
-            found = store.verdicts()
+            found = store.verdicts.read()
         return found
     finally:
         for query in queries:

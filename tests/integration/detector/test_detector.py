@@ -70,9 +70,9 @@ def test_verdicts_equal_the_ground_truth_with_every_fault_and_malformed_traces_a
     assert result.matched == result.expected > 600
 
     store = Store(job.store_url)
-    quarantined = store.quarantined()
-    metrics = store.metrics("demo.orders")
-    beat = store.latest_heartbeat(ARCHIVE_QUERY)
+    quarantined = store.channel.quarantined()
+    metrics = store.verdicts.read_metrics("demo.orders")
+    beat = store.heartbeat.latest(ARCHIVE_QUERY)
     store.close()
     reasons = [q["reason"] for q in quarantined]
     assert len(reasons) == len(MALFORMED) + 1
@@ -167,7 +167,7 @@ def test_a_detector_killed_mid_stream_and_restarted_ends_with_the_verdicts_of_an
     first = subprocess.Popen(command, env=env, stdout=logs[0].open("wb"), stderr=STDOUT, start_new_session=True)
     try:
         at_kill = _mid_stream(Store(killed.store_url), timeout_s=180)
-        partial = len(Store(killed.store_url).verdicts())
+        partial = len(Store(killed.store_url).verdicts.read())
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # no goodbye: mid-stream, mid-batch perhaps
         first.wait()
@@ -196,7 +196,7 @@ def _mid_stream(store: Store, timeout_s: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
-            beat = store.latest_heartbeat(VERDICT_QUERY)
+            beat = store.heartbeat.latest(VERDICT_QUERY)
             if beat and beat["batch_id"] >= 3 and (beat["state_rows"] or 0) > 0 and not beat["caught_up"]:
                 return beat
             time.sleep(0.2)

@@ -89,10 +89,13 @@ streams:
         filler.produce(short, value=b"filler")
         filler.flush(5)
         run, rows = collect_snapshot(broker.connection(), watched, time.time_ns() // 1_000_000)
-        store.write_snapshot(run, rows)
+        store.snapshots.write(run, rows)
         evaluate_cluster(store, "local", health)
         row = next(r for r in rows if r.key == key)
-        if first_risk_ms is None and store.current_statuses("local")[key].status is PartitionStatus.EXPIRY_RISK:
+        if (
+            first_risk_ms is None
+            and store.health.current_statuses("local")[key].status_name == PartitionStatus.EXPIRY_RISK.name
+        ):
             first_risk_ms = row.snapshot_ms
             risk_log_start = row.log_start
         if row.log_start is not None and row.log_start >= MESSAGES:
@@ -102,7 +105,7 @@ streams:
     assert first_risk_ms is not None and first_risk_ms < first_gone_ms  # warned before it happened ...
     assert risk_log_start == 0  # ... while every record was still in the log
     assert first_gone_ms / 1000 - written_at >= RETENTION_MS / 1000  # retention acted, not before its time
-    alerts = [a.details for a, _, _ in store.alerts() if a.kind == "group_status"]
+    alerts = [a.details for a in store.alerts.read() if a.kind == "group_status"]
     assert any(d["group"] == slow and d["to_status"] == "EXPIRY_RISK" for d in alerts)
 
     # the slow group comes back: its offset is out of range, it resets to the log start and commits past
@@ -118,7 +121,7 @@ streams:
     resumed.close()
     assert got and min(got) >= MESSAGES  # it could not read any of them
     run, rows = collect_snapshot(broker.connection(), watched, time.time_ns() // 1_000_000)
-    store.write_snapshot(run, rows)
+    store.snapshots.write(run, rows)
 
     job = DetectorJob(
         registry_path=registry,

@@ -192,7 +192,7 @@ streams:
     assert DagBag(dag_folder=str(DAGS)).get_dag("khipu_snapshot_offsets").test().state == DagRunState.SUCCESS
     store = Store(f"sqlite:///{store_path}")
     snapshots = {
-        cluster: {(s.group, s.topic, s.partition): s.committed for s in store.latest_snapshot(cluster)}
+        cluster: {(s.group, s.topic, s.partition): s.committed for s in store.snapshots.latest(cluster)}
         for cluster in ("east", "west")
     }
     assert {key[0] for key in snapshots["east"]} == {proc} and {key[0] for key in snapshots["west"]} == {sink}

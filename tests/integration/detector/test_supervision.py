@@ -94,7 +94,7 @@ def test_a_hung_driver_is_replaced_from_its_checkpoint_alerting_once_and_verdict
         submitted = table.running("detector")
         driver = read_driver_record(checkpoint)
         assert submitted is not None and driver is not None and driver.alive()
-        _wait_for(lambda: (store.latest_heartbeat(VERDICT_QUERY) or {}).get("batch_id", -1) >= 2, 180, "first batches")
+        _wait_for(lambda: (store.heartbeat.latest(VERDICT_QUERY) or {}).get("batch_id", -1) >= 2, 180, "first batches")
 
         os.kill(driver.pid, signal.SIGSTOP)  # hung: alive, silent
         stopped_at = time.monotonic()

@@ -65,11 +65,11 @@ def produce(broker: BrokerProcess, topic: str, count: int) -> None:
 def snapshot(broker: BrokerProcess, store: Store, clock: Clock, watched: dict[str, frozenset[str]]) -> None:
     run, rows = collect_snapshot(broker.connection(), watched, clock.tick())
     assert run.errors == (), run.errors
-    assert store.write_snapshot(run, rows)
+    assert store.snapshots.write(run, rows)
 
 
 def status(store: Store, key: PartitionKey) -> PartitionStatus:
-    return store.current_statuses("local")[key].status
+    return PartitionStatus[store.health.current_statuses("local")[key].status_name]
 
 
 def test_a_consumer_that_stops_moving_stalls_then_stops_and_each_transition_alerts_once(
@@ -94,7 +94,7 @@ def test_a_consumer_that_stops_moving_stalls_then_stops_and_each_transition_aler
         evaluate_cluster(store, "local", CONFIG)
         seen.append(status(store, key))
     assert seen[-1] is PartitionStatus.STALL
-    health = store.latest_snapshot("local")[0]
+    health = store.snapshots.latest("local")[0]
     assert (health.committed, health.log_end, health.lag, health.group_state) == (30, 70, 40, "STABLE")
     assert (health.members, health.assigned) == (1, True)  # a member holds the partition: a live, stuck consumer
 
@@ -106,15 +106,15 @@ def test_a_consumer_that_stops_moving_stalls_then_stops_and_each_transition_aler
         seen.append(status(store, key))
     assert seen[-1] is PartitionStatus.STOP
     assert seen.index(PartitionStatus.STALL) < seen.index(PartitionStatus.STOP)
-    gone = store.latest_snapshot("local")[0]
+    gone = store.snapshots.latest("local")[0]
     assert (gone.group_state, gone.members, gone.assigned, gone.live) == ("EMPTY", 0, False, False)
 
-    firing = [(a.kind, a.details["to_status"]) for a, _, _ in store.alerts() if a.state.value == "firing"]
+    firing = [(a.kind, a.details["to_status"]) for a in store.alerts.read() if a.state == "firing"]
     assert firing == [("group_status", "STALL"), ("group_status", "STOP")]  # one per transition, not per minute
-    transitions = [(before, after) for _, before, after, _ in store.transitions("local")]
+    transitions = [(before, after) for _, before, after, _ in store.health.transitions("local")]
     assert transitions == [("OK", "STALL"), ("STALL", "STOP")]
-    [stored] = [h for k, h in store.current_statuses("local").items() if k == key]
-    assert stored.since_ms == store.transitions("local")[-1][3]
+    [stored] = [h for k, h in store.health.current_statuses("local").items() if k == key]
+    assert stored.since_ms == store.health.transitions("local")[-1][3]
 
 
 def test_rewind_and_skip_commits_open_windows_with_their_ranges_and_time_lag_is_measured(
@@ -132,7 +132,7 @@ def test_rewind_and_skip_commits_open_windows_with_their_ranges_and_time_lag_is_
         commit_at(offset)
         snapshot(broker, store, clock, watched)
         evaluate_cluster(store, "local", CONFIG)
-    assert store.backlog_started_ms("local", topic, 0, committed=40) == clock.now_ms - 3 * M
+    assert store.snapshots.backlog_started_ms("local", topic, 0, committed=40) == clock.now_ms - 3 * M
 
     commit_at(15)  # rewind: 15..40 will be read again
     snapshot(broker, store, clock, watched)
@@ -145,10 +145,12 @@ def test_rewind_and_skip_commits_open_windows_with_their_ranges_and_time_lag_is_
     evaluate_cluster(store, "local", CONFIG)
     committer.close()
 
-    windows = [(w.kind, w.from_offset, w.to_offset) for w in store.offset_windows("local", topic, 0)]
+    windows = [(WindowKind(w.kind), w.from_offset, w.to_offset) for w in store.health.offset_windows("local", topic, 0)]
     assert windows == [(WindowKind.REWIND, 15, 40), (WindowKind.SKIP, 15, 2060)]
-    assert [w.kind for w in store.offset_windows("local", topic, 0, covering_offset=1000)] == [WindowKind.SKIP]
-    window_alerts = [a.details["kind"] for a, _, _ in store.alerts() if a.kind == "offset_window"]
+    assert [WindowKind(w.kind) for w in store.health.offset_windows("local", topic, 0, covering_offset=1000)] == [
+        WindowKind.SKIP
+    ]
+    window_alerts = [a.details["kind"] for a in store.alerts.read() if a.kind == "offset_window"]
     assert window_alerts == ["rewind", "skip"]
 
 

@@ -19,13 +19,9 @@ from khipu.store import Store
 pytestmark = pytest.mark.integration
 
 
-def url_of(store: Store) -> str:
-    return str(store.engine.url.render_as_string(hide_password=False))
-
-
 def snapshot(store: Store, at_ms: int, group: str, committed: int, log_start: int, retention_ms: int = 60_000) -> None:
     row = PartitionSnapshot(at_ms, "local", group, "orders", 0, committed, log_start, 100, "STABLE", retention_ms)
-    store.write_snapshot(SnapshotRun(at_ms, "local", 1, 1, 1), [row])
+    store.snapshots.write(SnapshotRun(at_ms, "local", 1, 1, 1), [row])
 
 
 def test_the_history_says_when_a_record_went_and_whether_the_group_had_skipped_it_before(store: Store) -> None:
@@ -34,7 +30,7 @@ def test_the_history_says_when_a_record_went_and_whether_the_group_had_skipped_i
     snapshot(store, now - 30_000, "sleeper", committed=10, log_start=0)
     snapshot(store, now - 5_000, "skipper", committed=60, log_start=45)  # then retention moved the log start
     snapshot(store, now - 5_000, "sleeper", committed=10, log_start=45)
-    removals = RecordRemovals(ClusterClients({"local": KafkaConnection(f"127.0.0.1:{free_port()}")}, url_of(store)))
+    removals = RecordRemovals(ClusterClients({"local": KafkaConnection(f"127.0.0.1:{free_port()}")}, store.url))
 
     assert removals("local", "skipper", "orders", 0, 40) is None  # a skip, whatever happened to the log later
     gone = removals("local", "sleeper", "orders", 0, 40)
@@ -45,7 +41,7 @@ def test_the_history_says_when_a_record_went_and_whether_the_group_had_skipped_i
 def test_a_store_that_cannot_answer_fails_the_lookup_instead_of_calling_a_skip_a_removal(store: Store) -> None:
     now = time.time_ns() // 1_000_000
     snapshot(store, now - 1_000, "sleeper", committed=10, log_start=45)
-    removals = RecordRemovals(ClusterClients({}, url_of(store)))
+    removals = RecordRemovals(ClusterClients({}, store.url))
     assert removals("local", "sleeper", "orders", 0, 40) is not None  # the log start (45) is now cached
     with store.engine.begin() as tx:  # the history vanishes under it (a dropped table stands for an outage)
         tx.exec_driver_sql("ALTER TABLE offset_snapshots RENAME TO offset_snapshots_gone")

@@ -29,12 +29,12 @@ def snap(
 
 
 def write(store: Store, minute: int, *rows: PartitionSnapshot) -> bool:
-    return store.write_snapshot(SnapshotRun(minute * M, "local", 1, len(rows), 5), list(rows))
+    return store.snapshots.write(SnapshotRun(minute * M, "local", 1, len(rows), 5), list(rows))
 
 
 def test_migrating_twice_is_safe_and_the_database_matches_the_schema(store: Store) -> None:
     store.migrate()
-    with store.engine.connect() as connection:
+    with store.engine.sql.connect() as connection:
         differences = compare_metadata(MigrationContext.configure(connection), metadata)
     assert differences == []
 
@@ -43,9 +43,9 @@ def test_a_snapshot_is_written_once_and_missed_minutes_stay_missing(store: Store
     assert write(store, 0, snap(0, 10, 20), snap(0, 5, 9, partition=1))
     assert not write(store, 0, snap(0, 99, 99))  # a retried task: the minute is already there
     assert write(store, 3, snap(3, 30, 40))  # minutes 1 and 2 were missed (scheduler down)
-    runs = store.snapshot_runs("local")
+    runs = store.snapshots.runs("local")
     assert [r.snapshot_ms for r in runs] == [0, 3 * M]  # the gap shows; nothing was invented
-    history = store.histories("local", 0)
+    history = store.snapshots.histories("local", 0)
     assert [s.committed for s in history[KEY]] == [10, 30]
     assert history[PartitionKey("local", "sink", "orders", 1)][0].log_end == 9
 
@@ -54,28 +54,32 @@ def test_committed_offset_as_of_a_time_comes_from_the_latest_snapshot_before_it(
     write(store, 0, snap(0, 10, 20))
     write(store, 1, snap(1, None, 25))  # the group had no commit then
     write(store, 2, snap(2, 25, 30))
-    assert store.committed_offset_at("local", "sink", "orders", 0, -1) is None
-    at = store.committed_offset_at("local", "sink", "orders", 0, M + 30_000)
+    assert store.snapshots.committed_offset_at("local", "sink", "orders", 0, -1) is None
+    at = store.snapshots.committed_offset_at("local", "sink", "orders", 0, M + 30_000)
     assert at is not None and (at.offset, at.snapshot_ms) == (10, 0)
-    latest = store.committed_offset_at("local", "sink", "orders", 0, 10 * M)
+    latest = store.snapshots.committed_offset_at("local", "sink", "orders", 0, 10 * M)
     assert latest is not None and (latest.offset, latest.snapshot_ms) == (25, 2 * M)
-    assert store.committed_offset_at("local", "other", "orders", 0, 10 * M) is None
+    assert store.snapshots.committed_offset_at("local", "other", "orders", 0, 10 * M) is None
 
 
 def test_backlog_start_is_when_the_log_end_first_passed_the_committed_offset(store: Store) -> None:
     for minute, log_end in enumerate([10, 10, 12, 15, 20]):
         write(store, minute, snap(minute, 10, log_end))
-    assert store.backlog_started_ms("local", "orders", 0, committed=10) == 2 * M  # log end 12 > 10 first at minute 2
-    assert store.backlog_started_ms("local", "orders", 0, committed=4) == 0  # older than the history: a lower bound
-    assert store.backlog_started_ms("local", "orders", 0, committed=20) is None  # nothing pending
+    assert (
+        store.snapshots.backlog_started_ms("local", "orders", 0, committed=10) == 2 * M
+    )  # log end 12 > 10 first at minute 2
+    assert (
+        store.snapshots.backlog_started_ms("local", "orders", 0, committed=4) == 0
+    )  # older than the history: a lower bound
+    assert store.snapshots.backlog_started_ms("local", "orders", 0, committed=20) is None  # nothing pending
 
 
 def test_pruning_drops_old_snapshots_only(store: Store) -> None:
     for minute in range(5):
         write(store, minute, snap(minute, minute, minute + 1))
-    assert store.prune_snapshots(before_ms=3 * M) == 3
-    assert [s.snapshot_ms for s in store.histories("local", 0)[KEY]] == [3 * M, 4 * M]
-    assert [r.snapshot_ms for r in store.snapshot_runs("local")] == [3 * M, 4 * M]
+    assert store.snapshots.prune(before_ms=3 * M) == 3
+    assert [s.snapshot_ms for s in store.snapshots.histories("local", 0)[KEY]] == [3 * M, 4 * M]
+    assert [r.snapshot_ms for r in store.snapshots.runs("local")] == [3 * M, 4 * M]
 
 
 def health(status: PartitionStatus, minute: int, key: PartitionKey = KEY) -> PartitionHealth:
@@ -87,23 +91,26 @@ def test_statuses_keep_their_since_until_they_change_and_transitions_and_alerts_
     for minute, status in enumerate(
         [PartitionStatus.OK, PartitionStatus.STALL, PartitionStatus.STALL, PartitionStatus.OK]
     ):
-        previous = {k: v.status for k, v in store.current_statuses("local").items()}
+        previous = {k: PartitionStatus[v.status_name] for k, v in store.health.current_statuses("local").items()}
         current = [health(status, minute)]
         changes = transitions(previous, current)
         windows = [window] if minute == 1 else []
-        store.save_evaluation(current, changes, windows, alerts_for(group_changes(previous, current), windows))
+        store.health.save_evaluation(current, changes, windows, alerts_for(group_changes(previous, current), windows))
         if minute == 2:
-            stored = store.current_statuses("local")[KEY]
-            assert (stored.status, stored.since_ms) == (PartitionStatus.STALL, M)  # unchanged since minute 1
+            stored = store.health.current_statuses("local")[KEY]
+            assert (stored.status_name, stored.since_ms) == ("STALL", M)  # unchanged since minute 1
 
     # minute 0 is OK from the start: not a transition worth a row
-    assert [(f, t, at) for _, f, t, at in store.transitions("local")] == [("OK", "STALL", M), ("STALL", "OK", 3 * M)]
-    assert [(w.kind, w.from_offset, w.to_offset) for w in store.offset_windows("local", "orders", 0, 7)] == [
-        (WindowKind.REWIND, 5, 10)
+    assert [(f, t, at) for _, f, t, at in store.health.transitions("local")] == [
+        ("OK", "STALL", M),
+        ("STALL", "OK", 3 * M),
     ]
-    assert store.offset_windows("local", "orders", 0, covering_offset=10) == []  # the window ends before 10
-    pending = store.pending_alerts()
-    assert [(a.kind, a.state.value) for a in pending] == [
+    assert [
+        (WindowKind(w.kind), w.from_offset, w.to_offset) for w in store.health.offset_windows("local", "orders", 0, 7)
+    ] == [(WindowKind.REWIND, 5, 10)]
+    assert store.health.offset_windows("local", "orders", 0, covering_offset=10) == []  # the window ends before 10
+    pending = store.alerts.pending()
+    assert [(a.kind, a.state) for a in pending] == [
         ("group_status", "firing"),
         ("offset_window", "firing"),
         ("group_status", "resolved"),
@@ -112,25 +119,25 @@ def test_statuses_keep_their_since_until_they_change_and_transitions_and_alerts_
 
 def test_an_alert_is_recorded_once_and_delivery_is_remembered(store: Store) -> None:
     alert = alerts_for(group_changes({}, [health(PartitionStatus.STOP, 1)]), [])[0]
-    assert store.add_alert(alert)
-    assert not store.add_alert(alert)  # the same occurrence again (a retried task)
-    store.mark_delivered(alert.key, {"log": "ok", "webhook": "error: HTTP 500"}, 2 * M)
-    assert store.pending_alerts() == []
-    [(stored, delivered_ms, deliveries)] = store.alerts()
-    assert (stored.title, delivered_ms, deliveries["webhook"]) == (alert.title, 2 * M, "error: HTTP 500")
+    assert store.alerts.add(alert)
+    assert not store.alerts.add(alert)  # the same occurrence again (a retried task)
+    store.alerts.mark_delivered(alert.key, {"log": "ok", "webhook": "error: HTTP 500"}, 2 * M)
+    assert store.alerts.pending() == []
+    [stored] = store.alerts.read()
+    assert (stored.title, stored.delivered_ms, stored.deliveries["webhook"]) == (alert.title, 2 * M, "error: HTTP 500")
     assert stored.details["partitions"][0]["evidence"] == {"window": [[1, 2, 3]]}
 
 
 def test_two_dispatchers_never_both_claim_an_alert_and_an_abandoned_claim_is_taken_over(store: Store) -> None:
     alert = alerts_for(group_changes({}, [health(PartitionStatus.STOP, 1)]), [])[0]
-    store.add_alert(alert)
-    assert store.claim_alert(alert.key, 10 * M)
-    assert not store.claim_alert(alert.key, 10 * M + 1)  # the second dispatcher finds it taken
-    assert store.pending_alerts(11 * M) == []  # claimed a minute ago: in flight
-    assert [a.key for a in store.pending_alerts(21 * M)] == [alert.key]  # the claimer died ten minutes ago
-    assert store.claim_alert(alert.key, 21 * M)
-    store.release_alert(alert.key)  # no notifier could deliver it: pending again at once
-    assert [a.key for a in store.pending_alerts(21 * M)] == [alert.key]
+    store.alerts.add(alert)
+    assert store.alerts.claim(alert.key, 10 * M)
+    assert not store.alerts.claim(alert.key, 10 * M + 1)  # the second dispatcher finds it taken
+    assert store.alerts.pending(11 * M) == []  # claimed a minute ago: in flight
+    assert [a.key for a in store.alerts.pending(21 * M)] == [alert.key]  # the claimer died ten minutes ago
+    assert store.alerts.claim(alert.key, 21 * M)
+    store.alerts.release(alert.key)  # no notifier could deliver it: pending again at once
+    assert [a.key for a in store.alerts.pending(21 * M)] == [alert.key]
 
 
 def test_an_unreachable_store_names_it_without_the_password() -> None:
@@ -144,7 +151,7 @@ def test_a_store_never_migrated_says_so_and_what_to_run(tmp_path: Path, empty_po
     for url in (f"sqlite:///{tmp_path / 'empty.db'}", empty_postgres_url):
         store = Store(url)
         with pytest.raises(StoreError) as caught:
-            store.verdicts()
+            store.verdicts.read()
         store.close()
         message = str(caught.value)
         assert "verdicts" in message and "khipu store migrate" in message, message

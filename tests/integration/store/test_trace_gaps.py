@@ -19,24 +19,24 @@ def seen(*numbers: int, location: str = "sink") -> list[tuple[str, str, int, int
 
 
 def test_missing_numbers_are_gaps_and_a_late_number_fills_its_gap(store: Store) -> None:
-    assert store.record_emitter_sequences(seen(0, 1, 3, 4, 7), 1) == 2
-    assert store.trace_gaps("sink") == [(2, 3), (5, 7)]
-    assert store.record_emitter_sequences(seen(6), 2) == 1  # 5..7 shrank to 5..6: counted as a new gap
-    assert store.trace_gaps("sink") == [(2, 3), (5, 6)]
-    store.record_emitter_sequences(seen(2, 5), 3)
-    assert store.trace_gaps("sink") == []
-    assert store.trace_gaps("other") == []
+    assert store.channel.record_emitter_sequences(seen(0, 1, 3, 4, 7), 1) == 2
+    assert store.channel.trace_gaps("sink") == [(2, 3), (5, 7)]
+    assert store.channel.record_emitter_sequences(seen(6), 2) == 1  # 5..7 shrank to 5..6: counted as a new gap
+    assert store.channel.trace_gaps("sink") == [(2, 3), (5, 6)]
+    store.channel.record_emitter_sequences(seen(2, 5), 3)
+    assert store.channel.trace_gaps("sink") == []
+    assert store.channel.trace_gaps("other") == []
 
 
 def test_an_emitter_first_seen_above_zero_lost_its_first_traces(store: Store) -> None:
-    store.record_emitter_sequences(seen(3, 4), 1)
-    assert store.trace_gaps("sink") == [(0, 3)]
+    store.channel.record_emitter_sequences(seen(3, 4), 1)
+    assert store.channel.trace_gaps("sink") == [(0, 3)]
 
 
 def test_the_gaps_do_not_depend_on_the_order_or_batching_of_arrival(store: Store) -> None:
     numbers = [n for n in range(60) if n not in {4, 5, 17, 40, 41, 42, 59}]
-    store.record_emitter_sequences(seen(*numbers), 1)
-    expected = store.trace_gaps("sink")
+    store.channel.record_emitter_sequences(seen(*numbers), 1)
+    expected = store.channel.trace_gaps("sink")
     assert expected == [(4, 6), (17, 18), (40, 43)]
     shuffle = random.Random(7)
     for attempt in range(4):
@@ -45,33 +45,33 @@ def test_the_gaps_do_not_depend_on_the_order_or_batching_of_arrival(store: Store
         shuffle.shuffle(order)
         cuts = sorted(shuffle.sample(range(1, len(order)), 3))
         for batch, (start, stop) in enumerate(itertools.pairwise([0, *cuts, len(order)])):
-            store.record_emitter_sequences(seen(*order[start:stop], location=location), batch)
-        assert store.trace_gaps(location) == expected, order
+            store.channel.record_emitter_sequences(seen(*order[start:stop], location=location), batch)
+        assert store.channel.trace_gaps(location) == expected, order
 
 
 def test_numbers_folded_into_the_base_still_fill_their_gap_when_they_arrive_very_late(store: Store) -> None:
-    store.record_emitter_sequences(seen(0, 2, 3, 4, 5), 1, keep=2)
-    assert store.trace_gaps("sink") == [(1, 2)]
-    store.record_emitter_sequences(seen(1), 2, keep=2)
-    assert store.trace_gaps("sink") == []
+    store.channel.record_emitter_sequences(seen(0, 2, 3, 4, 5), 1, keep=2)
+    assert store.channel.trace_gaps("sink") == [(1, 2)]
+    store.channel.record_emitter_sequences(seen(1), 2, keep=2)
+    assert store.channel.trace_gaps("sink") == []
 
 
 def test_pointers_answer_for_their_exact_position_and_are_kept_once(store: Store) -> None:
     pointers = [("sink", "local", T, 0, 5), ("sink", "local", T, 1, 9), ("proc", "east", T, 0, 5)]
-    assert store.record_pointers(pointers, 1_000) == 3
-    assert store.record_pointers([*pointers, ("sink", "local", T, 0, 5)], 2_000) == 0  # a replayed batch
-    assert store.pointed_at("sink", "local", T, 0, 5)
-    assert store.pointed_at("sink", "local", T, 1, 9)
-    assert store.pointed_at("proc", "east", T, 0, 5)
+    assert store.channel.record_pointers(pointers, 1_000) == 3
+    assert store.channel.record_pointers([*pointers, ("sink", "local", T, 0, 5)], 2_000) == 0  # a replayed batch
+    assert store.channel.pointed_at("sink", "local", T, 0, 5)
+    assert store.channel.pointed_at("sink", "local", T, 1, 9)
+    assert store.channel.pointed_at("proc", "east", T, 0, 5)
     for other in [("sink", "local", T, 0, 6), ("sink", "local", T, 1, 5), ("proc", "local", T, 0, 5)]:
-        assert not store.pointed_at(*other), other
-    assert not store.pointed_at("sink", "local", "payments", 0, 5)
+        assert not store.channel.pointed_at(*other), other
+    assert not store.channel.pointed_at("sink", "local", "payments", 0, 5)
 
 
 def test_pruning_drops_pointers_first_seen_before_the_cut(store: Store) -> None:
-    store.record_pointers([("sink", "local", T, 0, 1)], 1_000)
-    store.record_pointers([("sink", "local", T, 0, 2)], 5_000)
-    store.record_pointers([("sink", "local", T, 0, 1)], 6_000)  # seen again: keeps its first time
-    assert store.prune_pointers(before_ms=5_000) == 1
-    assert not store.pointed_at("sink", "local", T, 0, 1)
-    assert store.pointed_at("sink", "local", T, 0, 2)
+    store.channel.record_pointers([("sink", "local", T, 0, 1)], 1_000)
+    store.channel.record_pointers([("sink", "local", T, 0, 2)], 5_000)
+    store.channel.record_pointers([("sink", "local", T, 0, 1)], 6_000)  # seen again: keeps its first time
+    assert store.channel.prune_pointers(before_ms=5_000) == 1
+    assert not store.channel.pointed_at("sink", "local", T, 0, 1)
+    assert store.channel.pointed_at("sink", "local", T, 0, 2)

@@ -1,0 +1,126 @@
+"""The store's engine: one SQLAlchemy engine per store URL, its transactions, its migrations.
+
+Every repository of the store (:mod:`khipu.store.snapshots`, ...) writes through :meth:`StoreEngine.begin`,
+so a database that cannot be reached or lacks its schema always comes out as a :class:`StoreError` saying
+what to do, with the URL's password hidden.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, Engine, Table, create_engine, event
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from khipu.offsets.model import PartitionKey
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+class StoreError(RuntimeError):
+    """The store could not be reached or used; the message names the store without its password."""
+
+
+class StoreEngine:
+    """The database behind a store URL (SQLite or PostgreSQL): transactions and migrations."""
+
+    def __init__(self, url: str, **engine_options: Any) -> None:
+        self.url = url
+        self.safe_url = make_url(url).render_as_string(hide_password=True)
+        if url.startswith("sqlite") and ":memory:" not in url:
+            database = make_url(url).database
+            if database:
+                Path(database).parent.mkdir(parents=True, exist_ok=True)
+        if url.startswith("sqlite"):
+            engine_options.setdefault("connect_args", {"timeout": 30})
+        self.sql: Engine = create_engine(url, **engine_options)  # the SQLAlchemy engine
+        if url.startswith("sqlite"):
+            event.listen(self.sql, "connect", _sqlite_for_concurrent_writers)
+
+    def close(self) -> None:
+        self.sql.dispose()
+
+    def migrate(self) -> None:
+        """Create or upgrade the schema to the newest migration (safe to repeat)."""
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        try:
+            with self.sql.begin() as connection:
+                config.attributes["connection"] = connection
+                command.upgrade(config, "head")
+        except OperationalError as exc:
+            raise StoreError(f"cannot migrate the store at {self.safe_url}: {exc.orig}") from None
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        """A transaction; database errors come out as :class:`StoreError` saying what to do."""
+        try:
+            with self.sql.begin() as tx:
+                yield tx
+        except (OperationalError, ProgrammingError) as exc:
+            raise StoreError(self._explain(exc)) from None
+
+    def _explain(self, exc: OperationalError | ProgrammingError) -> str:
+        detail = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
+        if "no such table" in detail or "does not exist" in detail:
+            return (
+                f"the store at {self.safe_url} lacks part of its schema ({detail}): it was never migrated or is "
+                "older than this Khipu; run `khipu store migrate` (make up does)"
+            )
+        return f"cannot use the store at {self.safe_url}: {detail}"
+
+
+def insert_ignoring_duplicate(tx: Connection, table: Table, values: Mapping[str, Any]) -> bool:
+    """Insert unless a unique constraint says the row exists (a retried task); True when inserted."""
+    statement = _insert_of(tx)(table).values(**values).on_conflict_do_nothing()
+    return bool(tx.execute(statement).rowcount)
+
+
+def upsert(tx: Connection, table: Table, rows: Sequence[Mapping[str, Any]], key: Sequence[str]) -> None:
+    """Insert the rows, or replace the other columns of those whose ``key`` columns exist (a replayed batch)."""
+    if not rows:
+        return
+    statement = _insert_of(tx)(table)
+    replaced = [column for column in rows[0] if column not in key]
+    tx.execute(
+        statement.on_conflict_do_update(
+            index_elements=list(key), set_={column: statement.excluded[column] for column in replaced}
+        ),
+        [dict(row) for row in rows],
+    )
+
+
+def partition_key_is(table: Table, key: PartitionKey) -> tuple[Any, ...]:
+    """Conditions: the table's partition-key columns equal ``key``."""
+    return (
+        table.c.cluster == key.cluster,
+        table.c.group_id == key.group,
+        table.c.topic == key.topic,
+        table.c.partition == key.partition,
+    )
+
+
+def _insert_of(tx: Connection) -> Any:
+    """The dialect's INSERT, the one with ON CONFLICT."""
+    dialect = tx.dialect.name
+    if dialect == "postgresql":
+        return postgresql_insert
+    if dialect == "sqlite":
+        return sqlite_insert
+    raise StoreError(f"the store supports SQLite and PostgreSQL, not {dialect}")
+
+
+def _sqlite_for_concurrent_writers(connection: Any, _record: Any) -> None:
+    """The local store is shared by the detector and Airflow tasks: write-ahead log, patient locks."""
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()

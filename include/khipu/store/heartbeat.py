@@ -1,0 +1,53 @@
+"""The detector's heartbeat: each streaming query's progress, batch by batch (kept a day per query)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select
+
+from khipu.store import schema
+from khipu.store.engine import StoreEngine
+
+KEEP_MS = 86_400_000
+
+
+class HeartbeatRepository:
+    """``store.heartbeat``: what each detector query last reported."""
+
+    def __init__(self, engine: StoreEngine) -> None:
+        self._engine = engine
+
+    def record(self, beat: Mapping[str, Any]) -> None:
+        """Keep one progress report (columns of ``detector_heartbeat``); drop the query's reports over a day old."""
+        table = schema.detector_heartbeat
+        with self._engine.begin() as tx:
+            tx.execute(insert(table).values(**beat))
+            tx.execute(
+                delete(table).where(
+                    table.c.query_name == beat["query_name"], table.c.at_ms < int(beat["at_ms"]) - KEEP_MS
+                )
+            )
+
+    def read_to_ms(self, query_name: str) -> int | None:
+        """The start of the newest batch of ``query_name`` that read its whole input: every trace
+        produced before this time has been read."""
+        table = schema.detector_heartbeat
+        with self._engine.begin() as tx:
+            at = tx.execute(
+                select(func.max(table.c.at_ms)).where(table.c.query_name == query_name, table.c.caught_up.is_(True))
+            ).scalar()
+        return None if at is None else int(at)
+
+    def latest(self, query_name: str) -> dict[str, Any] | None:
+        """The newest report of ``query_name`` (its ``detector_heartbeat`` columns)."""
+        table = schema.detector_heartbeat
+        with self._engine.begin() as tx:
+            row = tx.execute(
+                select(table)
+                .where(table.c.query_name == query_name)
+                .order_by(table.c.at_ms.desc(), table.c.id.desc())
+                .limit(1)
+            ).first()
+        return None if row is None else dict(row._mapping)
