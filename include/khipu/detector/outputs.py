@@ -3,7 +3,8 @@
 - verdicts: upserted into the store by (message id, hop), so a batch replayed after a restart
   never stores a verdict twice; LOST verdicts are also produced to the lost-messages topic
   (at-least-once: a replay may repeat one there; consumers key on message id + hop);
-- metrics per stream / hop / minute: recomputed from the stored verdicts of the minutes touched;
+- metrics per stream / hop / minute: recomputed from the stored verdicts of the minutes touched
+  (:mod:`khipu.verdicts.metrics`);
 - the raw-trace archive: Parquet partitioned by hour and batch, overwritten on replay;
 - malformed records: the store's quarantine, once per trace-topic position;
 - back-pointers: records an emitter says it received whose trace was not in the batch (what
@@ -28,6 +29,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 from khipu.detector.parse import archived, pointers, quarantine_reason, quarantined, sequences
 from khipu.kafka import KafkaConnection
 from khipu.store import Store
+from khipu.verdicts.metrics import minute_metrics, minutes_touched
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY_MS = 60_000
@@ -51,11 +53,13 @@ class VerdictWriter:
             return
         if self._store is None:
             self._store = Store(self.store_url)
-        keys = self._store.verdicts.upsert(rows)
+        self._store.verdicts.upsert(rows)
         lost = [r for r in rows if r["verdict"] == "LOST"]
         if lost and self.lost_topic:
             self._publish_lost(self.lost_topic, lost)
-        self._store.verdicts.refresh_metrics(keys)
+        minutes = minutes_touched(rows)
+        outcomes = self._store.verdicts.read_outcomes([minute.span for minute in minutes])
+        self._store.verdicts.upsert_metrics([minute_metrics(minute, outcomes[minute.span]) for minute in minutes])
         log.info("batch %d: %d verdicts (%d LOST)", batch_id, len(rows), len(lost))
 
     def _publish_lost(self, topic: str, lost: list[dict[str, Any]]) -> None:

@@ -21,6 +21,7 @@ from khipu.store.engine import StoreError
 from khipu.store.health import StoredStatus, StoredWindow
 from khipu.store.snapshots import CommittedOffset, RemovalEvidence
 from khipu.store.store import Store
+from khipu.store.verdicts import VerdictOutcome
 
 __all__ = [
     "AlertRecord",
@@ -30,4 +31,5 @@ __all__ = [
     "StoreError",
     "StoredStatus",
     "StoredWindow",
+    "VerdictOutcome",
 ]

@@ -1,9 +1,14 @@
-"""The detector's verdicts, one row per (message id, hop), and the per-minute metrics of each stream and hop."""
+"""The detector's verdicts, one row per (message id, hop), and the per-minute metrics of each stream and hop.
+
+The metrics are computed in the domain (:mod:`khipu.verdicts.metrics`) from the outcomes read here
+and handed back to be stored.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from sqlalchemy import select
 
@@ -27,7 +32,45 @@ VERDICT_COLUMNS = (
     "decided_ms",
     "detail",
 )
-MINUTE_MS = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictOutcome:
+    """What a stored verdict says, as the metrics read it."""
+
+    verdict: str  # the value of a khipu.detector.model.VerdictKind
+    latency_ms: int | None
+
+
+class MetricsLike(Protocol):
+    """One (stream, hop, minute) row of metrics (e.g. ``khipu.verdicts.metrics.MinuteMetrics``)."""
+
+    @property
+    def stream(self) -> str: ...
+    @property
+    def hop(self) -> str: ...
+    @property
+    def minute_ms(self) -> int: ...
+    @property
+    def delivered(self) -> int: ...
+    @property
+    def lost(self) -> int: ...
+    @property
+    def duplicate(self) -> int: ...
+    @property
+    def trace_lost(self) -> int: ...
+    @property
+    def pending(self) -> int: ...
+    @property
+    def loss_rate(self) -> float: ...
+    @property
+    def duplicate_rate(self) -> float: ...
+    @property
+    def latency_p50_ms(self) -> int | None: ...
+    @property
+    def latency_p95_ms(self) -> int | None: ...
+    @property
+    def latency_p99_ms(self) -> int | None: ...
 
 
 class VerdictRepository:
@@ -36,13 +79,8 @@ class VerdictRepository:
     def __init__(self, engine: StoreEngine) -> None:
         self._engine = engine
 
-    def upsert(self, rows: Sequence[Mapping[str, Any]]) -> set[tuple[str, str, int]]:
-        """Insert or replace verdicts by (message id, hop): a replayed batch never stores one twice.
-
-        Returns the (stream, hop, minute) metric keys the rows touch.
-        """
-        if not rows:
-            return set()
+    def upsert(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Insert or replace verdicts by (message id, hop): a replayed batch never stores one twice."""
         values = [
             {
                 "message_id": r["message_id"],
@@ -52,45 +90,58 @@ class VerdictRepository:
             }
             for r in rows
         ]
+        if not values:
+            return
         with self._engine.begin() as tx:
             upsert(tx, schema.verdicts, values, key=("message_id", "hop"))
-        return {(r["stream"], r["hop"], int(r["decided_ms"]) // MINUTE_MS * MINUTE_MS) for r in rows}
 
-    def refresh_metrics(self, keys: Iterable[tuple[str, str, int]]) -> None:
-        """Recompute the given (stream, hop, minute) metrics from the stored verdicts (idempotent)."""
-        table, metrics = schema.verdicts, schema.verdict_metrics
+    def read_outcomes(
+        self, spans: Iterable[tuple[str, str, int, int]]
+    ) -> dict[tuple[str, str, int, int], list[VerdictOutcome]]:
+        """Per (stream, hop, from_ms, to_ms): the verdict and latency of each verdict of that stream's hop
+        decided in [from_ms, to_ms) (what a minute's metrics are computed from)."""
+        table = schema.verdicts
+        found: dict[tuple[str, str, int, int], list[VerdictOutcome]] = {}
         with self._engine.begin() as tx:
-            for stream, hop, minute in sorted(set(keys)):
+            for span in dict.fromkeys(spans):
+                stream, hop, from_ms, to_ms = span
                 rows = tx.execute(
                     select(table.c.verdict, table.c.latency_ms).where(
                         table.c.stream == stream,
                         table.c.hop == hop,
-                        table.c.decided_ms >= minute,
-                        table.c.decided_ms < minute + MINUTE_MS,
+                        table.c.decided_ms >= from_ms,
+                        table.c.decided_ms < to_ms,
                     )
-                ).all()
-                counts = {
-                    kind: sum(1 for r in rows if r.verdict == kind)
-                    for kind in ("DELIVERED", "LOST", "DUPLICATE", "TRACE_LOST", "PENDING")
-                }
-                judged = sum(counts.values()) or 1
-                latencies = [int(r.latency_ms) for r in rows if r.latency_ms is not None]
-                values = dict(
-                    stream=stream,
-                    hop=hop,
-                    minute_ms=minute,
-                    delivered=counts["DELIVERED"],
-                    lost=counts["LOST"],
-                    duplicate=counts["DUPLICATE"],
-                    trace_lost=counts["TRACE_LOST"],
-                    pending=counts["PENDING"],
-                    loss_rate=counts["LOST"] / judged,
-                    duplicate_rate=counts["DUPLICATE"] / judged,
-                    latency_p50_ms=_percentile(latencies, 0.50),
-                    latency_p95_ms=_percentile(latencies, 0.95),
-                    latency_p99_ms=_percentile(latencies, 0.99),
                 )
-                upsert(tx, metrics, [values], key=("stream", "hop", "minute_ms"))
+                found[span] = [
+                    VerdictOutcome(r.verdict, None if r.latency_ms is None else int(r.latency_ms)) for r in rows
+                ]
+        return found
+
+    def upsert_metrics(self, metrics: Sequence[MetricsLike]) -> None:
+        """Insert or replace metric rows by (stream, hop, minute), all in one transaction (idempotent)."""
+        if not metrics:
+            return
+        rows = [
+            dict(
+                stream=m.stream,
+                hop=m.hop,
+                minute_ms=m.minute_ms,
+                delivered=m.delivered,
+                lost=m.lost,
+                duplicate=m.duplicate,
+                trace_lost=m.trace_lost,
+                pending=m.pending,
+                loss_rate=m.loss_rate,
+                duplicate_rate=m.duplicate_rate,
+                latency_p50_ms=m.latency_p50_ms,
+                latency_p95_ms=m.latency_p95_ms,
+                latency_p99_ms=m.latency_p99_ms,
+            )
+            for m in metrics
+        ]
+        with self._engine.begin() as tx:
+            upsert(tx, schema.verdict_metrics, rows, key=("stream", "hop", "minute_ms"))
 
     def read(self, stream: str | None = None, since_ms: int = 0) -> list[dict[str, Any]]:
         """Verdicts decided since ``since_ms`` (of one stream, when given), oldest first: their columns."""
@@ -109,10 +160,3 @@ class VerdictRepository:
             query = query.where(table.c.stream == stream)
         with self._engine.begin() as tx:
             return [dict(row._mapping) for row in tx.execute(query.order_by(table.c.minute_ms, table.c.hop))]
-
-
-def _percentile(values: list[int], fraction: float) -> int | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))]
