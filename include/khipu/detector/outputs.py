@@ -9,7 +9,8 @@
 - malformed records: the store's quarantine, once per trace-topic position;
 - back-pointers: records an emitter says it received whose trace was not in the batch (what
   tells TRACE_LOST from LOST), kept long enough for every message they concern to be decided;
-- emitter sequence numbers: their gaps count the traces each emitter lost (channel health);
+- emitter sequence numbers: their gaps count the traces each emitter lost (channel health;
+  :mod:`khipu.detector.gaps`);
 - the heartbeat: every query's progress, into the store.
 """
 
@@ -26,6 +27,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from khipu.detector.gaps import record_emitter_sequences
 from khipu.detector.parse import archived, pointers, quarantine_reason, quarantined, sequences
 from khipu.kafka import KafkaConnection
 from khipu.store import Store
@@ -104,8 +106,8 @@ class ArchiveWriter:
             if now - self._pruned_ms >= PRUNE_EVERY_MS:
                 self._store.channel.prune_pointers(now - self.keep_pointers_ms)
                 self._pruned_ms = now
-            gaps = self._store.channel.record_emitter_sequences(
-                (tuple(row) for row in sequences(parsed).collect()), now
+            gaps = record_emitter_sequences(
+                self._store.channel, (tuple(row) for row in sequences(parsed).collect()), now
             )
             if gaps:
                 log.warning("batch %d: %d new gaps in emitter sequences (lost traces)", batch_id, gaps)

@@ -1,17 +1,108 @@
 """The trace channel's own health: malformed trace records (quarantine), back-pointers, and the gaps in each
-emitter's sequence numbers (traces the emitter lost)."""
+emitter's sequence numbers (traces the emitter lost).
+
+Which gaps a batch of sequence numbers opens, shrinks or splits is the domain's to say
+(:mod:`khipu.detector.gaps`); this repository loads what it needs and applies what it says.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy import delete, insert, select, update
 
-from khipu.detector.sequences import KEEP_RECENT, EmitterHistory, Run, absorb
 from khipu.store import schema
 from khipu.store.engine import StoreEngine, insert_ignoring_duplicate
+
+
+@dataclass(frozen=True, slots=True)
+class StoredProgress:
+    """An emitter's row of ``emitter_progress``: numbers up to ``base_seq`` folded, the runs seen above it."""
+
+    location: str
+    max_seq: int
+    base_seq: int
+    base_ms: int | None
+    runs: tuple[tuple[int, int, int, int], ...]  # (first_seq, first_ms, last_seq, last_ms), oldest first
+    updated_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredGap:
+    location: str
+    from_seq: int  # first missing number
+    to_seq: int  # first number after the gap
+    after_ms: int
+    before_ms: int
+    noticed_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEmitter:
+    emitter_id: str
+    progress: StoredProgress | None  # None: never seen
+    gaps: dict[int, StoredGap]  # by row id: those a batch can touch (see record_sequences)
+
+
+class RunLike(Protocol):
+    @property
+    def first_seq(self) -> int: ...
+    @property
+    def first_ms(self) -> int: ...
+    @property
+    def last_seq(self) -> int: ...
+    @property
+    def last_ms(self) -> int: ...
+
+
+class HistoryLike(Protocol):
+    """An emitter's history to store (e.g. ``khipu.detector.sequences.EmitterHistory``)."""
+
+    @property
+    def max_seq(self) -> int: ...
+    @property
+    def base_seq(self) -> int: ...
+    @property
+    def base_ms(self) -> int | None: ...
+    @property
+    def runs(self) -> Sequence[RunLike]: ...
+
+
+class GapLike(Protocol):
+    @property
+    def location(self) -> str: ...
+    @property
+    def from_seq(self) -> int: ...
+    @property
+    def to_seq(self) -> int: ...
+    @property
+    def after_ms(self) -> int: ...
+    @property
+    def before_ms(self) -> int: ...
+    @property
+    def noticed_ms(self) -> int: ...
+
+
+class SequenceUpdateLike(Protocol):
+    """What to write for one emitter after a batch (e.g. ``khipu.detector.gaps.EmitterUpdate``)."""
+
+    @property
+    def emitter_id(self) -> str: ...
+    @property
+    def location(self) -> str: ...
+    @property
+    def history(self) -> HistoryLike | None: ...  # None: leave the stored progress as it is
+    @property
+    def deleted(self) -> Collection[int]: ...  # gap ids
+    @property
+    def updated(self) -> Mapping[int, GapLike]: ...  # new values of gaps, by id
+    @property
+    def inserted(self) -> Sequence[GapLike]: ...
+    @property
+    def updated_ms(self) -> int: ...
 
 
 class TraceChannelRepository:
@@ -48,101 +139,54 @@ class TraceChannelRepository:
                 for r in tx.execute(select(table).order_by(table.c.source_partition, table.c.source_offset))
             ]
 
-    def record_emitter_sequences(
+    def record_sequences(
         self,
-        observed: Iterable[tuple[str, str, int, int]],
-        now_ms: int,
-        keep: int = KEEP_RECENT,
-    ) -> int:
-        """Track each emitter's sequence numbers; keep its gaps (lost traces); return how many gaps it has now
-        that it had not before.
+        lowest_seen: Mapping[str, int],
+        plan: Callable[[Mapping[str, StoredEmitter]], Sequence[SequenceUpdateLike]],
+    ) -> None:
+        """Load what is stored of each emitter of a batch, let ``plan`` say what changes, apply it: one
+        transaction, so a batch's numbers and gaps are stored together or not at all.
 
-        ``observed``: (emitter id, location, sequence number, trace time) of one batch of traces
-        and emitter marks. The gaps above each emitter's base are recomputed from the runs of
-        numbers seen (:func:`khipu.detector.sequences.absorb`), so traces arriving out of order
-        leave the same gaps as traces arriving in order. Emitters number from 0, so an emitter
-        first seen above 0 lost its first traces. (A detector started at ``latest`` sees every
-        emitter mid-way: start it at ``earliest``, the default.)
+        ``lowest_seen``: each emitter's lowest sequence number in the batch. Of its gaps, those ending
+        above that number or above its base are loaded: every gap the batch can fill or recompute.
+        ``plan`` (the domain's, :func:`khipu.detector.gaps.plan_sequence_updates`) gets them by emitter id.
         """
-        by_emitter: dict[str, tuple[str, list[tuple[int, int]]]] = {}
-        for emitter_id, location, seq, at_ms in observed:
-            by_emitter.setdefault(emitter_id, (location, []))[1].append((int(seq), int(at_ms)))
         progress, gaps = schema.emitter_progress, schema.trace_gaps
-        new_gaps = 0
         with self._engine.begin() as tx:
-            for emitter_id, (location, seen) in sorted(by_emitter.items()):
+            stored: dict[str, StoredEmitter] = {}
+            for emitter_id, lowest in sorted(lowest_seen.items()):
                 row = tx.execute(select(progress).where(progress.c.emitter_id == emitter_id)).first()
-                history = _history(row) if row else EmitterHistory()
-                absorbed = absorb(history, seen, keep)
-                if absorbed.late:
-                    self._fill_gaps(tx, emitter_id, list(absorbed.late))
-                if not absorbed.changed:
-                    continue
-                stored = {
-                    (int(r.from_seq), int(r.to_seq)): (int(r.id), int(r.noticed_ms))
-                    for r in tx.execute(
-                        select(gaps.c.id, gaps.c.from_seq, gaps.c.to_seq, gaps.c.noticed_ms).where(
-                            gaps.c.emitter_id == emitter_id, gaps.c.from_seq > history.base_seq
-                        )
-                    )
-                }
-                new_gaps += sum((g.from_seq, g.to_seq) not in stored for g in absorbed.gaps)
-                if stored:
-                    tx.execute(delete(gaps).where(gaps.c.id.in_([gap_id for gap_id, _ in stored.values()])))
-                for gap in absorbed.gaps:
-                    noticed = stored.get((gap.from_seq, gap.to_seq), (0, now_ms))[1]
-                    tx.execute(
-                        insert(gaps).values(
-                            emitter_id=emitter_id,
-                            location=location,
-                            from_seq=gap.from_seq,
-                            to_seq=gap.to_seq,
-                            after_ms=gap.after_ms,
-                            before_ms=gap.before_ms,
-                            noticed_ms=noticed,
-                        )
-                    )
-                kept = absorbed.history
-                values = dict(
-                    location=location,
-                    max_seq=kept.max_seq,
-                    base_seq=kept.base_seq,
-                    base_ms=kept.base_ms,
-                    runs=json.dumps([[r.first_seq, r.first_ms, r.last_seq, r.last_ms] for r in kept.runs]),
-                    updated_ms=now_ms,
+                base_seq = -1 if row is None else int(row.base_seq)
+                loaded = tx.execute(
+                    select(gaps).where(gaps.c.emitter_id == emitter_id, gaps.c.to_seq > min(int(lowest), base_seq))
                 )
-                if row:
+                stored[emitter_id] = StoredEmitter(
+                    emitter_id, None if row is None else _progress(row), {int(g.id): _gap(g) for g in loaded}
+                )
+            for change in sorted(plan(stored), key=lambda change: change.emitter_id):
+                emitter_id = change.emitter_id
+                if change.deleted:
+                    tx.execute(delete(gaps).where(gaps.c.id.in_(list(change.deleted))))
+                for gap_id, gap in sorted(change.updated.items()):
+                    tx.execute(update(gaps).where(gaps.c.id == gap_id).values(**_gap_values(gap)))
+                for gap in change.inserted:
+                    tx.execute(insert(gaps).values(emitter_id=emitter_id, **_gap_values(gap)))
+                history = change.history
+                if history is None:
+                    continue
+                values = dict(
+                    location=change.location,
+                    max_seq=history.max_seq,
+                    base_seq=history.base_seq,
+                    base_ms=history.base_ms,
+                    runs=json.dumps([[r.first_seq, r.first_ms, r.last_seq, r.last_ms] for r in history.runs]),
+                    updated_ms=change.updated_ms,
+                )
+                known = stored.get(emitter_id)
+                if known is not None and known.progress is not None:
                     tx.execute(update(progress).where(progress.c.emitter_id == emitter_id).values(**values))
                 else:
                     tx.execute(insert(progress).values(emitter_id=emitter_id, **values))
-        return new_gaps
-
-    def _fill_gaps(self, tx: Connection, emitter_id: str, late: list[int]) -> None:
-        """Numbers at or below an emitter's base arrived very late: each shrinks or splits its gap; a gap
-        filled completely goes."""
-        gaps = schema.trace_gaps
-        for seq in late:
-            for gap in tx.execute(
-                select(gaps).where(gaps.c.emitter_id == emitter_id, gaps.c.from_seq <= seq, gaps.c.to_seq > seq)
-            ).all():
-                pieces = [(start, stop) for start, stop in ((gap.from_seq, seq), (seq + 1, gap.to_seq)) if stop > start]
-                if not pieces:
-                    tx.execute(delete(gaps).where(gaps.c.id == gap.id))
-                    continue
-                start, stop = pieces[0]
-                tx.execute(update(gaps).where(gaps.c.id == gap.id).values(from_seq=start, to_seq=stop))
-                for start, stop in pieces[1:]:
-                    tx.execute(
-                        insert(gaps).values(
-                            emitter_id=emitter_id,
-                            location=gap.location,
-                            from_seq=start,
-                            to_seq=stop,
-                            after_ms=gap.after_ms,
-                            before_ms=gap.before_ms,
-                            noticed_ms=gap.noticed_ms,
-                        )
-                    )
 
     def record_pointers(self, pointers: Iterable[tuple[str, str, str, int, int]], seen_ms: int) -> int:
         """Keep positions an emitter says it received: (location, cluster, topic, partition, offset).
@@ -203,9 +247,29 @@ class TraceChannelRepository:
             return [(int(r.from_seq), int(r.to_seq)) for r in rows]
 
 
-def _history(row: Any) -> EmitterHistory:
-    return EmitterHistory(
+def _progress(row: Any) -> StoredProgress:
+    return StoredProgress(
+        location=row.location,
+        max_seq=int(row.max_seq),
         base_seq=int(row.base_seq),
         base_ms=None if row.base_ms is None else int(row.base_ms),
-        runs=tuple(Run(int(a), int(b), int(c), int(d)) for a, b, c, d in json.loads(row.runs)),
+        runs=tuple((int(a), int(b), int(c), int(d)) for a, b, c, d in json.loads(row.runs)),
+        updated_ms=int(row.updated_ms),
+    )
+
+
+def _gap(row: Any) -> StoredGap:
+    return StoredGap(
+        row.location, int(row.from_seq), int(row.to_seq), int(row.after_ms), int(row.before_ms), int(row.noticed_ms)
+    )
+
+
+def _gap_values(gap: GapLike) -> dict[str, Any]:
+    return dict(
+        location=gap.location,
+        from_seq=gap.from_seq,
+        to_seq=gap.to_seq,
+        after_ms=gap.after_ms,
+        before_ms=gap.before_ms,
+        noticed_ms=gap.noticed_ms,
     )

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from khipu.detector.gaps import record_emitter_sequences
 from khipu.store import Store
 
 pytestmark = pytest.mark.integration
@@ -19,23 +20,23 @@ def seen(*numbers: int, location: str = "sink") -> list[tuple[str, str, int, int
 
 
 def test_missing_numbers_are_gaps_and_a_late_number_fills_its_gap(store: Store) -> None:
-    assert store.channel.record_emitter_sequences(seen(0, 1, 3, 4, 7), 1) == 2
+    assert record_emitter_sequences(store.channel, seen(0, 1, 3, 4, 7), 1) == 2
     assert store.channel.trace_gaps("sink") == [(2, 3), (5, 7)]
-    assert store.channel.record_emitter_sequences(seen(6), 2) == 1  # 5..7 shrank to 5..6: counted as a new gap
+    assert record_emitter_sequences(store.channel, seen(6), 2) == 1  # 5..7 shrank to 5..6: counted as a new gap
     assert store.channel.trace_gaps("sink") == [(2, 3), (5, 6)]
-    store.channel.record_emitter_sequences(seen(2, 5), 3)
+    record_emitter_sequences(store.channel, seen(2, 5), 3)
     assert store.channel.trace_gaps("sink") == []
     assert store.channel.trace_gaps("other") == []
 
 
 def test_an_emitter_first_seen_above_zero_lost_its_first_traces(store: Store) -> None:
-    store.channel.record_emitter_sequences(seen(3, 4), 1)
+    record_emitter_sequences(store.channel, seen(3, 4), 1)
     assert store.channel.trace_gaps("sink") == [(0, 3)]
 
 
 def test_the_gaps_do_not_depend_on_the_order_or_batching_of_arrival(store: Store) -> None:
     numbers = [n for n in range(60) if n not in {4, 5, 17, 40, 41, 42, 59}]
-    store.channel.record_emitter_sequences(seen(*numbers), 1)
+    record_emitter_sequences(store.channel, seen(*numbers), 1)
     expected = store.channel.trace_gaps("sink")
     assert expected == [(4, 6), (17, 18), (40, 43)]
     shuffle = random.Random(7)
@@ -45,15 +46,32 @@ def test_the_gaps_do_not_depend_on_the_order_or_batching_of_arrival(store: Store
         shuffle.shuffle(order)
         cuts = sorted(shuffle.sample(range(1, len(order)), 3))
         for batch, (start, stop) in enumerate(itertools.pairwise([0, *cuts, len(order)])):
-            store.channel.record_emitter_sequences(seen(*order[start:stop], location=location), batch)
+            record_emitter_sequences(store.channel, seen(*order[start:stop], location=location), batch)
         assert store.channel.trace_gaps(location) == expected, order
 
 
 def test_numbers_folded_into_the_base_still_fill_their_gap_when_they_arrive_very_late(store: Store) -> None:
-    store.channel.record_emitter_sequences(seen(0, 2, 3, 4, 5), 1, keep=2)
+    record_emitter_sequences(store.channel, seen(0, 2, 3, 4, 5), 1, keep=2)
     assert store.channel.trace_gaps("sink") == [(1, 2)]
-    store.channel.record_emitter_sequences(seen(1), 2, keep=2)
+    record_emitter_sequences(store.channel, seen(1), 2, keep=2)
     assert store.channel.trace_gaps("sink") == []
+
+
+def test_a_very_late_number_splits_a_gap_below_the_base_and_the_pieces_stay(store: Store) -> None:
+    record_emitter_sequences(store.channel, seen(0, 4, 5), 1, keep=2)
+    record_emitter_sequences(store.channel, seen(10, 11, 12, 13), 2, keep=2)  # 0..5 folded into the base
+    assert store.channel.trace_gaps("sink") == [(1, 4), (6, 10)]
+    assert record_emitter_sequences(store.channel, seen(2), 3, keep=2) == 0  # a split is no new loss
+    assert store.channel.trace_gaps("sink") == [(1, 2), (3, 4), (6, 10)]
+    record_emitter_sequences(store.channel, seen(3), 4, keep=2)
+    assert store.channel.trace_gaps("sink") == [(1, 2), (6, 10)]
+
+
+def test_a_replayed_batch_finds_no_new_gap_and_leaves_the_gaps_as_they_were(store: Store) -> None:
+    batch = seen(0, 2, 5)
+    assert record_emitter_sequences(store.channel, batch, 1) == 2
+    assert record_emitter_sequences(store.channel, batch, 2) == 0
+    assert store.channel.trace_gaps("sink") == [(1, 2), (3, 5)]
 
 
 def test_pointers_answer_for_their_exact_position_and_are_kept_once(store: Store) -> None:
