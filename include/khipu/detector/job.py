@@ -166,6 +166,7 @@ def read_traces(spark: SparkSession, job: DetectorJob) -> DataFrame:
 def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery]:
     registry = load_registry(job.registry_path)
     spark.conf.set("spark.sql.shuffle.partitions", str(job.shuffle_partitions))
+    spark.conf.set("spark.sql.session.timeZone", "UTC")  # the archive's hour partitions are UTC hours
     spark.conf.set(
         "spark.sql.streaming.stateStore.providerClass",
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",

@@ -1,7 +1,8 @@
 """Where the detector's results go, written per micro-batch (``foreachBatch``), each idempotently.
 
-- verdicts: upserted into the store by (message id, hop), so a batch replayed after a restart
-  never stores a verdict twice; LOST verdicts are also produced to the lost-messages topic
+- verdicts: settled against what is stored (:mod:`khipu.reconcile.settle`: late evidence never makes a
+  verdict worse) and upserted by (message id, hop), so a batch replayed after a restart never stores
+  a verdict twice, with the verdict's history; LOST verdicts are also produced to the lost-messages topic
   (at-least-once: a replay may repeat one there; consumers key on message id + hop);
 - metrics per stream / hop / minute: recomputed from the stored verdicts of the minutes touched
   (:mod:`khipu.verdicts.metrics`);
@@ -30,8 +31,8 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 from khipu.detector.gaps import record_emitter_sequences
 from khipu.detector.parse import archived, pointers, quarantine_reason, quarantined, sequences
 from khipu.kafka import KafkaConnection
+from khipu.reconcile.book import VerdictBook, verdict_of, verdict_row
 from khipu.store import Store
-from khipu.verdicts.metrics import minute_metrics, minutes_touched
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY_MS = 60_000
@@ -55,14 +56,13 @@ class VerdictWriter:
             return
         if self._store is None:
             self._store = Store(self.store_url)
-        self._store.verdicts.upsert(rows)
-        lost = [r for r in rows if r["verdict"] == "LOST"]
+        changes = VerdictBook(self._store.verdicts).record((verdict_of(row) for row in rows), _now_ms())
+        written = [verdict_row(change.verdict) for change in changes]
+        lost = [r for r in written if r["verdict"] == "LOST"]
         if lost and self.lost_topic:
             self._publish_lost(self.lost_topic, lost)
-        minutes = minutes_touched(rows)
-        outcomes = self._store.verdicts.read_outcomes([minute.span for minute in minutes])
-        self._store.verdicts.upsert_metrics([minute_metrics(minute, outcomes[minute.span]) for minute in minutes])
-        log.info("batch %d: %d verdicts (%d LOST)", batch_id, len(rows), len(lost))
+        late = sum(1 for change in changes if change.verdict.late_evidence)
+        log.info("batch %d: %d verdicts (%d LOST, %d with late evidence)", batch_id, len(written), len(lost), late)
 
     def _publish_lost(self, topic: str, lost: list[dict[str, Any]]) -> None:
         if self._producer is None:

@@ -35,13 +35,14 @@ from khipu.detector.model import (
     nothing_removed,
 )
 from khipu.detector.parse import TRACE_COLUMNS
+from khipu.reconcile.book import verdict_row as stored_row
 from khipu.registry.model import Registry
 from khipu.trace.model import NO_ATTRIBUTES, Trace, TraceType
 
 VERDICT_SCHEMA = (
     "message_id string, stream string, hop string, hop_kind string, verdict string, cause string, count int, "
     "topic string, partition int, offset long, `group` string, location string, observed_ms long, "
-    "latency_ms long, e2e_latency_ms long, decided_ms long, detail string"
+    "latency_ms long, e2e_latency_ms long, decided_ms long, detail string, first_seen_ms long"
 )
 VERDICT_FIELDS = [part.split()[0].strip("`") for part in VERDICT_SCHEMA.split(", ")]
 TRACE_FIELDS = [part.split()[0].strip("`") for part in TRACE_COLUMNS.split(", ")]
@@ -71,25 +72,9 @@ def trace_from_row(row: tuple[Any, ...]) -> Trace:
 
 
 def verdict_row(verdict: Verdict) -> dict[str, Any]:
-    return {
-        "message_id": verdict.message_id,
-        "stream": verdict.stream,
-        "hop": verdict.hop,
-        "hop_kind": verdict.hop_kind,
-        "verdict": verdict.kind.value,
-        "cause": verdict.cause.value if verdict.cause else None,
-        "count": verdict.count,
-        "topic": verdict.topic,
-        "partition": verdict.partition,
-        "offset": verdict.offset,
-        "group": verdict.group,
-        "location": verdict.location,
-        "observed_ms": verdict.observed_ms,
-        "latency_ms": verdict.latency_ms,
-        "e2e_latency_ms": verdict.e2e_latency_ms,
-        "decided_ms": verdict.decided_ms,
-        "detail": verdict.detail,
-    }
+    """The processor's output row of a verdict (the columns of :data:`VERDICT_SCHEMA`)."""
+    row = stored_row(verdict)
+    return {name: row[name] for name in VERDICT_FIELDS}
 
 
 class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]

@@ -45,6 +45,7 @@ class Change:
 
     verdict: Verdict
     reason: str
+    previous: Verdict | None = None  # what was stored before
 
 
 def clock(ms: int | None) -> str:
@@ -217,7 +218,8 @@ def settle(stored: Verdict | None, judged: Verdict) -> Change | None:
     """What to store for the hop given what is stored and a new judgement (``judged.decided_by`` says whose):
     ``None`` when nothing changes."""
     rules = RECONCILIATION_RULES if judged.decided_by == Judge.RECONCILIATION else DETECTOR_RULES
-    return next(build(stored, judged) for holds, build in rules if holds(stored, judged))
+    change = next(build(stored, judged) for holds, build in rules if holds(stored, judged))
+    return None if change is None else dataclasses.replace(change, previous=stored)
 
 
 def _same(a: Verdict, b: Verdict) -> bool:

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
 )
 
 metadata = MetaData()
@@ -148,8 +149,29 @@ verdicts = Table(
     Column("e2e_latency_ms", BigInteger),
     Column("decided_ms", BigInteger, nullable=False),
     Column("detail", Text, nullable=False),
+    Column("first_seen_ms", BigInteger),  # when its judge first saw the message (tells a fresh state: late traces)
+    Column("decided_by", String(16), nullable=False, server_default="detector"),  # detector | reconciliation
+    Column("evidence_kind", String(16)),  # RETRACTED / CONFIRMED_LOST: what the evidence says of the hop
+    Column("late_evidence", Boolean, nullable=False, server_default=false()),  # reconciliation re-decides it
     Index("ix_verdicts_stream_time", "stream", "decided_ms"),
     Index("ix_verdicts_kind", "verdict", "decided_ms"),
+)
+
+# Every change of a stored verdict: "LOST at 10:02, RETRACTED at 11:00: RECEIVED trace at 10:58".
+verdict_history = Table(
+    "verdict_history",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("message_id", String(256), nullable=False),
+    Column("hop", String(520), nullable=False),
+    Column("stream", String(NAME), nullable=False),
+    Column("at_ms", BigInteger, nullable=False),
+    Column("from_verdict", String(16)),  # null: the first verdict
+    Column("to_verdict", String(16), nullable=False),
+    Column("cause", String(32)),
+    Column("decided_by", String(16), nullable=False),
+    Column("reason", Text, nullable=False),
+    Index("ix_verdict_history_message", "message_id", "hop", "at_ms"),
 )
 
 verdict_metrics = Table(
@@ -163,6 +185,9 @@ verdict_metrics = Table(
     Column("duplicate", Integer, nullable=False),
     Column("trace_lost", Integer, nullable=False),
     Column("pending", Integer, nullable=False),
+    Column("confirmed_lost", Integer, nullable=False, server_default="0"),
+    Column("retracted", Integer, nullable=False, server_default="0"),
+    Column("false_loss_rate", Float),  # retracted / provisional LOST (LOST + CONFIRMED_LOST + RETRACTED); null: none
     Column("loss_rate", Float, nullable=False),
     Column("duplicate_rate", Float, nullable=False),
     Column("latency_p50_ms", BigInteger),

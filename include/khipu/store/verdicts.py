@@ -6,11 +6,11 @@ and handed back to be stored.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sqlalchemy import select
+from sqlalchemy import Connection, case, func, insert, select, update
 
 from khipu.store import schema
 from khipu.store.engine import StoreEngine, upsert
@@ -31,7 +31,12 @@ VERDICT_COLUMNS = (
     "e2e_latency_ms",
     "decided_ms",
     "detail",
+    "first_seen_ms",
+    "decided_by",
+    "evidence_kind",
+    "late_evidence",
 )
+CHUNK = 500  # ids per IN (...) query
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,12 @@ class MetricsLike(Protocol):
     @property
     def pending(self) -> int: ...
     @property
+    def confirmed_lost(self) -> int: ...
+    @property
+    def retracted(self) -> int: ...
+    @property
+    def false_loss_rate(self) -> float | None: ...
+    @property
     def loss_rate(self) -> float: ...
     @property
     def duplicate_rate(self) -> float: ...
@@ -81,19 +92,66 @@ class VerdictRepository:
 
     def upsert(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Insert or replace verdicts by (message id, hop): a replayed batch never stores one twice."""
-        values = [
-            {
-                "message_id": r["message_id"],
-                "hop": r["hop"],
-                "group_id": r.get("group"),
-                **{c: r.get(c) for c in VERDICT_COLUMNS if c != "group_id"},
-            }
-            for r in rows
-        ]
-        if not values:
-            return
         with self._engine.begin() as tx:
-            upsert(tx, schema.verdicts, values, key=("message_id", "hop"))
+            _upsert_verdicts(tx, rows)
+
+    def store_changes(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        history: Sequence[Mapping[str, Any]],
+        clear_late_evidence: Collection[str] = (),
+    ) -> None:
+        """Changed verdicts (rows as :meth:`upsert` takes them), their history entries (message_id, hop,
+        stream, at_ms, from_verdict, to_verdict, cause, decided_by, reason), and the messages whose late
+        evidence has been dealt with, in one transaction."""
+        table = schema.verdicts
+        with self._engine.begin() as tx:
+            _upsert_verdicts(tx, rows)
+            if history:
+                tx.execute(insert(schema.verdict_history), [dict(h) for h in history])
+            ids = sorted(set(clear_late_evidence))
+            for start in range(0, len(ids), CHUNK):
+                tx.execute(
+                    update(table)
+                    .where(table.c.message_id.in_(ids[start : start + CHUNK]), table.c.late_evidence.is_(True))
+                    .values(late_evidence=False)
+                )
+
+    def read_messages(self, message_ids: Collection[str]) -> list[dict[str, Any]]:
+        """Every stored verdict of these messages: their columns."""
+        table, ids = schema.verdicts, sorted(set(message_ids))
+        found: list[dict[str, Any]] = []
+        with self._engine.begin() as tx:
+            for start in range(0, len(ids), CHUNK):
+                query = select(table).where(table.c.message_id.in_(ids[start : start + CHUNK]))
+                found.extend(dict(row._mapping) for row in tx.execute(query))
+        return found
+
+    def settled_messages(self, message_ids: Collection[str], unsettled_verdicts: Collection[str]) -> set[str]:
+        """Of these, the messages with stored verdicts none of which is one of ``unsettled_verdicts`` or
+        carries late evidence."""
+        table, ids = schema.verdicts, sorted(set(message_ids))
+        open_rows = func.sum(
+            case((table.c.verdict.in_(sorted(unsettled_verdicts)) | table.c.late_evidence.is_(True), 1), else_=0)
+        )
+        settled: set[str] = set()
+        with self._engine.begin() as tx:
+            for start in range(0, len(ids), CHUNK):
+                query = (
+                    select(table.c.message_id)
+                    .where(table.c.message_id.in_(ids[start : start + CHUNK]))
+                    .group_by(table.c.message_id)
+                    .having(open_rows == 0)
+                )
+                settled.update(row.message_id for row in tx.execute(query))
+        return settled
+
+    def history(self, message_id: str) -> list[dict[str, Any]]:
+        """How the message's verdicts changed, oldest first."""
+        table = schema.verdict_history
+        query = select(table).where(table.c.message_id == message_id).order_by(table.c.at_ms, table.c.id)
+        with self._engine.begin() as tx:
+            return [dict(row._mapping) for row in tx.execute(query)]
 
     def read_outcomes(
         self, spans: Iterable[tuple[str, str, int, int]]
@@ -132,6 +190,9 @@ class VerdictRepository:
                 duplicate=m.duplicate,
                 trace_lost=m.trace_lost,
                 pending=m.pending,
+                confirmed_lost=m.confirmed_lost,
+                retracted=m.retracted,
+                false_loss_rate=m.false_loss_rate,
                 loss_rate=m.loss_rate,
                 duplicate_rate=m.duplicate_rate,
                 latency_p50_ms=m.latency_p50_ms,
@@ -142,6 +203,10 @@ class VerdictRepository:
         ]
         with self._engine.begin() as tx:
             upsert(tx, schema.verdict_metrics, rows, key=("stream", "hop", "minute_ms"))
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every stored verdict (tests, small stores)."""
+        return self.read()
 
     def read(self, stream: str | None = None, since_ms: int = 0) -> list[dict[str, Any]]:
         """Verdicts decided since ``since_ms`` (of one stream, when given), oldest first: their columns."""
@@ -160,3 +225,19 @@ class VerdictRepository:
             query = query.where(table.c.stream == stream)
         with self._engine.begin() as tx:
             return [dict(row._mapping) for row in tx.execute(query.order_by(table.c.minute_ms, table.c.hop))]
+
+
+def _upsert_verdicts(tx: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+    values = [
+        {
+            "message_id": r["message_id"],
+            "hop": r["hop"],
+            "group_id": r.get("group"),
+            **{c: r.get(c) for c in VERDICT_COLUMNS if c != "group_id"},
+            "decided_by": r.get("decided_by") or "detector",
+            "late_evidence": bool(r.get("late_evidence")),
+        }
+        for r in rows
+    ]
+    if values:
+        upsert(tx, schema.verdicts, values, key=("message_id", "hop"))

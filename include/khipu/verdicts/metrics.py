@@ -21,7 +21,9 @@ COUNTED = (
     VerdictKind.DUPLICATE,
     VerdictKind.TRACE_LOST,
     VerdictKind.PENDING,
-)  # the kinds the detector decides; the rates are shares of these
+    VerdictKind.CONFIRMED_LOST,
+    VerdictKind.RETRACTED,
+)  # every kind a stored verdict has; the rates are shares of these
 
 
 class Outcome(Protocol):
@@ -54,7 +56,10 @@ class MinuteMetrics:
     duplicate: int
     trace_lost: int
     pending: int
-    loss_rate: float  # lost / verdicts counted (0 when none)
+    confirmed_lost: int
+    retracted: int
+    false_loss_rate: float | None  # retracted / provisional LOST (lost + confirmed + retracted); None: no loss said
+    loss_rate: float  # (lost + confirmed lost) / verdicts counted (0 when none)
     duplicate_rate: float
     latency_p50_ms: int | None  # None: no verdict of the minute has a latency
     latency_p95_ms: int | None
@@ -75,6 +80,7 @@ def minute_metrics(key: MinuteKey, outcomes: Iterable[Outcome]) -> MinuteMetrics
     seen = list(outcomes)
     counts = {kind: sum(1 for o in seen if o.verdict == kind) for kind in COUNTED}
     judged = sum(counts.values()) or 1
+    said_lost = counts[VerdictKind.LOST] + counts[VerdictKind.CONFIRMED_LOST] + counts[VerdictKind.RETRACTED]
     latencies = [int(o.latency_ms) for o in seen if o.latency_ms is not None]
     return MinuteMetrics(
         stream=key.stream,
@@ -85,7 +91,10 @@ def minute_metrics(key: MinuteKey, outcomes: Iterable[Outcome]) -> MinuteMetrics
         duplicate=counts[VerdictKind.DUPLICATE],
         trace_lost=counts[VerdictKind.TRACE_LOST],
         pending=counts[VerdictKind.PENDING],
-        loss_rate=counts[VerdictKind.LOST] / judged,
+        confirmed_lost=counts[VerdictKind.CONFIRMED_LOST],
+        retracted=counts[VerdictKind.RETRACTED],
+        false_loss_rate=counts[VerdictKind.RETRACTED] / said_lost if said_lost else None,
+        loss_rate=(counts[VerdictKind.LOST] + counts[VerdictKind.CONFIRMED_LOST]) / judged,
         duplicate_rate=counts[VerdictKind.DUPLICATE] / judged,
         latency_p50_ms=percentile(latencies, 0.50),
         latency_p95_ms=percentile(latencies, 0.95),

@@ -42,9 +42,10 @@ CASES = [
     Case(5, [Stored("LOST"), Stored("PENDING"), Stored("TRACE_LOST"), Stored("TRACE_LOST")],
          (0, 1, 0, 2, 1), (0.25, 0.0), (None, None, None),
          "PENDING and TRACE_LOST are judged verdicts too: they count in the denominator"),
-    Case(6, [Stored("CONFIRMED_LOST", 40), Stored("RETRACTED", 50), *delivered(10)], (1, 0, 0, 0, 0), (0.0, 0.0),
-         (40, 50, 50),
-         "final kinds are no detector kind: not counted nor in the rates, but their latencies are latencies"),
+    Case(6, [Stored("CONFIRMED_LOST"), Stored("RETRACTED", 50), *delivered(10)], (1, 0, 0, 0, 0), (1 / 3, 0.0),
+         (10, 50, 50),
+         "final verdicts count: a confirmed loss is a loss (1 of 3 verdicts); a retracted one was delivered late "
+         "and has its latency"),
     Case(7, delivered(None, 8, None), (3, 0, 0, 0, 0), (0.0, 0.0), (8, 8, 8),
          "verdicts without a latency are counted but leave the percentiles to those that have one"),
     Case(8, delivered(20, 10), (2, 0, 0, 0, 0), (0.0, 0.0), (10, 20, 20),
@@ -85,3 +86,10 @@ def test_a_batch_touches_each_minute_of_each_stream_and_hop_once_at_the_minute_s
         MinuteKey("payments", "a", 3 * MINUTE_MS),
     ]
     assert MinuteKey("orders", "a", MINUTE_MS).span == ("orders", "a", MINUTE_MS, 2 * MINUTE_MS)
+
+
+def test_false_loss_rate_is_retracted_over_every_loss_once_said() -> None:
+    outcomes = [Stored("LOST"), Stored("CONFIRMED_LOST"), Stored("RETRACTED", 5), Stored("RETRACTED", 6), *delivered(1)]
+    got = minute_metrics(KEY, outcomes)
+    assert (got.confirmed_lost, got.retracted, got.false_loss_rate) == (1, 2, 0.5)  # 2 of 4 LOSTs were false
+    assert minute_metrics(KEY, delivered(1)).false_loss_rate is None  # no loss said: no rate to speak of
