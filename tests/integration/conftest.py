@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from khipu.detector.job import connector_jars
 from khipu.localstack.broker import BrokerProcess, BrokerSpec, start_broker
 from khipu.localstack.processes import stop_process_group
 
@@ -77,3 +78,21 @@ def webhook() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         yield f"http://127.0.0.1:{server.server_address[1]}/alerts", received
     finally:
         server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("khipu-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -77,6 +77,19 @@ class ReconcileWindow:
         )
 
 
+def parse_time(text: str) -> int:
+    """An ISO time (``2026-11-23T10:00:00Z``, with an offset or Z) or milliseconds since the epoch."""
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ReconcileError("time", text, "an ISO time such as 2026-11-23T10:00:00Z, or ms since the epoch") from None
+    if moment.tzinfo is None:
+        raise ReconcileError("time", text, "a time with its zone (Z or +00:00)")
+    return int(moment.timestamp() * 1000)
+
+
 def hourly_window(interval_start_ms: int, interval_end_ms: int, horizon_ms: int) -> ReconcileWindow:
     """The window an hourly run over ``[interval_start, interval_end)`` reconciles: the same span, ``horizon``
     earlier, so its messages have had the whole horizon."""

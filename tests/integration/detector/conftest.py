@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import secrets
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from khipu.demo.faults import FaultRates
 from khipu.demo.ledger import GroundTruth, build_truth, read_ledger
 from khipu.demo.pipeline import DemoConfig, run_demo
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
-from khipu.detector.job import VERDICT_QUERY, DetectorJob, connector_jars
+from khipu.detector.job import VERDICT_QUERY, DetectorJob
 from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerProcess
 from khipu.registry import load_registry
@@ -38,24 +33,6 @@ ALL_FAULTS = FaultRates(
 FAST = DetectorConfig(grace_ms=4_000, max_wait_ms=120_000, recheck_ms=1_000)
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("khipu-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
 @dataclass(frozen=True)
 class DemoTraces:
     trace_topic: str
@@ -71,6 +48,8 @@ def demo_traces(
     seed: int,
     sampling_percent: float | None = None,
     trace_topic: str | None = None,
+    faults: FaultRates = ALL_FAULTS,
+    delay_ms: int = 1500,
 ) -> DemoTraces:
     """Run the demo with every fault onto a trace topic (a fresh one unless given); return its ground truth."""
     trace_topic = trace_topic or f"traces-{run_id}-{secrets.token_hex(3)}"
@@ -82,10 +61,10 @@ def demo_traces(
         trace_topic=trace_topic,
         count=count,
         rate_per_s=250,
-        faults=ALL_FAULTS,
+        faults=faults,
         seed=seed,
         run_id=run_id,
-        delay_ms=1500,
+        delay_ms=delay_ms,
         session_timeout_ms=TEST_SESSION_TIMEOUT_MS,
         progress_interval_s=60,
         sampling_percent=sampling_percent,
@@ -107,7 +86,7 @@ def detector_job(broker: BrokerProcess, tmp_path: Path, trace_topic: str, name: 
         archive_dir=tmp_path / f"{name}-archive",
         trace_topic=trace_topic,
         trigger_seconds=1.0,
-        detector=FAST,
+        detector=options.pop("detector", FAST),
         **options,
     )
 

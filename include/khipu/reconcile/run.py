@@ -1,0 +1,298 @@
+"""One reconciliation run: read a window of the trace archive with Spark, re-decide what is not final.
+
+1. Read the archive's hours for the window (Parquet, partitioned by hour) up to ``end + horizon``.
+2. The window's messages (first trace in ``[start, end)``) minus those whose stored verdicts are all
+   final already (DELIVERED, DUPLICATE, CONFIRMED_LOST, RETRACTED, without late evidence): the rest
+   (LOST, PENDING, TRACE_LOST, late evidence, or never judged) are re-decided with all their traces.
+3. Back-pointers in the archive tell which positions an emitter received though its trace is
+   missing; a pointer at a position where no trace of any message lies is a *lead*: the message
+   there is named by reading the record's id header from Kafka (while the log holds it), and
+   listed with what is known when it cannot be.
+4. :func:`khipu.reconcile.window.rejudge` and :func:`khipu.reconcile.settle.settle` say what changes;
+   the verdict book stores it with its history (nothing in a dry run).
+
+Spark does the reading and the joins; the few messages to re-decide are judged in the driver with
+the same lookups the detector uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from khipu.detector.decide import Lookups
+from khipu.detector.model import DetectorConfig, Verdict, VerdictKind
+from khipu.kafka.connection import KafkaConnection
+from khipu.kafka.records import record_headers
+from khipu.reconcile.settle import Change
+from khipu.reconcile.window import ReconcileWindow, changes_for, rejudge
+from khipu.registry.model import Registry
+from khipu.trace.model import NO_ATTRIBUTES, Trace, TraceType
+from khipu.tracing.headers import trace_context
+
+log = logging.getLogger(__name__)
+Position = tuple[str, str, int, int]  # (cluster, topic, partition, offset)
+
+
+class VerdictBook(Protocol):
+    """What reconciliation needs of the stored verdicts (the store's verdict repository provides it)."""
+
+    def settled_messages(self, message_ids: Collection[str]) -> set[str]:
+        """Of these, the messages whose every stored verdict is final and without late evidence."""
+        ...
+
+    def stored_verdicts(self, message_ids: Collection[str]) -> dict[str, dict[str, Verdict]]:
+        """The stored verdicts of these messages, by message id and hop id."""
+        ...
+
+    def apply(self, changes: Sequence[Change], reconciled: Collection[str], at_ms: int) -> None:
+        """Store the changes with their history; the reconciled messages' late evidence is dealt with."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Lead:
+    """A record an emitter says it received whose position no trace of any message names."""
+
+    location: str
+    cluster: str
+    topic: str
+    partition: int
+    offset: int
+    seen_ms: int  # time of the trace that pointed at it
+    message_id: str | None = None  # read from the record's id header, when the log still holds it
+    why_unknown: str | None = None
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    window: ReconcileWindow
+    dry_run: bool
+    traces_read: int = 0
+    window_messages: int = 0
+    redecided: int = 0
+    changes: tuple[Change, ...] = ()
+    leads: tuple[Lead, ...] = ()
+    seconds: float = 0.0
+    by_kind: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def confirmed_losses(self) -> list[Change]:
+        return [c for c in self.changes if c.verdict.kind is VerdictKind.CONFIRMED_LOST]
+
+    @property
+    def retracted(self) -> list[Change]:
+        return [c for c in self.changes if c.verdict.kind is VerdictKind.RETRACTED]
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-able account: what the Airflow task returns and logs."""
+        return {
+            "window": self.window.describe(),
+            "dry_run": self.dry_run,
+            "traces_read": self.traces_read,
+            "window_messages": self.window_messages,
+            "redecided": self.redecided,
+            "changes": len(self.changes),
+            "changes_by_kind": dict(self.by_kind),
+            "confirmed_losses": [_change_line(c) for c in self.confirmed_losses],
+            "retracted": [_change_line(c) for c in self.retracted],
+            "leads": [_lead_dict(lead) for lead in self.leads],
+            "seconds": round(self.seconds, 1),
+        }
+
+
+def _change_line(change: Change) -> dict[str, Any]:
+    v = change.verdict
+    return {"message_id": v.message_id, "stream": v.stream, "hop": v.hop, "verdict": v.kind.value, "why": change.reason}
+
+
+def _lead_dict(lead: Lead) -> dict[str, Any]:
+    return {name: getattr(lead, name) for name in Lead.__dataclass_fields__}
+
+
+def trace_of(row: Mapping[str, Any]) -> Trace:
+    return Trace(
+        row["message_id"],
+        row["stream"],
+        row["location"],
+        row["cluster"],
+        TraceType(row["type"]),
+        int(row["timestamp_ms"]),
+        row["topic"],
+        int(row["partition"]),
+        int(row["offset"]),
+        row["group"],
+        row["emitter_id"],
+        int(row["emitter_seq"]),
+        float(row["sampling_percent"]),
+        NO_ATTRIBUTES,
+    )
+
+
+# A lead's message id, read from the record at its position: (message id, None) or (None, why not).
+RecordNamer = Callable[[Lead], tuple[str | None, str | None]]
+
+
+def reconcile(
+    spark: Any,
+    archive_dir: Path,
+    window: ReconcileWindow,
+    registry: Registry,
+    book: VerdictBook,
+    lookups: Lookups,
+    config: DetectorConfig,
+    now_ms: int,
+    *,
+    dry_run: bool = False,
+    name_record: RecordNamer | None = None,
+    progress: Callable[[str], None] = log.info,
+) -> ReconcileReport:
+    from pyspark.sql import functions as F
+
+    started = time.monotonic()
+    progress(f"reconciling {window.describe()}{' (dry run: nothing is written)' if dry_run else ''}")
+    hours = window.hours()
+    existing = [h for h in hours if (archive_dir / f"hour={h}").is_dir()]
+    if not existing:
+        progress(f"no archived traces in hours {hours[0]} .. {hours[-1]}: nothing to reconcile")
+        return ReconcileReport(window, dry_run, seconds=time.monotonic() - started)
+    traces = (
+        spark.read.option("basePath", str(archive_dir))
+        .parquet(*[str(archive_dir / f"hour={h}") for h in existing])
+        .where(F.col("timestamp_ms") < window.read_to_ms)
+    )
+    if window.streams:
+        traces = traces.where(F.col("stream").isin(list(window.streams)))
+    traces = traces.persist()
+    try:
+        firsts = traces.groupBy("message_id").agg(F.min("timestamp_ms").alias("first_ms"))
+        in_window = firsts.where((F.col("first_ms") >= window.start_ms) & (F.col("first_ms") < window.end_ms))
+        window_ids = [row.message_id for row in in_window.select("message_id").collect()]
+        traces_read = traces.count()
+        progress(
+            f"read {traces_read} traces from {len(existing)} archive hour(s); {len(window_ids)} messages in the window"
+        )
+        settled = book.settled_messages(window_ids)
+        candidates = sorted(set(window_ids) - settled)
+        progress(f"{len(settled)} already final; re-deciding {len(candidates)}")
+        rows: list[Any] = []
+        pointed: set[tuple[str, str, str, int, int]] = set()
+        leads: list[Lead] = []
+        if candidates:
+            wanted = spark.createDataFrame([(m,) for m in candidates], "message_id string")
+            mine = traces.join(F.broadcast(wanted), "message_id")
+            rows = mine.collect()
+            positions = mine.select("cluster", "topic", "partition", "offset").distinct()
+            pointers = _pointers(traces)
+            pointed = {
+                (r.location, r.cluster, r.topic, int(r.partition), int(r.offset))
+                for r in pointers.join(positions, ["cluster", "topic", "partition", "offset"]).collect()
+            }
+        leads = _leads(traces, name_record)
+        if leads:
+            progress(f"{len(leads)} lead(s): records received whose position no trace names")
+    finally:
+        traces.unpersist()
+
+    by_message: dict[str, list[Trace]] = {}
+    for row in rows:
+        by_message.setdefault(row.message_id, []).append(trace_of(row.asDict()))
+    stored = book.stored_verdicts(candidates) if candidates else {}
+    archive_pointed = _pointer_lookup(pointed, lookups)
+    changes: list[Change] = []
+    for number, message_id in enumerate(candidates, 1):
+        message_traces = by_message.get(message_id, [])
+        stream = registry.streams.get(message_traces[0].stream) if message_traces else None
+        if stream is None:
+            continue
+        judged = rejudge(message_id, stream, message_traces, archive_pointed, config, window, now_ms)
+        changes.extend(changes_for(stored.get(message_id, {}), judged))
+        if number % 1000 == 0:
+            progress(f"re-decided {number} of {len(candidates)} messages")
+    by_kind: dict[str, int] = {}
+    for change in changes:
+        by_kind[change.verdict.kind.value] = by_kind.get(change.verdict.kind.value, 0) + 1
+    if not dry_run and candidates:
+        book.apply(changes, candidates, now_ms)
+    report = ReconcileReport(
+        window,
+        dry_run,
+        traces_read=traces_read,
+        window_messages=len(window_ids),
+        redecided=len(candidates),
+        changes=tuple(changes),
+        leads=tuple(leads),
+        seconds=time.monotonic() - started,
+        by_kind=by_kind,
+    )
+    verb = "would change" if dry_run else "changed"
+    progress(
+        f"{verb} {len(changes)} verdict(s) of {len(candidates)} re-decided messages "
+        f"({', '.join(f'{k} {n}' for k, n in sorted(by_kind.items())) or 'none'}) in {report.seconds:.1f} s"
+    )
+    return report
+
+
+def _pointers(traces: Any) -> Any:
+    """(location, cluster, topic, partition, offset, seen_ms) an emitter's back-pointers say it received."""
+    from pyspark.sql import functions as F
+
+    return (
+        traces.where("type = 'RECEIVED' AND prev_offsets IS NOT NULL")
+        .select(
+            "location",
+            "cluster",
+            "topic",
+            "partition",
+            F.explode("prev_offsets").alias("offset"),
+            F.col("timestamp_ms").alias("seen_ms"),
+        )
+        .groupBy("location", "cluster", "topic", "partition", "offset")
+        .agg(F.min("seen_ms").alias("seen_ms"))
+    )
+
+
+def _leads(traces: Any, name_record: RecordNamer | None) -> list[Lead]:
+    """Pointers at positions where no trace of any message lies, each named from Kafka when possible."""
+    positions = traces.select("cluster", "topic", "partition", "offset").distinct()
+    orphans = _pointers(traces).join(positions, ["cluster", "topic", "partition", "offset"], "left_anti")
+    leads = []
+    for r in orphans.orderBy("cluster", "topic", "partition", "offset").collect():
+        lead = Lead(r.location, r.cluster, r.topic, int(r.partition), int(r.offset), int(r.seen_ms))
+        message_id, why = name_record(lead) if name_record else (None, "no Kafka connection to read the record with")
+        leads.append(dataclasses.replace(lead, message_id=message_id, why_unknown=why))
+    return leads
+
+
+def _pointer_lookup(pointed: set[tuple[str, str, str, int, int]], lookups: Lookups) -> Lookups:
+    """The archive's back-pointers first, then whatever the detector's lookup knows (emitter marks)."""
+
+    def pointed_at(location: str, cluster: str, topic: str, partition: int, offset: int) -> bool:
+        if (location, cluster, topic, partition, offset) in pointed:
+            return True
+        return lookups.pointed_at(location, cluster, topic, partition, offset)
+
+    return Lookups(lookups.committed, pointed_at, lookups.removed)
+
+
+def kafka_record_namer(connections: Mapping[str, KafkaConnection]) -> RecordNamer:
+    """Name a lead's message from the ``khipu-id`` header of the record at its position."""
+
+    def name(lead: Lead) -> tuple[str | None, str | None]:
+        connection = connections.get(lead.cluster)
+        if connection is None:
+            return None, f"no connection to cluster {lead.cluster!r}"
+        headers, why = record_headers(connection, lead.topic, lead.partition, lead.offset)
+        if headers is None:
+            return None, why
+        context = trace_context(list(headers.items()))
+        if context is None:
+            return None, "the record there carries no khipu-id header"
+        return context.message_id, None
+
+    return name

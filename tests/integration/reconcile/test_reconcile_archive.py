@@ -1,0 +1,207 @@
+"""Reconciliation on real Spark over an archive laid out as the detector writes it, with a real store.
+
+The archive holds one message per situation; the store holds what the streaming detector had
+said of them. Committed offsets are the lookups' answers (every group past every message), given
+as data: this test is about reading the archive and settling verdicts, the detector's tests
+about asking brokers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from khipu.detector.decide import Lookups
+from khipu.detector.model import Cause, DetectorConfig, Verdict, VerdictKind
+from khipu.reconcile.book import VerdictBook
+from khipu.reconcile.run import reconcile
+from khipu.reconcile.settle import Change
+from khipu.reconcile.window import HOUR_MS, ReconcileWindow, hour_of
+from khipu.registry import parse_registry
+from khipu.store import Store
+
+REGISTRY = parse_registry("""
+version: 1
+clusters: {local: {}}
+streams:
+  orders:
+    owner: t
+    route:
+      producers: [{location: p, writes: [local/in]}]
+      consumers:
+        - {group: s1, reads: [local/in]}
+""")
+T0 = 1_795_000_000_000 // HOUR_MS * HOUR_MS  # an hour boundary
+CONFIG = DetectorConfig(grace_ms=4_000, max_wait_ms=60_000, recheck_ms=1_000)
+WINDOW = ReconcileWindow(T0, T0 + HOUR_MS, horizon_ms=HOUR_MS)
+NOW = T0 + 3 * HOUR_MS
+COLUMNS = (
+    "message_id string, stream string, location string, cluster string, type string, timestamp_ms long, "
+    "topic string, partition int, offset long, `group` string, emitter_id string, emitter_seq long, "
+    "sampling_percent double, attributes string, prev_offsets array<long>"
+)
+
+
+def trace(message: str, kind: str, offset: int, at_ms: int, prev: list[int] | None = None) -> tuple[Any, ...]:
+    location, group = ("p", None) if kind == "SENT" else ("s1", "s1")
+    return (
+        message,
+        "orders",
+        location,
+        "local",
+        kind,
+        at_ms,
+        "in",
+        0,
+        offset,
+        group,
+        f"{location}-e",
+        offset,
+        100.0,
+        None,
+        prev,
+    )
+
+
+def stored(message: str, kind: VerdictKind, offset: int, hop: str = "local/in -> s1") -> Verdict:
+    read = hop.endswith("s1")
+    return Verdict(
+        message_id=message,
+        stream="orders",
+        hop=hop,
+        hop_kind="read" if read else "write",
+        kind=kind,
+        cause=Cause.SKIPPED_BY_CONSUMER if kind is VerdictKind.LOST else None,
+        count=1 if kind is VerdictKind.DELIVERED else 0,
+        topic="in",
+        partition=0,
+        offset=offset,
+        group="s1" if read else None,
+        location=None if read else "p",
+        observed_ms=None,
+        latency_ms=None,
+        e2e_latency_ms=None,
+        decided_ms=T0 + 60_000,
+        detail="streaming",
+        first_seen_ms=T0 + 1_000,
+    )
+
+
+@pytest.fixture()
+def archive(spark: Any, tmp_path: Path) -> Path:
+    rows = [
+        # m-late: LOST by the detector; its RECEIVED trace came 40 minutes later
+        trace("m-late", "SENT", 1, T0 + 1_000),
+        trace("m-late", "RECEIVED", 1, T0 + 2_400_000),
+        # m-gone: LOST and still missing
+        trace("m-gone", "SENT", 2, T0 + 2_000),
+        # m-fine: delivered, final already
+        trace("m-fine", "SENT", 3, T0 + 3_000),
+        trace("m-fine", "RECEIVED", 3, T0 + 3_500),
+        # m-unjudged: the detector never stored anything (it was down)
+        trace("m-unjudged", "SENT", 4, T0 + 4_000),
+        trace("m-unjudged", "RECEIVED", 4, T0 + 4_500),
+        # m-next: first seen after the window: another run's
+        trace("m-next", "SENT", 9, T0 + HOUR_MS + 5_000),
+        # s1 points back at offset 7, where no trace of any message lies: a lead
+        trace("m-after", "SENT", 8, T0 + 8_000),
+        trace("m-after", "RECEIVED", 8, T0 + 8_500, prev=[7]),
+    ]
+    frame = spark.createDataFrame(rows, COLUMNS)
+    directory = tmp_path / "archive"
+    for hour in {hour_of(r[5]) for r in rows}:
+        part = frame.where(f"date_format(timestamp_millis(timestamp_ms), 'yyyy-MM-dd-HH') = '{hour}'")
+        part.write.parquet(str(directory / f"hour={hour}" / "batch_id=0"))
+    return directory
+
+
+def every_group_past(cluster: str, group: str, topic: str, partition: int) -> int | None:
+    return 1_000
+
+
+def test_reconciliation_confirms_retracts_fills_in_and_is_idempotent(spark: Any, archive: Path, tmp_path: Path) -> None:
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    first = [
+        stored("m-late", VerdictKind.LOST, 1),
+        stored("m-gone", VerdictKind.LOST, 2),
+        stored("m-fine", VerdictKind.DELIVERED, 3),
+        stored("m-fine", VerdictKind.DELIVERED, 3, hop="p -> local/in"),
+    ]
+    VerdictBook(store.verdicts).apply([Change(v, "decided") for v in first], [], T0 + 60_000)
+
+    lines: list[str] = []
+    report = reconcile(
+        spark,
+        archive,
+        WINDOW,
+        REGISTRY,
+        VerdictBook(store.verdicts),
+        Lookups(every_group_past),
+        CONFIG,
+        NOW,
+        progress=lines.append,
+    )
+
+    assert report.window_messages == 5 and report.redecided == 4  # m-fine is final; m-next is not in the window
+    rows = {(v["message_id"], v["hop"]): v for v in store.verdicts.rows()}
+    late = rows[("m-late", "local/in -> s1")]
+    assert (late["verdict"], late["evidence_kind"], late["decided_by"]) == ("RETRACTED", "DELIVERED", "reconciliation")
+    assert "LOST at" in late["detail"] and "retracted: RECEIVED trace at" in late["detail"]
+    gone = rows[("m-gone", "local/in -> s1")]
+    assert (gone["verdict"], gone["cause"]) == ("CONFIRMED_LOST", "skipped_by_consumer")
+    assert rows[("m-unjudged", "local/in -> s1")]["verdict"] == "DELIVERED"
+    assert rows[("m-fine", "local/in -> s1")]["decided_by"] == "detector"  # not touched
+    history = store.verdicts.history("m-late")
+    read_hop = [(h["from_verdict"], h["to_verdict"], h["decided_by"]) for h in history if h["hop"] == "local/in -> s1"]
+    assert read_hop == [(None, "LOST", "detector"), ("LOST", "RETRACTED", "reconciliation")]
+    assert [(lead.offset, lead.location) for lead in report.leads] == [(7, "s1")]
+    assert report.leads[0].message_id is None and report.leads[0].why_unknown
+    assert any("re-deciding 4" in line for line in lines)
+
+    again = reconcile(
+        spark, archive, WINDOW, REGISTRY, VerdictBook(store.verdicts), Lookups(every_group_past), CONFIG, NOW
+    )
+    assert again.changes == () and again.redecided == 0  # every message of the window is final now
+    assert {(v["message_id"], v["hop"]): v["verdict"] for v in store.verdicts.rows()} == {
+        key: row["verdict"] for key, row in rows.items()
+    }
+    store.close()
+
+
+def test_a_dry_run_says_what_would_change_and_writes_nothing(spark: Any, archive: Path, tmp_path: Path) -> None:
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    VerdictBook(store.verdicts).apply([Change(stored("m-gone", VerdictKind.LOST, 2), "decided")], [], T0 + 60_000)
+    before = store.verdicts.rows()
+    report = reconcile(
+        spark,
+        archive,
+        WINDOW,
+        REGISTRY,
+        VerdictBook(store.verdicts),
+        Lookups(every_group_past),
+        CONFIG,
+        NOW,
+        dry_run=True,
+    )
+    assert [c.verdict.kind for c in report.confirmed_losses] == [VerdictKind.CONFIRMED_LOST]
+    assert store.verdicts.rows() == before
+    store.close()
+
+
+def test_streams_filter_keeps_other_streams_out(spark: Any, archive: Path, tmp_path: Path) -> None:
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    window = dataclasses.replace(WINDOW, streams=("payments",))
+    report = reconcile(
+        spark, archive, window, REGISTRY, VerdictBook(store.verdicts), Lookups(every_group_past), CONFIG, NOW
+    )
+    assert report.window_messages == 0 and report.changes == ()
+    store.close()
