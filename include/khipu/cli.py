@@ -134,6 +134,11 @@ def _parser() -> argparse.ArgumentParser:
     verdicts.add_argument("--stream", help="one stream only")
     verdicts.add_argument("--minutes", type=float, default=60, help="how far back (default 60)")
     verdicts.set_defaults(handler=_verdicts)
+    history = commands.add_parser(
+        "history", help="how a message's verdicts changed: LOST at 10:02, RETRACTED at 11:00: RECEIVED trace at 10:58"
+    )
+    history.add_argument("message_id")
+    history.set_defaults(handler=_history)
     alerts = commands.add_parser("alerts", help="alerts raised, newest last, from the store")
     alerts.add_argument("--minutes", type=float, default=24 * 60, help="how far back (default 1440)")
     alerts.set_defaults(handler=_alerts)
@@ -264,9 +269,12 @@ def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
     print(f"{len(rows)} verdicts in the last {args.minutes:g} minutes")
     for (stream, hop), kinds in sorted(counts.items()):
         print(f"{stream:14} {hop:52} " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
-    lost = [r for r in rows if r["verdict"] == "LOST"][-10:]
+    lost = [r for r in rows if r["verdict"] in ("LOST", "CONFIRMED_LOST")][-10:]
     for row in lost:
-        print(f"LOST {row['message_id']} at {row['hop']} [{row['cause']}]: {row['detail']}")
+        print(f"{row['verdict']} {row['message_id']} at {row['hop']} [{row['cause']}]: {row['detail']}")
+    late = sum(1 for r in rows if r["late_evidence"])
+    if late:
+        print(f"{late} verdicts have late evidence: the next reconciliation re-decides them (khipu history ID)")
     if beat is None:
         print("detector: no heartbeat yet (the DAG khipu_detector starts it)")
     else:
@@ -275,6 +283,28 @@ def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
             f"detector: last heartbeat {age:.0f}s ago, batch {beat['batch_id']}, {beat['input_rows_per_s']:.0f} "
             f"rows/s in, state rows {beat['state_rows']}, caught up: {bool(beat['caught_up'])}"
         )
+    return 0
+
+
+def _history(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    store = Store(settings.store_url)
+    changes = store.verdicts.history(args.message_id)
+    current = {row["hop"]: row for row in store.verdicts.read_messages([args.message_id])}
+    store.close()
+    if not current:
+        print(f"no verdict stored for message {args.message_id!r}", file=sys.stderr)
+        return 1
+    for hop, row in sorted(current.items()):
+        steps = [
+            f"{h['to_verdict']} at {time.strftime('%H:%M:%S', time.gmtime(h['at_ms'] / 1000))} ({h['decided_by']})"
+            + (f": {h['reason']}" if h["from_verdict"] else "")
+            for h in changes
+            if h["hop"] == hop
+        ]
+        print(f"{hop}: {row['verdict']}" + (f"/{row['cause']}" if row["cause"] else ""))
+        for step in steps:
+            print(f"    {step}")
+        print(f"    now: {row['detail']}")
     return 0
 
 

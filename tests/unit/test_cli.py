@@ -49,3 +49,44 @@ def test_demo_against_an_unreachable_broker_exits_1_with_the_address(
 def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "commands" in capsys.readouterr().out
+
+
+def test_history_tells_how_a_messages_verdicts_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    from khipu.detector.model import Cause, Verdict, VerdictKind
+    from khipu.reconcile.book import VerdictBook
+    from khipu.store import Store
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    monkeypatch.setenv("KHIPU_STORE_URL", url)
+    store = Store(url)
+    store.migrate()
+    lost = Verdict(
+        message_id="m1", stream="orders", hop="local/in -> s1", hop_kind="read", kind=VerdictKind.LOST,
+        cause=Cause.SKIPPED_BY_CONSUMER, count=0, topic="in", partition=0, offset=7, group="s1", location=None,
+        observed_ms=None, latency_ms=None, e2e_latency_ms=None, decided_ms=36_120_000, detail="skipped",
+        first_seen_ms=36_000_000,
+    )  # fmt: skip
+    book = VerdictBook(store.verdicts)
+    book.record([lost], 36_120_000)  # 10:02
+    received = dataclasses.replace(
+        lost,
+        kind=VerdictKind.DELIVERED,
+        cause=None,
+        count=1,
+        observed_ms=39_480_000,
+        first_seen_ms=39_400_000,
+        decided_ms=39_600_000,
+    )
+    book.record([received], 39_600_000)  # 11:00: a late RECEIVED trace from 10:58
+    store.close()
+
+    assert main(["history", "m1"]) == 0
+    out = capsys.readouterr().out
+    assert "local/in -> s1: RETRACTED" in out
+    assert "LOST at 10:02:00 (detector)" in out
+    assert "RETRACTED at 11:00:00 (detector): retracted: RECEIVED trace at 1970-01-01 10:58:00 UTC at offset 7" in out
+    assert main(["history", "nope"]) == 1

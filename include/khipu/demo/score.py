@@ -77,12 +77,21 @@ class Score:
         return not self.wrong and not self.missing and not self.extra
 
 
+def said(row: Mapping[str, Any]) -> Expected:
+    """What a stored verdict row says of its hop: a final verdict by what its evidence says (a CONFIRMED_LOST
+    is a LOST; a RETRACTED one is what the hop really got: its ``evidence_kind``)."""
+    verdict = row["verdict"]
+    if verdict == "CONFIRMED_LOST":
+        return "LOST", row["cause"]
+    if verdict == "RETRACTED":
+        return row.get("evidence_kind") or "DELIVERED", row["cause"]
+    return verdict, row["cause"]
+
+
 def score(truth: GroundTruth, verdicts: Iterable[Mapping[str, Any]]) -> Score:
-    """Compare stored verdict rows (message_id, hop, verdict, cause) with the ground truth."""
+    """Compare stored verdict rows (message_id, hop, verdict, cause[, evidence_kind]) with the ground truth."""
     expected = expected_verdicts(truth)
-    got = {
-        (v["message_id"], v["hop"]): (v["verdict"], v["cause"]) for v in verdicts if v["message_id"] in truth.messages
-    }
+    got = {(v["message_id"], v["hop"]): said(v) for v in verdicts if v["message_id"] in truth.messages}
     wrong = {key: (want, got[key]) for key, want in expected.items() if key in got and got[key] != want}
     missing = {key: want for key, want in expected.items() if key not in got}
     extra = {key: value for key, value in got.items() if key not in expected}

@@ -64,3 +64,12 @@ def test_wrong_missing_and_extra_verdicts_are_each_reported() -> None:
     assert set(result.missing) == {("tl", SRC), ("tl", READ), ("tl", OUT)}
     assert result.extra == {("skip", OUT): ("LOST", "dropped_in_processor")}
     assert not result.exact and result.matched == len(RIGHT) - 4
+
+
+def test_final_verdicts_are_scored_by_what_their_evidence_says() -> None:
+    from khipu.demo.score import said
+
+    assert said({"verdict": "CONFIRMED_LOST", "cause": "skipped_by_consumer"}) == ("LOST", "skipped_by_consumer")
+    retracted = {"verdict": "RETRACTED", "cause": None, "evidence_kind": "TRACE_LOST"}
+    assert said(retracted) == ("TRACE_LOST", None)  # the hop was passed; only its trace was late or lost
+    assert said({"verdict": "DUPLICATE", "cause": "rewind_replay"}) == ("DUPLICATE", "rewind_replay")

@@ -1,0 +1,85 @@
+"""
+### Khipu hourly reconciliation
+
+Makes the streaming detector's verdicts final. Every hour it reconciles the hour whose
+**horizon** has just passed (default two hours, `KHIPU_RECONCILE_HORIZON_MS`): the messages first
+seen in `[start - horizon, end - horizon)` of its data interval, read from the trace archive with
+all the traces that came up to the interval's end. Each message whose verdict is not final
+(LOST, PENDING, TRACE_LOST, late evidence, or never judged) is re-decided by `spark/reconcile.py`
+with the detector's own rules: a LOST still missing becomes **CONFIRMED_LOST**, a LOST a late
+trace contradicts becomes **RETRACTED**, each change kept in the verdict's history. New confirmed
+losses update the `khipu://confirmed-losses` Asset (the resend DAG is scheduled on it).
+
+`check_window` skips hours that ended before the archive began and fails, naming the missing
+hours, when the archive cannot answer for the window (the detector is behind, or hours are gone).
+
+**Missed hours** are caught up (`catchup`); **Airflow's own backfill** works too:
+`airflow backfill create --dag-id khipu_reconcile --from-date 2026-11-23T00:00:00 --to-date 2026-11-23T06:00:00`.
+Running a window again changes nothing the second time. For a window of your choosing, with
+streams and a dry run, trigger `khipu_backfill`.
+
+Connections: `khipu_kafka`, one per registry cluster, `khipu_store`, `spark_default`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pendulum
+from airflow.sdk import dag, task
+
+from khipu_airflow.notifiers import notify_failure
+from khipu_airflow.reconcile import CONFIRMED_LOSSES
+
+KAFKA = "khipu_kafka"
+STORE = "khipu_store"
+SPARK = "spark_default"
+
+
+@dag(
+    dag_id="khipu_reconcile",
+    schedule="@hourly",
+    start_date=pendulum.datetime(2026, 11, 23, tz="UTC"),
+    catchup=True,
+    max_active_runs=1,
+    dagrun_timeout=timedelta(minutes=50),
+    doc_md=__doc__,
+    tags=["khipu", "reconciliation", "spark"],
+    default_args={
+        "owner": "khipu",
+        "retries": 2,
+        "retry_delay": timedelta(minutes=5),
+        "on_failure_callback": notify_failure,
+    },
+)
+def khipu_reconcile() -> None:
+    @task
+    def check_window(data_interval_start: Any = None, data_interval_end: Any = None) -> dict[str, Any]:
+        from khipu.reconcile.window import horizon_from_env, hourly_window
+        from khipu_airflow import reconcile
+
+        window = hourly_window(
+            int(data_interval_start.timestamp() * 1000), int(data_interval_end.timestamp() * 1000), horizon_from_env()
+        )
+        checked = reconcile.check_window(window, STORE, pendulum.now("UTC").int_timestamp * 1000, scheduled=True)
+        return {**checked, "start_ms": window.start_ms, "end_ms": window.end_ms, "horizon_ms": window.horizon_ms}
+
+    @task
+    def reconcile_window(window: dict[str, Any]) -> dict[str, Any]:
+        from khipu.reconcile.window import ReconcileWindow
+        from khipu_airflow import reconcile
+
+        chosen = ReconcileWindow(window["start_ms"], window["end_ms"], window["horizon_ms"])
+        return reconcile.run_reconciliation(chosen, False, KAFKA, STORE, SPARK)
+
+    @task(outlets=[CONFIRMED_LOSSES])
+    def announce_confirmed_losses(summary: dict[str, Any], outlet_events: Any = None) -> dict[str, Any]:
+        from khipu_airflow import reconcile
+
+        return reconcile.announce_confirmed_losses(summary, outlet_events)
+
+    announce_confirmed_losses(reconcile_window(check_window()))
+
+
+khipu_reconcile()

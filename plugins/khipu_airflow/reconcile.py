@@ -1,0 +1,157 @@
+"""Airflow's side of reconciliation: check a window against the archive, submit ``spark/reconcile.py``, and
+say what it changed.
+
+The job runs through Spark's own submit hook (``spark_default``; ``local[*]`` here) and the task
+waits for it, its output in the task log. Connections go to an owner-only file, as for the
+detector; the job writes a JSON summary the task returns (and the confirmed-losses Asset carries).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.exceptions import AirflowFailException, AirflowSkipException
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.sdk import Asset
+
+from khipu.detector.job import ARCHIVE_QUERY, write_connections_file
+from khipu.reconcile.window import ArchiveCoverage, ReconcileWindow, coverage_problems, hour_of, iso
+from khipu.registry.loader import load_registry
+from khipu.settings import KhipuSettings, project_root
+from khipu.store import Store
+from khipu_airflow.detector import driver_log_config
+from khipu_airflow.hooks import KhipuKafkaHook, KhipuStoreHook, cluster_connections
+
+log = logging.getLogger(__name__)
+
+# Updated when a reconciliation confirms new losses: the resend DAG is scheduled on it.
+CONFIRMED_LOSSES = Asset("khipu://confirmed-losses", extra={"what": "losses confirmed by reconciliation"})
+
+
+def application() -> str:
+    return str(project_root() / "spark" / "reconcile.py")
+
+
+def archive_dir() -> Path:
+    return KhipuSettings.from_env().state_dir / "archive"
+
+
+def archive_coverage(store_conn_id: str) -> ArchiveCoverage:
+    """The archive's first hour (its oldest hour folder) and up to when the detector has archived the topic."""
+    hours = sorted(p.name.removeprefix("hour=") for p in archive_dir().glob("hour=*") if p.is_dir())
+    store = Store(KhipuStoreHook(store_conn_id).url())
+    try:
+        read_to = store.heartbeat.read_to_ms(ARCHIVE_QUERY)
+    finally:
+        store.close()
+    return ArchiveCoverage(hours[0] if hours else None, read_to)
+
+
+def check_window(window: ReconcileWindow, store_conn_id: str, now_ms: int, *, scheduled: bool) -> dict[str, Any]:
+    """Refuse a window the archive cannot answer for, naming why (and the missing hours). An hourly run
+    of a window that ended before the archive began has nothing to reconcile: it is skipped, not failed."""
+    registry = load_registry(KhipuSettings.from_env().registry_path)
+    unknown = sorted(set(window.streams) - set(registry.streams))
+    if unknown:
+        raise AirflowFailException(
+            f"unknown stream(s) {', '.join(unknown)}: the registry has {', '.join(sorted(registry.streams))}"
+        )
+    coverage = archive_coverage(store_conn_id)
+    if scheduled and (coverage.first_hour is None or hour_of(window.end_ms - 1) < coverage.first_hour):
+        raise AirflowSkipException(
+            f"the archive starts at {coverage.first_hour or 'no hour yet'}: nothing to reconcile for "
+            f"{iso(window.start_ms)} .. {iso(window.end_ms)}"
+        )
+    problems = coverage_problems(window, coverage, now_ms)
+    if problems:
+        raise AirflowFailException(f"cannot reconcile {window.describe()}: " + "; ".join(problems))
+    log.info("reconciling %s", window.describe())
+    return {"window": window.describe(), "archive_from": coverage.first_hour, "archived_to": coverage.read_to_ms}
+
+
+def job_args(window: ReconcileWindow, dry_run: bool, kafka_conn_id: str, store_conn_id: str) -> list[str]:
+    """spark/reconcile.py's arguments: times, names and paths only; the connections go to the owner-only file."""
+    settings = KhipuSettings.from_env()
+    trace = KhipuKafkaHook(kafka_conn_id).connection()
+    clusters = cluster_connections(load_registry(settings.registry_path))
+    folder = settings.state_dir / "reconcile"
+    connections = write_connections_file(
+        folder / f"connections-{os.getpid()}.json", trace, clusters, KhipuStoreHook(store_conn_id).url()
+    )
+    args = [
+        "--start",
+        str(window.start_ms),
+        "--end",
+        str(window.end_ms),
+        "--horizon-ms",
+        str(window.horizon_ms),
+        "--registry",
+        str(settings.registry_path),
+        "--archive",
+        str(archive_dir()),
+        "--connections-file",
+        str(connections),
+        "--summary-file",
+        str(folder / f"summary-{os.getpid()}.json"),
+    ]
+    if window.streams:
+        args += ["--streams", ",".join(window.streams)]
+    if dry_run:
+        args.append("--dry-run")
+    return args
+
+
+def run_reconciliation(
+    window: ReconcileWindow, dry_run: bool, kafka_conn_id: str, store_conn_id: str, spark_conn_id: str
+) -> dict[str, Any]:
+    """Submit the job, wait for it, return its summary."""
+    args = job_args(window, dry_run, kafka_conn_id, store_conn_id)
+    connections, summary_file = Path(_after(args, "--connections-file")), Path(_after(args, "--summary-file"))
+    hook = SparkSubmitHook(
+        conn_id=spark_conn_id,
+        conf={
+            "spark.ui.enabled": "false",
+            "spark.sql.session.timeZone": "UTC",
+            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{driver_log_config()}",
+        },
+        name="khipu-reconcile",
+        application_args=args,
+        env_vars={"PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)},
+    )
+    try:
+        hook.submit(application())  # waits; the job's output goes to the task log
+        summary: dict[str, Any] = json.loads(summary_file.read_text())
+    finally:
+        connections.unlink(missing_ok=True)
+        summary_file.unlink(missing_ok=True)
+    log.info(
+        "%s: %d re-decided, %d changed (%s), %d confirmed lost, %d retracted, %d lead(s)",
+        "dry run" if dry_run else "reconciled",
+        summary["redecided"],
+        summary["changes"],
+        summary["changes_by_kind"],
+        len(summary["confirmed_losses"]),
+        len(summary["retracted"]),
+        len(summary["leads"]),
+    )
+    return summary
+
+
+def announce_confirmed_losses(summary: dict[str, Any] | None, outlet_events: Any) -> dict[str, Any]:
+    """Update the confirmed-losses Asset when the run confirmed new losses (else skip: no Asset event)."""
+    losses = (summary or {}).get("confirmed_losses", [])
+    if not losses or (summary or {}).get("dry_run"):
+        raise AirflowSkipException("no new confirmed losses")
+    extra = {"count": len(losses), "window": summary["window"] if summary else "", "losses": losses[:100]}
+    outlet_events[CONFIRMED_LOSSES].extra = extra
+    return extra
+
+
+def _after(args: Sequence[str], flag: str) -> str:
+    return args[list(args).index(flag) + 1]

@@ -1,0 +1,198 @@
+"""The backfill DAG under dag.test(): typed Params, a dry run that writes nothing, a real run that confirms
+and retracts, the same window again changing nothing, and bad windows refused with their reason.
+
+Real parts: the session's Kafka broker (the stream's records, with their khipu headers, and the
+group's committed offset), spark-submit of spark/reconcile.py in local mode, a SQLite store.
+The archive is laid out as the detector writes it (Parquet by hour), from traces written here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from khipu.detector.model import ARCHIVE_QUERY, Cause, Verdict, VerdictKind
+from khipu.localstack.broker import BrokerProcess
+from khipu.reconcile.book import VerdictBook
+from khipu.reconcile.settle import Change
+from khipu.reconcile.window import HOUR_MS, iso
+from khipu.store import Store
+from khipu.tracing.headers import TraceContext
+
+pytestmark = pytest.mark.integration
+DAGS = Path(__file__).resolve().parents[3] / "dags"
+HORIZON_MS = 60_000
+COLUMNS = (
+    "message_id string, stream string, location string, cluster string, type string, timestamp_ms long, "
+    "topic string, partition int, offset long, `group` string, emitter_id string, emitter_seq long, "
+    "sampling_percent double, attributes string, prev_offsets array<long>"
+)
+
+
+def verdict(message_id: str, topic: str, offset: int, group: str, at_ms: int) -> Verdict:
+    return Verdict(
+        message_id=message_id, stream="orders", hop=f"local/{topic} -> {group}", hop_kind="read",
+        kind=VerdictKind.LOST, cause=Cause.SKIPPED_BY_CONSUMER, count=0, topic=topic, partition=0, offset=offset,
+        group=group, location=None, observed_ms=None, latency_ms=None, e2e_latency_ms=None, decided_ms=at_ms + 40_000,
+        detail="streaming", first_seen_ms=at_ms,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def backfill_env(
+    broker: BrokerProcess,
+    airflow_db: Path,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> dict[str, Any]:
+    topic, group = f"orders-{secrets.token_hex(3)}", f"sink-{secrets.token_hex(3)}"
+    registry = tmp_path / "registry.yaml"
+    registry.write_text(
+        "version: 1\nclusters: {local: {connection_id: khipu_kafka}}\nstreams:\n  orders:\n    owner: t\n"
+        f"    route:\n      producers: [{{location: p, writes: [local/{topic}]}}]\n"
+        f"      consumers: [{{group: {group}, reads: [local/{topic}]}}]\n"
+    )
+    state, store_path = tmp_path / "state", tmp_path / "khipu.db"
+    for variable, value in {
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # spark-submit, as make up has it
+        "KHIPU_STATE_DIR": str(state),
+        "KHIPU_REGISTRY": str(registry),
+        "KHIPU_RECONCILE_HORIZON_MS": str(HORIZON_MS),
+        "AIRFLOW_CONN_KHIPU_KAFKA": json.dumps(
+            {"conn_type": "kafka", "extra": {"bootstrap.servers": broker.bootstrap_servers, "khipu.cluster": "local"}}
+        ),
+        "AIRFLOW_CONN_KHIPU_STORE": json.dumps({"conn_type": "sqlite", "host": str(store_path)}),
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(
+            {
+                "conn_type": "spark",
+                "host": "local[2]",
+                "extra": {"deploy-mode": "client", "spark-binary": "spark-submit"},
+            }
+        ),
+    }.items():
+        monkeypatch.setenv(variable, value)
+
+    # the stream's records on the broker: m-gone@0, m-late@1, m-untraced@2 (none of its traces arrived), m-ok@3
+    broker.admin().ensure_topics({topic: 1})
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    for message_id in ("m-gone", "m-late", "m-untraced", "m-ok"):
+        headers = TraceContext(message_id, "orders", 100.0).as_headers()
+        producer.produce(topic, key=message_id.encode(), value=b"{}", headers=headers)
+    assert producer.flush(10) == 0
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group})
+    consumer.commit(offsets=[TopicPartition(topic, 0, 4)], asynchronous=False)  # the group went past all four
+    consumer.close()
+
+    now = int(time.time() * 1000)
+    t0 = (now - 3 * HOUR_MS) // HOUR_MS * HOUR_MS + 600_000  # ten minutes into an hour, three hours ago
+
+    def trace(message_id: str, kind: str, offset: int, at_ms: int, prev: list[int] | None = None) -> tuple[Any, ...]:
+        location, by = ("p", None) if kind == "SENT" else (group, group)
+        return (message_id, "orders", location, "local", kind, at_ms, topic, 0, offset, by, f"{location}-e", offset,
+                100.0, None, prev)  # fmt: skip
+
+    rows = [
+        trace("m-gone", "SENT", 0, t0),
+        trace("m-late", "SENT", 1, t0 + 1_000),
+        trace("m-late", "RECEIVED", 1, t0 + 50_000),  # came after the detector had called it LOST
+        trace("m-ok", "SENT", 3, t0 + 3_000),
+        trace("m-ok", "RECEIVED", 3, t0 + 3_500, prev=[2]),  # the sink received offset 2 before it: a lead
+    ]
+    hour = time.strftime("%Y-%m-%d-%H", time.gmtime(t0 / 1000))
+    spark.createDataFrame(rows, COLUMNS).write.parquet(str(state / "archive" / f"hour={hour}" / "batch_id=0"))
+
+    store = Store(f"sqlite:///{store_path}")
+    store.migrate()
+    store.heartbeat.record(
+        {"query_name": ARCHIVE_QUERY, "run_id": "r", "batch_id": 9, "at_ms": now, "input_rows": 0,
+         "input_rows_per_s": 0.0, "processed_rows_per_s": 0.0, "batch_duration_ms": 0, "state_rows": None,
+         "state_bytes": None, "caught_up": True}
+    )  # fmt: skip
+    streaming = [verdict("m-gone", topic, 0, group, t0), verdict("m-late", topic, 1, group, t0 + 1_000)]
+    VerdictBook(store.verdicts).apply([Change(v, "decided") for v in streaming], [], t0 + 41_000)
+    return {"store": store, "start": iso(t0 - 60_000), "end": iso(t0 + 60_000), "group": group, "hour": hour}
+
+
+def run_backfill(conf: dict[str, Any]) -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(DAGS)).get_dag("khipu_backfill")
+    return dag.test(run_conf=conf)
+
+
+def states(run: Any) -> dict[str, str]:
+    return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
+
+
+def verdicts(store: Store) -> dict[str, tuple[str, str | None]]:
+    return {
+        r["message_id"]: (r["verdict"], r["evidence_kind"]) for r in store.verdicts.rows() if r["hop_kind"] == "read"
+    }
+
+
+def test_backfill_dry_run_then_real_run_then_the_same_window_again(backfill_env: dict[str, Any]) -> None:
+    from airflow.utils.state import DagRunState
+
+    store: Store = backfill_env["store"]
+    group = backfill_env["group"]
+    window = {"start": backfill_env["start"], "end": backfill_env["end"]}
+    before = store.verdicts.rows()
+
+    dry = run_backfill({**window, "dry_run": True})
+    assert dry.state == DagRunState.SUCCESS, states(dry)
+    assert states(dry)["announce_confirmed_losses"] == "skipped"  # a dry run announces nothing
+    assert store.verdicts.rows() == before
+
+    real = run_backfill({**window, "dry_run": False})
+    assert real.state == DagRunState.SUCCESS, states(real)
+    assert verdicts(store) == {
+        "m-gone": ("CONFIRMED_LOST", "LOST"),
+        "m-late": ("RETRACTED", "DELIVERED"),
+        "m-ok": ("DELIVERED", None),
+    }
+    assert states(real)["announce_confirmed_losses"] == "success"
+    summary = real.get_task_instance("reconcile_window").xcom_pull(task_ids="reconcile_window")
+    assert [c["message_id"] for c in summary["confirmed_losses"]] == ["m-gone"]
+    assert [(lead["offset"], lead["message_id"]) for lead in summary["leads"]] == [(2, "m-untraced")]
+    history = [(h["from_verdict"], h["to_verdict"]) for h in store.verdicts.history("m-late") if group in h["hop"]]
+    assert history == [(None, "LOST"), ("LOST", "RETRACTED")]
+
+    after = store.verdicts.rows()
+    again = run_backfill({**window, "dry_run": False})
+    assert again.state == DagRunState.SUCCESS, states(again)
+    assert store.verdicts.rows() == after  # nothing changed the second time
+    assert states(again)["announce_confirmed_losses"] == "skipped"
+    assert len([h for h in store.verdicts.history("m-late") if h["hop"].endswith(group)]) == 2
+
+
+@pytest.mark.parametrize(
+    ("conf", "reason"),
+    [
+        ({"start": "2026-11-23T10:00:00Z", "end": "2026-11-23T09:00:00Z"}, "after the start"),
+        ({"start": "2026-11-01T10:00:00Z", "end": "2026-11-01T11:00:00Z"}, "missing hours 2026-11-01-10"),
+        ({"streams": ["payments"]}, "unknown stream(s) payments"),
+        ({"start": "yesterday"}, "an ISO time"),
+    ],
+)
+def test_a_bad_window_is_refused_with_its_reason_and_nothing_written(
+    backfill_env: dict[str, Any], conf: dict[str, Any], reason: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from airflow.utils.state import DagRunState
+
+    store: Store = backfill_env["store"]
+    before = store.verdicts.rows()
+    run = run_backfill({"start": backfill_env["start"], "end": backfill_env["end"], **conf})
+    assert run.state == DagRunState.FAILED
+    assert states(run)["check_window"] == "failed" and states(run)["reconcile_window"] == "upstream_failed"
+    out, err = capfd.readouterr()
+    assert reason in out + err  # the task log says why
+    assert store.verdicts.rows() == before
