@@ -1,6 +1,8 @@
 """One reconciliation run: read a window of the trace archive with Spark, re-decide what is not final.
 
-1. Read the archive's hours for the window (Parquet, partitioned by hour) up to ``end + horizon``.
+1. Read the archive's hours (Parquet, partitioned by hour) from one horizon before the window to now:
+   a message first seen just before the window keeps its earlier traces, and evidence that came
+   after the horizon counts too (a late trace must never be outvoted by a read that stops early).
 2. The window's messages (first trace in ``[start, end)``) minus those whose stored verdicts are all
    final already (DELIVERED, DUPLICATE, CONFIRMED_LOST, RETRACTED, without late evidence): the rest
    (LOST, PENDING, TRACE_LOST, late evidence, or never judged) are re-decided with all their traces.
@@ -50,8 +52,9 @@ class VerdictBook(Protocol):
         """The stored verdicts of these messages, by message id and hop id."""
         ...
 
-    def apply(self, changes: Sequence[Change], reconciled: Collection[str], at_ms: int) -> None:
-        """Store the changes with their history; the reconciled messages' late evidence is dealt with."""
+    def apply(self, changes: Sequence[Change], at_ms: int) -> set[tuple[str, str]]:
+        """Store the changes with their history where the rows are still as read; return the keys that
+        changed meanwhile (not applied)."""
         ...
 
 
@@ -156,7 +159,7 @@ def reconcile(
 
     started = time.monotonic()
     progress(f"reconciling {window.describe()}{' (dry run: nothing is written)' if dry_run else ''}")
-    hours = window.hours()
+    hours = window.read_hours(now_ms)
     existing = [h for h in hours if (archive_dir / f"hour={h}").is_dir()]
     if not existing:
         progress(f"no archived traces in hours {hours[0]} .. {hours[-1]}: nothing to reconcile")
@@ -164,7 +167,7 @@ def reconcile(
     traces = (
         spark.read.option("basePath", str(archive_dir))
         .parquet(*[str(archive_dir / f"hour={h}") for h in existing])
-        .where(F.col("timestamp_ms") < window.read_to_ms)
+        .where(F.col("timestamp_ms") < max(window.read_to_ms, now_ms))
     )
     if window.streams:
         traces = traces.where(F.col("stream").isin(list(window.streams)))
@@ -193,7 +196,7 @@ def reconcile(
                 (r.location, r.cluster, r.topic, int(r.partition), int(r.offset))
                 for r in pointers.join(positions, ["cluster", "topic", "partition", "offset"]).collect()
             }
-        leads = _leads(traces, name_record)
+        leads = _leads(traces, window, name_record)
         if leads:
             progress(f"{len(leads)} lead(s): records received whose position no trace names")
     finally:
@@ -217,8 +220,14 @@ def reconcile(
     by_kind: dict[str, int] = {}
     for change in changes:
         by_kind[change.verdict.kind.value] = by_kind.get(change.verdict.kind.value, 0) + 1
-    if not dry_run and candidates:
-        book.apply(changes, candidates, now_ms)
+    if not dry_run and changes:
+        conflicts = book.apply(changes, now_ms)
+        if conflicts:  # the detector wrote them meanwhile: they stay flagged for the next run
+            progress(f"{len(conflicts)} verdict(s) changed while this run judged them: left for the next run")
+            changes = [c for c in changes if (c.verdict.message_id, c.verdict.hop) not in conflicts]
+            by_kind = {}
+            for change in changes:
+                by_kind[change.verdict.kind.value] = by_kind.get(change.verdict.kind.value, 0) + 1
     report = ReconcileReport(
         window,
         dry_run,
@@ -257,10 +266,17 @@ def _pointers(traces: Any) -> Any:
     )
 
 
-def _leads(traces: Any, name_record: RecordNamer | None) -> list[Lead]:
-    """Pointers at positions where no trace of any message lies, each named from Kafka when possible."""
+def _leads(traces: Any, window: ReconcileWindow, name_record: RecordNamer | None) -> list[Lead]:
+    """Pointers made within the window at positions where no trace of any message lies, each named from
+    Kafka when possible (each window reports its own)."""
+    from pyspark.sql import functions as F
+
     positions = traces.select("cluster", "topic", "partition", "offset").distinct()
-    orphans = _pointers(traces).join(positions, ["cluster", "topic", "partition", "offset"], "left_anti")
+    orphans = (
+        _pointers(traces)
+        .where((F.col("seen_ms") >= window.start_ms) & (F.col("seen_ms") < window.end_ms))
+        .join(positions, ["cluster", "topic", "partition", "offset"], "left_anti")
+    )
     leads = []
     for r in orphans.orderBy("cluster", "topic", "partition", "offset").collect():
         lead = Lead(r.location, r.cluster, r.topic, int(r.partition), int(r.offset), int(r.seen_ms))

@@ -8,15 +8,19 @@ a DELIVERED write hop turned into a false TRACE_LOST, a duplicate never reported
 
 - **Late evidence never makes a verdict worse.** A detector judgement from a fresh state (its
   ``first_seen_ms`` differs from the stored verdict's) is late evidence: it replaces the stored
-  verdict only where it adds to it (a PENDING it decides), turns it into what both together say
+  verdict only where it adds to it (a PENDING it shows was passed), turns it into what both together say
   where the detector can tell at once (a LOST contradicted by a receipt: RETRACTED; the same
   record read again: DUPLICATE, rewind/replay), and otherwise leaves it as it is. Either way the
   verdict is marked ``late_evidence``, and the next reconciliation re-decides the message with
   all its traces.
-- **Reconciliation decides with all the traces**, so its judgement replaces the stored one, in
-  final form: a LOST still missing past the horizon is CONFIRMED_LOST; a stored LOST the full
-  evidence contradicts is RETRACTED (saying what the hop really got and which trace showed it).
-  A PENDING never replaces a decided verdict: PENDING is no judgement.
+- **Reconciliation decides with all the traces it reads**, so its judgement replaces the stored
+  one, in final form: a LOST still missing past the horizon is CONFIRMED_LOST; a stored LOST the
+  full evidence contradicts is RETRACTED (saying what the hop really got and which trace showed
+  it). Never worse either: a PENDING never replaces a decided verdict, and a stored receipt (or a
+  duplicate's count) is never turned into less by a read that lacks a trace the stored one saw.
+
+A changed verdict keeps the time it was first decided (its metrics minute); the history records
+when and why it changed.
 
 Each rule is a small named predicate over (stored, judged); the first that holds gives the result
 (:data:`DETECTOR_RULES`, :data:`RECONCILIATION_RULES`). :func:`settle` returns ``None`` when
@@ -76,13 +80,13 @@ def nothing_stored(stored: Verdict | None, judged: Verdict) -> bool:
 
 def same_state(stored: Verdict | None, judged: Verdict) -> bool:
     """Judged from the same detector state as the stored verdict (a batch replayed after a restart, or a
-    PENDING hop decided on): the judgement has at least the evidence the stored verdict had."""
+    PENDING hop decided on): the judgement has at least the evidence the stored verdict had. (A verdict
+    settled from late evidence records the late state's ``first_seen_ms``: a replay of it lands here.)"""
     return (
         stored is not None
         and stored.decided_by == Judge.DETECTOR
         and stored.first_seen_ms is not None
         and stored.first_seen_ms == judged.first_seen_ms
-        and not stored.late_evidence
     )
 
 
@@ -94,8 +98,10 @@ def stored_is_final(stored: Verdict | None, judged: Verdict) -> bool:
     return stored is not None and stored.kind in FINAL_KINDS
 
 
-def pending_decided(stored: Verdict | None, judged: Verdict) -> bool:
-    return stored is not None and stored.kind is VerdictKind.PENDING and judged.kind is not VerdictKind.PENDING
+def pending_received(stored: Verdict | None, judged: Verdict) -> bool:
+    """A PENDING hop that late traces show was passed. (A LOST from a fresh state is not taken: the group's
+    RECEIVED trace may have been in the state that was dropped.)"""
+    return stored is not None and stored.kind is VerdictKind.PENDING and judged.kind in RECEIPT_KINDS
 
 
 def same_record_read_again(stored: Verdict | None, judged: Verdict) -> bool:
@@ -115,14 +121,28 @@ def same_record_read_again(stored: Verdict | None, judged: Verdict) -> bool:
 def _take(stored: Verdict | None, judged: Verdict) -> Change | None:
     if stored is not None and _same(stored, judged):
         return None
-    return Change(judged, "decided" if stored is None else f"decided again: {judged.detail}")
+    return Change(_in_first_minute(stored, judged), "decided" if stored is None else f"decided again: {judged.detail}")
+
+
+def _take_replay(stored: Verdict | None, judged: Verdict) -> Change | None:
+    """The same state again: a verdict already settled from late evidence stays as settled (a replayed
+    batch must not count a re-read twice); otherwise the judgement is taken."""
+    assert stored is not None
+    if stored.late_evidence:
+        return None
+    return _take(stored, judged)
+
+
+def _in_first_minute(stored: Verdict | None, verdict: Verdict) -> Verdict:
+    """A verdict keeps the time it was first decided (its metrics minute); the history keeps each change."""
+    return verdict if stored is None else dataclasses.replace(verdict, decided_ms=stored.decided_ms)
 
 
 def _retract(stored: Verdict | None, judged: Verdict) -> Change | None:
     assert stored is not None
     late = judged.decided_by == Judge.DETECTOR
     retracted = dataclasses.replace(
-        judged,
+        _in_first_minute(stored, judged),
         kind=VerdictKind.RETRACTED,
         evidence_kind=judged.evidence_kind or judged.kind,
         late_evidence=late,
@@ -142,7 +162,8 @@ def _keep_with_late_evidence(stored: Verdict | None, judged: Verdict) -> Change 
 
 
 def _decide_pending(stored: Verdict | None, judged: Verdict) -> Change | None:
-    return Change(dataclasses.replace(judged, late_evidence=True), f"late evidence decided it: {judged.detail}")
+    decided = dataclasses.replace(_in_first_minute(stored, judged), late_evidence=True)
+    return Change(decided, f"late evidence decided it: {judged.detail}")
 
 
 def _read_again(stored: Verdict | None, judged: Verdict) -> Change | None:
@@ -154,7 +175,7 @@ def _read_again(stored: Verdict | None, judged: Verdict) -> Change | None:
         cause=Cause.REWIND_REPLAY,
         count=count,
         late_evidence=True,
-        decided_ms=judged.decided_ms,
+        first_seen_ms=judged.first_seen_ms,  # a replay of this late state is recognised as such
         detail=f"offset {stored.offset} was read again at {clock(judged.observed_ms)}, after it was decided: "
         f"{count} reads in all",
     )
@@ -164,10 +185,10 @@ def _read_again(stored: Verdict | None, judged: Verdict) -> Change | None:
 # A detector judgement: the first rule that holds gives what to store.
 DETECTOR_RULES: tuple[Rule, ...] = (
     (nothing_stored, _take),
-    (same_state, _take),
+    (same_state, _take_replay),
     (loss_contradicted, _retract),
     (stored_is_final, _keep_with_late_evidence),
-    (pending_decided, _decide_pending),
+    (pending_received, _decide_pending),
     (same_record_read_again, _read_again),
     (lambda stored, judged: True, _keep_with_late_evidence),  # judged on less than the stored verdict
 )
@@ -178,6 +199,18 @@ DETECTOR_RULES: tuple[Rule, ...] = (
 
 def judged_pending_over_decided(stored: Verdict | None, judged: Verdict) -> bool:
     return stored is not None and stored.kind is not VerdictKind.PENDING and judged.kind is VerdictKind.PENDING
+
+
+def fewer_receipts_than_stored(stored: Verdict | None, judged: Verdict) -> bool:
+    """The stored verdict saw the hop happen (more often) than this judgement does: the archive read lacks
+    evidence the stored verdict had (a trace outside the hours read). Never worse: the stored one stays."""
+    if stored is None:
+        return False
+    received = {VerdictKind.DELIVERED, VerdictKind.DUPLICATE, VerdictKind.TRACE_LOST, VerdictKind.RETRACTED}
+    if stored.kind in received and judged.kind in LOSS_KINDS:
+        return True
+    counted = (VerdictKind.DELIVERED, VerdictKind.DUPLICATE)
+    return stored.kind in counted and judged.kind in counted and judged.count < stored.count
 
 
 def still_missing(stored: Verdict | None, judged: Verdict) -> bool:
@@ -192,7 +225,7 @@ def _keep_decided(stored: Verdict | None, judged: Verdict) -> Change | None:
     assert stored is not None
     if not stored.late_evidence:
         return None
-    return Change(dataclasses.replace(stored, late_evidence=False), "reconciled: still undecided, kept")
+    return Change(dataclasses.replace(stored, late_evidence=False), f"reconciled, kept: {judged.kind.value} says less")
 
 
 def _confirm(stored: Verdict | None, judged: Verdict) -> Change | None:
@@ -208,6 +241,7 @@ def _confirm(stored: Verdict | None, judged: Verdict) -> Change | None:
 # A reconciliation judgement: the first rule that holds gives what to store.
 RECONCILIATION_RULES: tuple[Rule, ...] = (
     (judged_pending_over_decided, _keep_decided),
+    (fewer_receipts_than_stored, _keep_decided),
     (still_missing, _confirm),
     (loss_withdrawn, _retract),
     (lambda stored, judged: True, _take),

@@ -39,6 +39,11 @@ def hour_of(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d-%H")
 
 
+def hour_start_ms(hour: str) -> int:
+    """The start of an archive hour partition (``2026-11-23-10``), in ms."""
+    return int(datetime.strptime(hour, "%Y-%m-%d-%H").replace(tzinfo=UTC).timestamp() * 1000)
+
+
 def iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -69,6 +74,13 @@ class ReconcileWindow:
         last = (self.read_to_ms - 1) // HOUR_MS
         return [hour_of(h * HOUR_MS) for h in range(first, last + 1)]
 
+    def read_hours(self, now_ms: int) -> list[str]:
+        """The archive hours a run reads: from one horizon before the window (a message first seen just before
+        it has its earlier traces there) to now (evidence that came after the horizon counts too)."""
+        first = (self.start_ms - self.horizon_ms) // HOUR_MS
+        last = max(self.read_to_ms - 1, now_ms) // HOUR_MS
+        return [hour_of(h * HOUR_MS) for h in range(first, last + 1)]
+
     def describe(self) -> str:
         streams = ", ".join(self.streams) if self.streams else "every stream"
         return (
@@ -92,7 +104,10 @@ def parse_time(text: str) -> int:
 
 def hourly_window(interval_start_ms: int, interval_end_ms: int, horizon_ms: int) -> ReconcileWindow:
     """The window an hourly run over ``[interval_start, interval_end)`` reconciles: the same span, ``horizon``
-    earlier, so its messages have had the whole horizon."""
+    earlier, so its messages have had the whole horizon. A run triggered by hand has an empty interval at
+    its logical date: it stands for the hour that ends there."""
+    if interval_end_ms <= interval_start_ms:
+        interval_start_ms = interval_end_ms - HOUR_MS
     return ReconcileWindow(interval_start_ms - horizon_ms, interval_end_ms - horizon_ms, horizon_ms)
 
 
@@ -117,7 +132,8 @@ class ArchiveCoverage:
 
 def coverage_problems(window: ReconcileWindow, coverage: ArchiveCoverage, now_ms: int) -> list[str]:
     """Why the archive cannot answer for the window (empty: it can). Hours without traffic inside the
-    covered span are quiet, not missing."""
+    covered span are quiet, not missing. The last kind of problem passes by itself (the detector is still
+    archiving the last minutes): :func:`archive_behind` tells it apart."""
     problems = []
     if window.read_to_ms > now_ms:
         problems.append(
@@ -133,14 +149,21 @@ def coverage_problems(window: ReconcileWindow, coverage: ArchiveCoverage, now_ms
             f"the archive starts at hour {coverage.first_hour}; missing hours {before[0]} .. {before[-1]} "
             f"({len(before)} h)"
         )
-    if coverage.read_to_ms is None or coverage.read_to_ms < window.read_to_ms <= now_ms:
-        read = "not yet" if coverage.read_to_ms is None else f"up to {iso(coverage.read_to_ms)}"
-        after = [h for h in window.hours() if coverage.read_to_ms is None or h > hour_of(coverage.read_to_ms)]
-        missing = f"; missing hours {after[0]} .. {after[-1]}" if after else ""
-        problems.append(
-            f"the detector has archived the trace topic {read}, the window needs {iso(window.read_to_ms)}{missing}"
-        )
+    behind = archive_behind(window, coverage, now_ms)
+    if behind:
+        problems.append(behind)
     return problems
+
+
+def archive_behind(window: ReconcileWindow, coverage: ArchiveCoverage, now_ms: int) -> str | None:
+    """The detector has not archived the trace topic up to the window's horizon yet (None: it has, or the
+    horizon has not passed anyway)."""
+    if window.read_to_ms > now_ms or (coverage.read_to_ms is not None and coverage.read_to_ms >= window.read_to_ms):
+        return None
+    read = "not yet" if coverage.read_to_ms is None else f"up to {iso(coverage.read_to_ms)}"
+    after = [h for h in window.hours() if coverage.read_to_ms is None or h > hour_of(coverage.read_to_ms)]
+    missing = f"; missing hours {after[0]} .. {after[-1]}" if after else ""
+    return f"the detector has archived the trace topic {read}, the window needs {iso(window.read_to_ms)}{missing}"
 
 
 class _PassedLongAgo(Mapping[str, int]):
@@ -172,7 +195,8 @@ def rejudge(
     window: ReconcileWindow,
     now_ms: int,
 ) -> tuple[Verdict, ...]:
-    """Every hop of the message judged with all its traces, by the detector's rules."""
+    """Every hop of the message judged with all its traces (every one archived up to now), by the detector's
+    rules."""
     first_seen = min(t.timestamp_ms for t in traces)
     decision = decide(
         message_id,
@@ -184,7 +208,7 @@ def rejudge(
         now_ms,
         config,
         lookups.pointed_at,
-        read_to_ms=window.read_to_ms,
+        read_to_ms=max(window.read_to_ms, now_ms),
         removed=lookups.removed,
     )
     return tuple(replace(v, decided_by=Judge.RECONCILIATION.value, first_seen_ms=first_seen) for v in decision.verdicts)

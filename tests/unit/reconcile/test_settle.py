@@ -109,6 +109,19 @@ CASES = [
          "still undecided after reconciliation: stays PENDING (the health view says which group is stuck)"),
     Case(18, hop(R, by=Judge.RECONCILIATION, evidence=D), hop(D, by=Judge.RECONCILIATION), None,
          "a retracted loss reconciled again: still retracted, nothing changes"),
+    Case(19, hop(DUP, cause=Cause.REWIND_REPLAY, count=2, seen=FRESH, late=True), hop(D, seen=FRESH), None,
+         "the batch that brought the re-read is replayed after a restart: the read is not counted twice"),
+    Case(20, hop(P), hop(L, cause=SKIP, seen=FRESH), (P, None, 0, True),
+         "a fresh state says LOST of a PENDING hop: the group's RECEIVED may have been in the dropped state; "
+         "not taken, flagged for reconciliation"),
+    Case(21, hop(D, late=True), hop(L, cause=SKIP, by=Judge.RECONCILIATION), (D, None, 1, False),
+         "reconciliation's read lacks the RECEIVED the stored verdict saw (outside the hours read): a receipt "
+         "is never turned into a loss"),
+    Case(22, hop(DUP, cause=Cause.REWIND_REPLAY, count=2, late=True), hop(D, by=Judge.RECONCILIATION),
+         (DUP, Cause.REWIND_REPLAY, 2, False),
+         "reconciliation sees one read where the stored duplicate counted two: the duplicate stays"),
+    Case(23, hop(R, by=Judge.RECONCILIATION, evidence=D), hop(L, cause=SKIP, by=Judge.RECONCILIATION), None,
+         "a retraction is never undone into a loss by a read that misses the retracting trace"),
 ]
 # fmt: on
 
@@ -141,3 +154,9 @@ def test_a_confirmed_loss_keeps_its_cause_and_says_the_horizon_passed() -> None:
     assert change is not None
     assert change.verdict.cause is SKIP and change.verdict.evidence_kind is L
     assert change.verdict.detail == "still missing past the reconciliation horizon: group s1 skipped it"
+
+
+def test_a_changed_verdict_keeps_the_minute_it_was_first_decided_in() -> None:
+    stored = hop(L, cause=SKIP, count=0)
+    change = settle(stored, dataclasses.replace(hop(D, by=Judge.RECONCILIATION), decided_ms=9_000_000))
+    assert change is not None and change.verdict.decided_ms == stored.decided_ms  # metrics stay in their minute

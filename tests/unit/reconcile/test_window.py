@@ -27,6 +27,8 @@ def test_the_hourly_run_reconciles_the_hour_whose_horizon_just_passed() -> None:
     window = hourly_window(H10, H10 + HOUR_MS, 2 * HOUR_MS)
     assert (window.start_ms, window.end_ms, window.read_to_ms) == (H10 - 2 * HOUR_MS, H10 - HOUR_MS, H10 + HOUR_MS)
     assert window.hours() == ["2026-11-21-08", "2026-11-21-09", "2026-11-21-10"]
+    by_hand = hourly_window(H10 + HOUR_MS, H10 + HOUR_MS, 2 * HOUR_MS)  # a manual run: empty interval at 11:00
+    assert (by_hand.start_ms, by_hand.end_ms) == (window.start_ms, window.end_ms)  # the hour that ends there
 
 
 def test_an_empty_or_inverted_window_is_refused_naming_both_ends() -> None:
