@@ -79,14 +79,7 @@ def khipu_backfill() -> None:
         except InvalidSetting as exc:
             raise AirflowFailException(str(exc)) from None
         checked = reconcile.check_window(window, STORE, pendulum.now("UTC").int_timestamp * 1000, scheduled=False)
-        return {
-            **checked,
-            "start_ms": window.start_ms,
-            "end_ms": window.end_ms,
-            "horizon_ms": window.horizon_ms,
-            "streams": list(window.streams),
-            "dry_run": bool(params.get("dry_run")),
-        }
+        return {**checked, "dry_run": bool(params.get("dry_run"))}
 
     @task
     def reconcile_window(window: dict[str, Any]) -> dict[str, Any]:
@@ -100,7 +93,8 @@ def khipu_backfill() -> None:
     def announce_confirmed_losses(summary: dict[str, Any], outlet_events: Any = None) -> dict[str, Any]:
         from khipu_airflow import reconcile
 
-        return reconcile.announce_confirmed_losses(summary, outlet_events)
+        now_ms = pendulum.now("UTC").int_timestamp * 1000
+        return reconcile.announce_confirmed_losses(STORE, bool(summary.get("dry_run")), outlet_events, now_ms)
 
     announce_confirmed_losses(reconcile_window(check_window()))
 

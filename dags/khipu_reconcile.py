@@ -13,6 +13,7 @@ losses update the `khipu://confirmed-losses` Asset (the resend DAG is scheduled 
 `check_window` skips hours that ended before the archive began and fails, naming the missing
 hours, when the archive cannot answer for the window (the detector is behind, or hours are gone).
 
+A run triggered by hand reconciles the hour ending (one horizon before) its logical date.
 **Missed hours** are caught up (`catchup`); **Airflow's own backfill** works too:
 `airflow backfill create --dag-id khipu_reconcile --from-date 2026-11-23T00:00:00 --to-date 2026-11-23T06:00:00`.
 Running a window again changes nothing the second time. For a window of your choosing, with
@@ -56,14 +57,21 @@ SPARK = "spark_default"
 def khipu_reconcile() -> None:
     @task
     def check_window(data_interval_start: Any = None, data_interval_end: Any = None) -> dict[str, Any]:
+        from airflow.exceptions import AirflowFailException
+
+        from khipu.errors import InvalidSetting
         from khipu.reconcile.window import horizon_from_env, hourly_window
         from khipu_airflow import reconcile
 
-        window = hourly_window(
-            int(data_interval_start.timestamp() * 1000), int(data_interval_end.timestamp() * 1000), horizon_from_env()
-        )
-        checked = reconcile.check_window(window, STORE, pendulum.now("UTC").int_timestamp * 1000, scheduled=True)
-        return {**checked, "start_ms": window.start_ms, "end_ms": window.end_ms, "horizon_ms": window.horizon_ms}
+        try:
+            window = hourly_window(
+                int(data_interval_start.timestamp() * 1000),
+                int(data_interval_end.timestamp() * 1000),
+                horizon_from_env(),
+            )
+        except InvalidSetting as exc:
+            raise AirflowFailException(str(exc)) from None
+        return reconcile.check_window(window, STORE, pendulum.now("UTC").int_timestamp * 1000, scheduled=True)
 
     @task
     def reconcile_window(window: dict[str, Any]) -> dict[str, Any]:
@@ -77,7 +85,8 @@ def khipu_reconcile() -> None:
     def announce_confirmed_losses(summary: dict[str, Any], outlet_events: Any = None) -> dict[str, Any]:
         from khipu_airflow import reconcile
 
-        return reconcile.announce_confirmed_losses(summary, outlet_events)
+        now_ms = pendulum.now("UTC").int_timestamp * 1000
+        return reconcile.announce_confirmed_losses(STORE, bool(summary.get("dry_run")), outlet_events, now_ms)
 
     announce_confirmed_losses(reconcile_window(check_window()))
 

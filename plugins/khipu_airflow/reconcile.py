@@ -8,10 +8,12 @@ detector; the job writes a JSON summary the task returns (and the confirmed-loss
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,15 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import Asset
 
 from khipu.detector.job import ARCHIVE_QUERY, write_connections_file
-from khipu.reconcile.window import ArchiveCoverage, ReconcileWindow, coverage_problems, hour_of, iso
+from khipu.reconcile.window import (
+    ArchiveCoverage,
+    ReconcileWindow,
+    archive_behind,
+    coverage_problems,
+    hour_of,
+    hour_start_ms,
+    iso,
+)
 from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings, project_root
 from khipu.store import Store
@@ -30,8 +40,14 @@ from khipu_airflow.hooks import KhipuKafkaHook, KhipuStoreHook, cluster_connecti
 
 log = logging.getLogger(__name__)
 
+ARCHIVE_WAIT_S = 180.0  # an hourly run waits this long for the detector to archive its interval's end
+
 # Updated when a reconciliation confirms new losses: the resend DAG is scheduled on it.
 CONFIRMED_LOSSES = Asset("khipu://confirmed-losses", extra={"what": "losses confirmed by reconciliation"})
+
+
+class ArchiveBehind(RuntimeError):
+    """The detector has not archived the window's end yet: a failure the task's retries get past."""
 
 
 def application() -> str:
@@ -53,9 +69,13 @@ def archive_coverage(store_conn_id: str) -> ArchiveCoverage:
     return ArchiveCoverage(hours[0] if hours else None, read_to)
 
 
-def check_window(window: ReconcileWindow, store_conn_id: str, now_ms: int, *, scheduled: bool) -> dict[str, Any]:
-    """Refuse a window the archive cannot answer for, naming why (and the missing hours). An hourly run
-    of a window that ended before the archive began has nothing to reconcile: it is skipped, not failed."""
+def check_window(
+    window: ReconcileWindow, store_conn_id: str, now_ms: int, *, scheduled: bool, wait_s: float = ARCHIVE_WAIT_S
+) -> dict[str, Any]:
+    """Refuse a window the archive cannot answer for, naming why (and the missing hours); return the window
+    to reconcile. An hourly run is kinder at the archive's start: a window that ended before the archive
+    began is skipped, one that straddles its first hour is trimmed to it. A backfill gets what it asked
+    for or a refusal."""
     registry = load_registry(KhipuSettings.from_env().registry_path)
     unknown = sorted(set(window.streams) - set(registry.streams))
     if unknown:
@@ -68,22 +88,48 @@ def check_window(window: ReconcileWindow, store_conn_id: str, now_ms: int, *, sc
             f"the archive starts at {coverage.first_hour or 'no hour yet'}: nothing to reconcile for "
             f"{iso(window.start_ms)} .. {iso(window.end_ms)}"
         )
+    if scheduled and coverage.first_hour is not None and hour_of(window.start_ms) < coverage.first_hour:
+        log.warning("the archive starts at hour %s: reconciling from there", coverage.first_hour)
+        window = dataclasses.replace(window, start_ms=hour_start_ms(coverage.first_hour))
     problems = coverage_problems(window, coverage, now_ms)
+    waited_s = 0.0
+    while scheduled and problems == [archive_behind(window, coverage, now_ms)] and waited_s < wait_s:
+        # the run starts as its interval ends: the detector is still archiving the last seconds
+        time.sleep(10)
+        waited_s += 10
+        now_ms += 10_000
+        coverage = archive_coverage(store_conn_id)
+        problems = coverage_problems(window, coverage, now_ms)
     if problems:
-        raise AirflowFailException(f"cannot reconcile {window.describe()}: " + "; ".join(problems))
+        message = f"cannot reconcile {window.describe()}: " + "; ".join(problems)
+        if scheduled and problems == [archive_behind(window, coverage, now_ms)]:
+            raise ArchiveBehind(message + " (retried: the detector may be catching up)")
+        raise AirflowFailException(message)
     log.info("reconciling %s", window.describe())
-    return {"window": window.describe(), "archive_from": coverage.first_hour, "archived_to": coverage.read_to_ms}
+    return {
+        "window": window.describe(),
+        "start_ms": window.start_ms,
+        "end_ms": window.end_ms,
+        "horizon_ms": window.horizon_ms,
+        "streams": list(window.streams),
+        "archive_from": coverage.first_hour,
+        "archived_to": coverage.read_to_ms,
+    }
 
 
-def job_args(window: ReconcileWindow, dry_run: bool, kafka_conn_id: str, store_conn_id: str) -> list[str]:
-    """spark/reconcile.py's arguments: times, names and paths only; the connections go to the owner-only file."""
+def write_job_connections(path: Path, kafka_conn_id: str, store_conn_id: str) -> None:
+    """The job's connections (credentials included) in an owner-only file."""
     settings = KhipuSettings.from_env()
     trace = KhipuKafkaHook(kafka_conn_id).connection()
     clusters = cluster_connections(load_registry(settings.registry_path))
+    write_connections_file(path, trace, clusters, KhipuStoreHook(store_conn_id).url())
+
+
+def job_args(window: ReconcileWindow, dry_run: bool) -> list[str]:
+    """spark/reconcile.py's arguments: times, names and paths only; the connections go to the owner-only file."""
+    settings = KhipuSettings.from_env()
     folder = settings.state_dir / "reconcile"
-    connections = write_connections_file(
-        folder / f"connections-{os.getpid()}.json", trace, clusters, KhipuStoreHook(store_conn_id).url()
-    )
+    connections = folder / f"connections-{os.getpid()}.json"
     args = [
         "--start",
         str(window.start_ms),
@@ -111,7 +157,7 @@ def run_reconciliation(
     window: ReconcileWindow, dry_run: bool, kafka_conn_id: str, store_conn_id: str, spark_conn_id: str
 ) -> dict[str, Any]:
     """Submit the job, wait for it, return its summary."""
-    args = job_args(window, dry_run, kafka_conn_id, store_conn_id)
+    args = job_args(window, dry_run)
     connections, summary_file = Path(_after(args, "--connections-file")), Path(_after(args, "--summary-file"))
     hook = SparkSubmitHook(
         conn_id=spark_conn_id,
@@ -125,6 +171,7 @@ def run_reconciliation(
         env_vars={"PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)},
     )
     try:
+        write_job_connections(connections, kafka_conn_id, store_conn_id)  # after the hook: nothing left if it fails
         hook.submit(application())  # waits; the job's output goes to the task log
         summary: dict[str, Any] = json.loads(summary_file.read_text())
     finally:
@@ -143,14 +190,25 @@ def run_reconciliation(
     return summary
 
 
-def announce_confirmed_losses(summary: dict[str, Any] | None, outlet_events: Any) -> dict[str, Any]:
-    """Update the confirmed-losses Asset when the run confirmed new losses (else skip: no Asset event)."""
-    losses = (summary or {}).get("confirmed_losses", [])
-    if not losses or (summary or {}).get("dry_run"):
-        raise AirflowSkipException("no new confirmed losses")
-    extra = {"count": len(losses), "window": summary["window"] if summary else "", "losses": losses[:100]}
-    outlet_events[CONFIRMED_LOSSES].extra = extra
-    return extra
+def announce_confirmed_losses(store_conn_id: str, dry_run: bool, outlet_events: Any, now_ms: int) -> dict[str, Any]:
+    """Update the confirmed-losses Asset with every CONFIRMED_LOST not announced yet, from the store (so a
+    retried run still announces what an earlier attempt stored); skip (no Asset event) when there is none."""
+    if dry_run:
+        raise AirflowSkipException("a dry run announces nothing")
+    store = Store(KhipuStoreHook(store_conn_id).url())
+    try:
+        rows = store.verdicts.unannounced_confirmed()
+        if not rows:
+            raise AirflowSkipException("no new confirmed losses")
+        losses = [
+            {"message_id": r["message_id"], "stream": r["stream"], "hop": r["hop"], "cause": r["cause"]} for r in rows
+        ]
+        outlet_events[CONFIRMED_LOSSES].extra = {"count": len(losses), "losses": losses}
+        store.verdicts.mark_announced([(r["message_id"], r["hop"]) for r in rows], now_ms)
+    finally:
+        store.close()
+    log.info("announced %d confirmed losses on %s", len(losses), CONFIRMED_LOSSES.uri)
+    return {"count": len(losses), "losses": losses}
 
 
 def _after(args: Sequence[str], flag: str) -> str:

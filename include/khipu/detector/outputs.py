@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from khipu.detector.gaps import record_emitter_sequences
+from khipu.detector.model import VerdictKind
 from khipu.detector.parse import archived, pointers, quarantine_reason, quarantined, sequences
 from khipu.kafka import KafkaConnection
 from khipu.reconcile.book import VerdictBook, verdict_of, verdict_row
@@ -56,13 +57,28 @@ class VerdictWriter:
             return
         if self._store is None:
             self._store = Store(self.store_url)
-        changes = VerdictBook(self._store.verdicts).record((verdict_of(row) for row in rows), _now_ms())
-        written = [verdict_row(change.verdict) for change in changes]
-        lost = [r for r in written if r["verdict"] == "LOST"]
+        judged = [verdict_of(row) for row in rows]
+        recorded = VerdictBook(self._store.verdicts).record(judged, _now_ms())
+        # a LOST this state said and the store keeps goes out, again on a replayed batch (at least once)
+        lost = [
+            verdict_row(stored)
+            for verdict in judged
+            if verdict.kind is VerdictKind.LOST
+            and (stored := recorded.current.get((verdict.message_id, verdict.hop))) is not None
+            and stored.kind is VerdictKind.LOST
+            and stored.first_seen_ms == verdict.first_seen_ms
+        ]
         if lost and self.lost_topic:
             self._publish_lost(self.lost_topic, lost)
-        late = sum(1 for change in changes if change.verdict.late_evidence)
-        log.info("batch %d: %d verdicts (%d LOST, %d with late evidence)", batch_id, len(written), len(lost), late)
+        late = sum(1 for change in recorded.changes if change.verdict.late_evidence)
+        log.info(
+            "batch %d: %d verdicts, %d stored (%d LOST, %d with late evidence)",
+            batch_id,
+            len(judged),
+            len(recorded.changes),
+            len(lost),
+            late,
+        )
 
     def _publish_lost(self, topic: str, lost: list[dict[str, Any]]) -> None:
         if self._producer is None:

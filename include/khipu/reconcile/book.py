@@ -8,6 +8,7 @@ reconciliation (:meth:`VerdictBook.apply`). The store keeps rows; this side turn
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from khipu.detector.model import Cause, Verdict, VerdictKind
@@ -27,9 +28,9 @@ class VerdictRows(Protocol):
     def store_changes(
         self,
         rows: Sequence[Mapping[str, Any]],
-        history: Sequence[Mapping[str, Any]],
-        clear_late_evidence: Collection[str] = (),
-    ) -> None: ...
+        guards: Sequence[Mapping[str, Any] | None],
+        history: Sequence[Mapping[str, Any] | None],
+    ) -> set[tuple[str, str]]: ...
 
     def read_outcomes(self, spans: Iterable[tuple[str, str, int, int]]) -> Mapping[tuple[str, str, int, int], Any]: ...
 
@@ -112,6 +113,14 @@ def history_entry(change: Change, at_ms: int) -> dict[str, Any] | None:
     }
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """What the detector's batch did: the changes stored, and every judged hop's verdict as stored now."""
+
+    changes: list[Change]
+    current: dict[tuple[str, str], Verdict]
+
+
 class VerdictBook:
     def __init__(self, rows: VerdictRows) -> None:
         self.rows = rows
@@ -125,27 +134,55 @@ class VerdictBook:
             found.setdefault(row["message_id"], {})[row["hop"]] = verdict_of(row)
         return found
 
-    def apply(self, changes: Sequence[Change], reconciled: Collection[str], at_ms: int) -> None:
-        """Store the changes with their history, clear the reconciled messages' late evidence, and recompute
-        the metrics of every minute a changed verdict left or joined."""
-        history = [entry for change in changes if (entry := history_entry(change, at_ms)) is not None]
-        written = [verdict_row(c.verdict) for c in changes]
-        self.rows.store_changes(written, history, reconciled)
-        left = [verdict_row(c.previous) for c in changes if c.previous is not None]
-        minutes = minutes_touched([*written, *left])
+    def apply(self, changes: Sequence[Change], at_ms: int) -> set[tuple[str, str]]:
+        """Store the changes with their history, each only if its row is still what it was decided against,
+        and recompute the metrics of every minute a changed verdict is in. Returns the keys that changed
+        meanwhile (not applied)."""
+        guards = [_guard(c.previous) for c in changes]
+        history = [history_entry(change, at_ms) for change in changes]
+        conflicts = self.rows.store_changes([verdict_row(c.verdict) for c in changes], guards, history)
+        applied = [c for c in changes if (c.verdict.message_id, c.verdict.hop) not in conflicts]
+        self.refresh_metrics([c.verdict for c in applied] + [c.previous for c in applied if c.previous])
+        return conflicts
+
+    def refresh_metrics(self, verdicts: Iterable[Verdict]) -> None:
+        """Recompute the metrics of the (stream, hop, minute) of each verdict from what is stored."""
+        minutes = minutes_touched([verdict_row(v) for v in verdicts])
         if minutes:
             outcomes = self.rows.read_outcomes([minute.span for minute in minutes])
             self.rows.upsert_metrics([minute_metrics(minute, outcomes[minute.span]) for minute in minutes])
 
-    def record(self, judged: Iterable[Verdict], at_ms: int) -> list[Change]:
-        """The detector's new verdicts, settled against what is stored (late evidence never makes one worse)."""
-        judged = list(judged)
-        stored = self.stored_verdicts({v.message_id for v in judged})
-        changes = []
-        for verdict in judged:
-            change = settle(stored.get(verdict.message_id, {}).get(verdict.hop), verdict)
-            if change is not None:
-                changes.append(change)
-                stored.setdefault(verdict.message_id, {})[verdict.hop] = change.verdict
-        self.apply(changes, (), at_ms)
-        return changes
+    def record(self, judged: Iterable[Verdict], at_ms: int, attempts: int = 3) -> Recorded:
+        """The detector's new verdicts, settled against what is stored (late evidence never makes one worse).
+        A verdict whose row changed meanwhile is settled again against the new row."""
+        pending = list(judged)
+        changes: list[Change] = []
+        current: dict[tuple[str, str], Verdict] = {}
+        for _ in range(attempts):
+            stored = self.stored_verdicts({v.message_id for v in pending})
+            batch: list[Change] = []
+            for verdict in pending:
+                before = stored.get(verdict.message_id, {}).get(verdict.hop)
+                change = settle(before, verdict)
+                key = (verdict.message_id, verdict.hop)
+                if change is not None:
+                    batch.append(change)
+                    stored.setdefault(verdict.message_id, {})[verdict.hop] = change.verdict
+                    current[key] = change.verdict
+                elif before is not None:
+                    current[key] = before
+            conflicts = self.apply(batch, at_ms)
+            changes.extend(c for c in batch if (c.verdict.message_id, c.verdict.hop) not in conflicts)
+            pending = [v for v in pending if (v.message_id, v.hop) in conflicts]
+            if not pending:
+                break
+        if pending:
+            raise RuntimeError(f"{len(pending)} verdicts kept changing under this writer; the batch is retried")
+        self.refresh_metrics(current.values())  # a replayed batch refreshes what a failed one may have missed
+        return Recorded(changes, current)
+
+
+def _guard(previous: Verdict | None) -> dict[str, Any] | None:
+    if previous is None:
+        return None
+    return {"verdict": previous.kind.value, "decided_ms": previous.decided_ms, "late_evidence": previous.late_evidence}

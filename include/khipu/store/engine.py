@@ -80,7 +80,7 @@ class StoreEngine:
 
 def insert_ignoring_duplicate(tx: Connection, table: Table, values: Mapping[str, Any]) -> bool:
     """Insert unless a unique constraint says the row exists (a retried task); True when inserted."""
-    statement = _insert_of(tx)(table).values(**values).on_conflict_do_nothing()
+    statement = insert_of(tx)(table).values(**values).on_conflict_do_nothing()
     return bool(tx.execute(statement).rowcount)
 
 
@@ -88,7 +88,7 @@ def upsert(tx: Connection, table: Table, rows: Sequence[Mapping[str, Any]], key:
     """Insert the rows, or replace the other columns of those whose ``key`` columns exist (a replayed batch)."""
     if not rows:
         return
-    statement = _insert_of(tx)(table)
+    statement = insert_of(tx)(table)
     replaced = [column for column in rows[0] if column not in key]
     tx.execute(
         statement.on_conflict_do_update(
@@ -108,7 +108,7 @@ def partition_key_is(table: Table, key: PartitionKey) -> tuple[Any, ...]:
     )
 
 
-def _insert_of(tx: Connection) -> Any:
+def insert_of(tx: Connection) -> Any:
     """The dialect's INSERT, the one with ON CONFLICT."""
     dialect = tx.dialect.name
     if dialect == "postgresql":

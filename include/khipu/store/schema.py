@@ -153,6 +153,7 @@ verdicts = Table(
     Column("decided_by", String(16), nullable=False, server_default="detector"),  # detector | reconciliation
     Column("evidence_kind", String(16)),  # RETRACTED / CONFIRMED_LOST: what the evidence says of the hop
     Column("late_evidence", Boolean, nullable=False, server_default=false()),  # reconciliation re-decides it
+    Column("announced_ms", BigInteger),  # a CONFIRMED_LOST: when the confirmed-losses Asset carried it
     Index("ix_verdicts_stream_time", "stream", "decided_ms"),
     Index("ix_verdicts_kind", "verdict", "decided_ms"),
 )

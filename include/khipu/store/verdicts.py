@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, case, func, insert, select, update
 
 from khipu.store import schema
-from khipu.store.engine import StoreEngine, upsert
+from khipu.store.engine import StoreEngine, insert_of, upsert
 
 VERDICT_COLUMNS = (
     "stream",
@@ -98,23 +98,68 @@ class VerdictRepository:
     def store_changes(
         self,
         rows: Sequence[Mapping[str, Any]],
-        history: Sequence[Mapping[str, Any]],
-        clear_late_evidence: Collection[str] = (),
-    ) -> None:
-        """Changed verdicts (rows as :meth:`upsert` takes them), their history entries (message_id, hop,
-        stream, at_ms, from_verdict, to_verdict, cause, decided_by, reason), and the messages whose late
-        evidence has been dealt with, in one transaction."""
+        guards: Sequence[Mapping[str, Any] | None],
+        history: Sequence[Mapping[str, Any] | None],
+    ) -> set[tuple[str, str]]:
+        """Changed verdicts (rows as :meth:`upsert` takes them) with their history entries, in one transaction,
+        each only if its stored row is still what the change was decided against: ``guards[i]`` holds the
+        ``verdict``, ``decided_ms`` and ``late_evidence`` the row must still have (None: no row may exist
+        yet). Returns the (message id, hop) keys not applied because the row changed meanwhile (another
+        writer, e.g. reconciliation beside the detector); their history is not written."""
+        table = schema.verdicts
+        conflicts: set[tuple[str, str]] = set()
+        inserts = [(row, entry) for row, guard, entry in zip(rows, guards, history, strict=True) if guard is None]
+        updates = [(row, guard, entry) for row, guard, entry in zip(rows, guards, history, strict=True) if guard]
+        with self._engine.begin() as tx:
+            for start in range(0, len(inserts), CHUNK):
+                chunk = [_verdict_values(row) for row, _ in inserts[start : start + CHUNK]]
+                statement = insert_of(tx)(table).values(chunk).on_conflict_do_nothing()
+                added = {
+                    (r.message_id, r.hop) for r in tx.execute(statement.returning(table.c.message_id, table.c.hop))
+                }
+                conflicts.update((v["message_id"], v["hop"]) for v in chunk if (v["message_id"], v["hop"]) not in added)
+            for row, guard, _ in updates:
+                values = _verdict_values(row)
+                done = tx.execute(
+                    update(table)
+                    .where(
+                        table.c.message_id == values["message_id"],
+                        table.c.hop == values["hop"],
+                        table.c.verdict == guard["verdict"],
+                        table.c.decided_ms == guard["decided_ms"],
+                        table.c.late_evidence.is_(bool(guard["late_evidence"])),
+                    )
+                    .values({k: v for k, v in values.items() if k not in ("message_id", "hop")})
+                )
+                if not done.rowcount:
+                    conflicts.add((values["message_id"], values["hop"]))
+            entries = [
+                dict(entry)
+                for row, entry in zip(rows, history, strict=True)
+                if entry is not None and (row["message_id"], row["hop"]) not in conflicts
+            ]
+            if entries:
+                tx.execute(insert(schema.verdict_history), entries)
+        return conflicts
+
+    def unannounced_confirmed(self, limit: int = 1000) -> list[dict[str, Any]]:
+        """CONFIRMED_LOST verdicts not yet announced (the confirmed-losses Asset), oldest first."""
+        table = schema.verdicts
+        query = (
+            select(table)
+            .where(table.c.verdict == "CONFIRMED_LOST", table.c.announced_ms.is_(None))
+            .order_by(table.c.decided_ms, table.c.message_id)
+            .limit(limit)
+        )
+        with self._engine.begin() as tx:
+            return [dict(row._mapping) for row in tx.execute(query)]
+
+    def mark_announced(self, keys: Collection[tuple[str, str]], at_ms: int) -> None:
         table = schema.verdicts
         with self._engine.begin() as tx:
-            _upsert_verdicts(tx, rows)
-            if history:
-                tx.execute(insert(schema.verdict_history), [dict(h) for h in history])
-            ids = sorted(set(clear_late_evidence))
-            for start in range(0, len(ids), CHUNK):
+            for message_id, hop in sorted(keys):
                 tx.execute(
-                    update(table)
-                    .where(table.c.message_id.in_(ids[start : start + CHUNK]), table.c.late_evidence.is_(True))
-                    .values(late_evidence=False)
+                    update(table).where(table.c.message_id == message_id, table.c.hop == hop).values(announced_ms=at_ms)
                 )
 
     def read_messages(self, message_ids: Collection[str]) -> list[dict[str, Any]]:
@@ -227,17 +272,18 @@ class VerdictRepository:
             return [dict(row._mapping) for row in tx.execute(query.order_by(table.c.minute_ms, table.c.hop))]
 
 
+def _verdict_values(r: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "message_id": r["message_id"],
+        "hop": r["hop"],
+        "group_id": r.get("group"),
+        **{c: r.get(c) for c in VERDICT_COLUMNS if c != "group_id"},
+        "decided_by": r.get("decided_by") or "detector",
+        "late_evidence": bool(r.get("late_evidence")),
+    }
+
+
 def _upsert_verdicts(tx: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
-    values = [
-        {
-            "message_id": r["message_id"],
-            "hop": r["hop"],
-            "group_id": r.get("group"),
-            **{c: r.get(c) for c in VERDICT_COLUMNS if c != "group_id"},
-            "decided_by": r.get("decided_by") or "detector",
-            "late_evidence": bool(r.get("late_evidence")),
-        }
-        for r in rows
-    ]
+    values = [_verdict_values(r) for r in rows]
     if values:
         upsert(tx, schema.verdicts, values, key=("message_id", "hop"))

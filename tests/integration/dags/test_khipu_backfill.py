@@ -118,8 +118,16 @@ def backfill_env(
          "state_bytes": None, "caught_up": True}
     )  # fmt: skip
     streaming = [verdict("m-gone", topic, 0, group, t0), verdict("m-late", topic, 1, group, t0 + 1_000)]
-    VerdictBook(store.verdicts).apply([Change(v, "decided") for v in streaming], [], t0 + 41_000)
-    return {"store": store, "start": iso(t0 - 60_000), "end": iso(t0 + 60_000), "group": group, "hour": hour}
+    VerdictBook(store.verdicts).apply([Change(v, "decided") for v in streaming], t0 + 41_000)
+    return {
+        "store": store,
+        "start": iso(t0 - 60_000),
+        "end": iso(t0 + 60_000),
+        "group": group,
+        "hour": hour,
+        "t0": t0,
+        "archived_to": now,
+    }
 
 
 def run_backfill(conf: dict[str, Any]) -> Any:
@@ -196,3 +204,38 @@ def test_a_bad_window_is_refused_with_its_reason_and_nothing_written(
     out, err = capfd.readouterr()
     assert reason in out + err  # the task log says why
     assert store.verdicts.rows() == before
+
+
+def test_the_hourly_dag_reconciles_the_hour_whose_horizon_passed(backfill_env: dict[str, Any]) -> None:
+    import pendulum
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.utils.state import DagRunState
+
+    store: Store = backfill_env["store"]
+    hour = pendulum.from_format(backfill_env["hour"], "YYYY-MM-DD-HH", tz="UTC")
+    dag = DagBag(dag_folder=str(DAGS)).get_dag("khipu_reconcile")
+    run = dag.test(logical_date=hour.add(hours=1))
+    assert run.state == DagRunState.SUCCESS, states(run)
+    window = run.get_task_instance("check_window").xcom_pull(task_ids="check_window")
+    # by hand: the hour ending at the logical date, one horizon earlier, trimmed to the archive's first hour
+    assert window["end_ms"] == int(hour.timestamp() * 1000) + HOUR_MS - HORIZON_MS
+    assert window["start_ms"] == int(hour.timestamp() * 1000)
+    assert verdicts(store)["m-gone"] == ("CONFIRMED_LOST", "LOST")  # first seen ten minutes into it
+    assert verdicts(store)["m-late"] == ("RETRACTED", "DELIVERED")
+    assert states(run)["announce_confirmed_losses"] == "success"
+
+
+def test_an_archive_still_behind_the_window_is_retried_when_scheduled_and_refused_when_backfilled(
+    backfill_env: dict[str, Any],
+) -> None:
+    from airflow.exceptions import AirflowFailException
+
+    from khipu.reconcile.window import ReconcileWindow
+    from khipu_airflow.reconcile import ArchiveBehind, check_window
+
+    now = backfill_env["archived_to"] + 120_000  # two minutes after the detector last archived
+    recent = ReconcileWindow(backfill_env["t0"], now - HORIZON_MS - 1_000, HORIZON_MS)  # horizon just passed
+    with pytest.raises(ArchiveBehind, match="has archived the trace topic up to"):  # ... but not archived yet
+        check_window(recent, "khipu_store", now, scheduled=True, wait_s=0)
+    with pytest.raises(AirflowFailException, match="has archived the trace topic up to"):
+        check_window(recent, "khipu_store", now, scheduled=False)

@@ -132,7 +132,7 @@ def test_reconciliation_confirms_retracts_fills_in_and_is_idempotent(spark: Any,
         stored("m-fine", VerdictKind.DELIVERED, 3),
         stored("m-fine", VerdictKind.DELIVERED, 3, hop="p -> local/in"),
     ]
-    VerdictBook(store.verdicts).apply([Change(v, "decided") for v in first], [], T0 + 60_000)
+    VerdictBook(store.verdicts).apply([Change(v, "decided") for v in first], T0 + 60_000)
 
     lines: list[str] = []
     report = reconcile(
@@ -177,7 +177,7 @@ def test_a_dry_run_says_what_would_change_and_writes_nothing(spark: Any, archive
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
     store.migrate()
-    VerdictBook(store.verdicts).apply([Change(stored("m-gone", VerdictKind.LOST, 2), "decided")], [], T0 + 60_000)
+    VerdictBook(store.verdicts).apply([Change(stored("m-gone", VerdictKind.LOST, 2), "decided")], T0 + 60_000)
     before = store.verdicts.rows()
     report = reconcile(
         spark,

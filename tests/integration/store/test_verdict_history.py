@@ -9,6 +9,7 @@ import pytest
 
 from khipu.detector.model import Cause, Verdict, VerdictKind
 from khipu.reconcile.book import VerdictBook
+from khipu.reconcile.window import changes_for
 from khipu.store import Store
 from khipu.verdicts.metrics import MINUTE_MS
 
@@ -48,7 +49,7 @@ def test_late_evidence_is_kept_and_the_history_tells_the_story(store: Store) -> 
         judged("m1", VerdictKind.DELIVERED, seen=600_000, decided=640_000),
         judged("m2", VerdictKind.DELIVERED, seen=600_000, decided=640_000),
     ]
-    changes = book.record(late, 640_000)
+    changes = book.record(late, 640_000).changes
     assert [(c.verdict.message_id, c.verdict.kind) for c in changes] == [
         ("m1", VerdictKind.DUPLICATE),
         ("m2", VerdictKind.RETRACTED),
@@ -61,19 +62,44 @@ def test_late_evidence_is_kept_and_the_history_tells_the_story(store: Store) -> 
     assert story == [(None, "LOST", 40_000), ("LOST", "RETRACTED", 640_000)]
 
     assert book.settled_messages(["m1", "m2", "m3"]) == set()  # both carry late evidence; m3 is unknown
-    book.apply([], ["m1", "m2"], 700_000)  # reconciled: their late evidence is dealt with
-    assert book.settled_messages(["m1", "m2", "m3"]) == {"m1", "m2"}
+    reconciled = [
+        dataclasses.replace(
+            judged("m1", VerdictKind.DUPLICATE, seen=1_000, decided=700_000, by="reconciliation"),
+            cause=Cause.REWIND_REPLAY,
+            count=2,
+        ),
+        judged("m2", VerdictKind.DELIVERED, seen=1_000, decided=700_000, by="reconciliation"),
+    ]
+    stored = book.stored_verdicts(["m1", "m2"])
+    changes = [change for verdict in reconciled for change in changes_for(stored[verdict.message_id], [verdict])]
+    assert book.apply(changes, 700_000) == set()
+    assert book.settled_messages(["m1", "m2", "m3"]) == {"m1", "m2"}  # reconciled: the late evidence is dealt with
 
-    # the minute m2's LOST left no longer counts it; the minute it joined counts one retraction
-    metrics = {row["minute_ms"]: row for row in store.verdicts.read_metrics()}
-    assert (metrics[0]["lost"], metrics[0]["delivered"]) == (0, 0)
-    joined = metrics[640_000 // MINUTE_MS * MINUTE_MS]
-    assert (joined["retracted"], joined["duplicate"], joined["false_loss_rate"]) == (1, 1, 1.0)
+    # both stay in the minute they were first decided in: it now counts a retraction and a duplicate
+    (minute,) = store.verdicts.read_metrics()
+    assert minute["minute_ms"] == 40_000 // MINUTE_MS * MINUTE_MS
+    assert (minute["lost"], minute["retracted"], minute["duplicate"], minute["false_loss_rate"]) == (0, 1, 1, 1.0)
 
 
 def test_the_same_judgement_twice_writes_nothing_the_second_time(store: Store) -> None:
     book = VerdictBook(store.verdicts)
     verdict = judged("m1", VerdictKind.LOST, seen=1_000, decided=40_000)
-    assert len(book.record([verdict], 40_000)) == 1
-    assert book.record([dataclasses.replace(verdict, decided_ms=41_000)], 41_000) == []  # a replayed batch
+    assert len(book.record([verdict], 40_000).changes) == 1
+    replayed = book.record([dataclasses.replace(verdict, decided_ms=41_000)], 41_000)  # a replayed batch
+    assert replayed.changes == [] and replayed.current[("m1", "local/out -> s1")].kind is VerdictKind.LOST
     assert len(store.verdicts.history("m1")) == 1
+
+
+def test_a_change_decided_against_a_row_that_changed_meanwhile_is_not_applied(store: Store) -> None:
+    book = VerdictBook(store.verdicts)
+    book.record([judged("m1", VerdictKind.LOST, seen=1_000, decided=40_000)], 40_000)
+    read_by_reconciliation = book.stored_verdicts(["m1"])["m1"]
+    # meanwhile the detector's writer retracts it (a late RECEIVED)
+    book.record([judged("m1", VerdictKind.DELIVERED, seen=600_000, decided=640_000)], 640_000)
+    confirmed = changes_for(
+        read_by_reconciliation, [judged("m1", VerdictKind.LOST, seen=1_000, decided=700_000, by="reconciliation")]
+    )
+    assert book.apply(confirmed, 700_000) == {("m1", "local/out -> s1")}  # not applied: decided on a stale read
+    (row,) = store.verdicts.rows()
+    assert row["verdict"] == "RETRACTED"
+    assert [h["to_verdict"] for h in store.verdicts.history("m1")] == ["LOST", "RETRACTED"]

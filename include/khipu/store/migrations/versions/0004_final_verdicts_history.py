@@ -1,4 +1,4 @@
-"""verdicts: first seen, decided by, evidence kind, late evidence; verdict history; metrics of final verdicts
+"""verdicts: first seen, decided by, evidence kind, late evidence, announced; verdict history; final-verdict metrics
 
 Revision ID: 0004
 Revises: 0003
@@ -22,6 +22,7 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("decided_by", sa.String(16), nullable=False, server_default="detector"))
         batch_op.add_column(sa.Column("evidence_kind", sa.String(16), nullable=True))
         batch_op.add_column(sa.Column("late_evidence", sa.Boolean(), nullable=False, server_default=sa.false()))
+        batch_op.add_column(sa.Column("announced_ms", sa.BigInteger(), nullable=True))
     with op.batch_alter_table("verdict_metrics", schema=None) as batch_op:
         batch_op.add_column(sa.Column("confirmed_lost", sa.Integer(), nullable=False, server_default="0"))
         batch_op.add_column(sa.Column("retracted", sa.Integer(), nullable=False, server_default="0"))
@@ -50,6 +51,7 @@ def downgrade() -> None:
         batch_op.drop_column("retracted")
         batch_op.drop_column("confirmed_lost")
     with op.batch_alter_table("verdicts", schema=None) as batch_op:
+        batch_op.drop_column("announced_ms")
         batch_op.drop_column("late_evidence")
         batch_op.drop_column("evidence_kind")
         batch_op.drop_column("decided_by")
