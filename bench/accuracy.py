@@ -43,10 +43,11 @@ from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerSpec, start_broker
 from khipu.localstack.processes import stop_process_group
 from khipu.reconcile.book import VerdictBook
-from khipu.reconcile.run import kafka_record_namer, reconcile, trace_of
+from khipu.reconcile.run import kafka_record_namer, reconcile
 from khipu.reconcile.window import ReconcileWindow
 from khipu.registry import load_registry
 from khipu.store import Store
+from khipu.trace.model import trace_from_columns
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = ROOT / "config" / "registry.yaml"
@@ -194,7 +195,7 @@ def main() -> int:
         rows = spark.read.parquet(str(job.archive_dir)).collect()
         by_message: dict[str, list[Any]] = {}
         for row in rows:
-            by_message.setdefault(row.message_id, []).append(trace_of(row.asDict()))
+            by_message.setdefault(row.message_id, []).append(trace_from_columns(row.asDict()))
         firsts, traced = first_trace_times(by_message), traced_hops(by_message)
         table = [
             score_answers("Khipu streaming", streaming, truth, firsts, traced),

@@ -37,7 +37,7 @@ from khipu.detector.model import (
 from khipu.detector.parse import TRACE_COLUMNS
 from khipu.reconcile.book import verdict_row as stored_row
 from khipu.registry.model import Registry
-from khipu.trace.model import NO_ATTRIBUTES, Trace, TraceType
+from khipu.trace.model import Trace, trace_from_columns
 
 VERDICT_SCHEMA = (
     "message_id string, stream string, hop string, hop_kind string, verdict string, cause string, count int, "
@@ -51,24 +51,7 @@ SAFETY_TTL_MS = 3_600_000  # beyond max_wait: state a bug left behind still goes
 
 
 def trace_from_row(row: tuple[Any, ...]) -> Trace:
-    values = dict(zip(TRACE_FIELDS, row, strict=True))
-    attributes = json.loads(values["attributes"]) if values["attributes"] else NO_ATTRIBUTES
-    return Trace(
-        values["message_id"],
-        values["stream"],
-        values["location"],
-        values["cluster"],
-        TraceType(values["type"]),
-        int(values["timestamp_ms"]),
-        values["topic"],
-        int(values["partition"]),
-        int(values["offset"]),
-        values["group"],
-        values["emitter_id"],
-        int(values["emitter_seq"]),
-        float(values["sampling_percent"]),
-        attributes,
-    )
+    return trace_from_columns(dict(zip(TRACE_FIELDS, row, strict=True)))
 
 
 def verdict_row(verdict: Verdict) -> dict[str, Any]:

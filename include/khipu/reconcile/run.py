@@ -34,7 +34,7 @@ from khipu.kafka.records import record_headers
 from khipu.reconcile.settle import Change
 from khipu.reconcile.window import ReconcileWindow, changes_for, rejudge
 from khipu.registry.model import Registry
-from khipu.trace.model import NO_ATTRIBUTES, Trace, TraceType
+from khipu.trace.model import Trace, trace_from_columns
 from khipu.tracing.headers import trace_context
 
 log = logging.getLogger(__name__)
@@ -118,25 +118,6 @@ def _lead_dict(lead: Lead) -> dict[str, Any]:
     return {name: getattr(lead, name) for name in Lead.__dataclass_fields__}
 
 
-def trace_of(row: Mapping[str, Any]) -> Trace:
-    return Trace(
-        row["message_id"],
-        row["stream"],
-        row["location"],
-        row["cluster"],
-        TraceType(row["type"]),
-        int(row["timestamp_ms"]),
-        row["topic"],
-        int(row["partition"]),
-        int(row["offset"]),
-        row["group"],
-        row["emitter_id"],
-        int(row["emitter_seq"]),
-        float(row["sampling_percent"]),
-        NO_ATTRIBUTES,
-    )
-
-
 # A lead's message id, read from the record at its position: (message id, None) or (None, why not).
 RecordNamer = Callable[[Lead], tuple[str | None, str | None]]
 
@@ -204,7 +185,7 @@ def reconcile(
 
     by_message: dict[str, list[Trace]] = {}
     for row in rows:
-        by_message.setdefault(row.message_id, []).append(trace_of(row.asDict()))
+        by_message.setdefault(row.message_id, []).append(trace_from_columns(row.asDict()))
     stored = book.stored_verdicts(candidates) if candidates else {}
     archive_pointed = _pointer_lookup(pointed, lookups)
     changes: list[Change] = []

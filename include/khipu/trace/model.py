@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from enum import StrEnum
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class TraceType(StrEnum):
@@ -62,3 +63,25 @@ class Trace(NamedTuple):
     sampling_percent: float
     attributes: Mapping[str, str] = NO_ATTRIBUTES
     prev_offsets: tuple[int, ...] = ()  # RECEIVED: offsets of this emitter's previous RECEIVED traces here
+
+
+def trace_from_columns(values: Mapping[str, Any]) -> Trace:
+    """A trace from the detector's decoded columns (a Spark row as a mapping; ``attributes`` as JSON text)."""
+    raw = values.get("attributes")
+    attributes = json.loads(raw) if isinstance(raw, str) and raw else NO_ATTRIBUTES
+    return Trace(
+        values["message_id"],
+        values["stream"],
+        values["location"],
+        values["cluster"],
+        TraceType(values["type"]),
+        int(values["timestamp_ms"]),
+        values["topic"],
+        int(values["partition"]),
+        int(values["offset"]),
+        values["group"],
+        values["emitter_id"],
+        int(values["emitter_seq"]),
+        float(values["sampling_percent"]),
+        attributes,
+    )
