@@ -320,3 +320,31 @@ def test_a_detector_behind_on_the_trace_topic_decides_nothing_until_it_has_read_
     caught_up = decide("m1", STREAM, traces, committed, first.passed_at, 1000, 60_000, CONFIG, read_to_ms=45_000)
     assert behind.verdicts == () and not behind.done  # 30 s read < 10 s seen + 30 s grace: wait
     assert {v.hop: v.kind for v in caught_up.verdicts}[SRC] is TL  # read past the grace and still no SENT
+
+
+def test_a_processor_output_a_later_hop_implies_is_not_called_dropped() -> None:
+    """p -> a -> proc1 -> b -> proc2 -> c, and only proc2's SENT on c arrived: b is implied (proc2 wrote the
+    message on, b is its only input), so proc1 wrote to b (TRACE_LOST), it did not drop it. (Before the rule
+    table, that write hop got TRACE_LOST and then LOST, dropped in the processor, and the LOST was kept.)"""
+    chain = parse_registry("""
+version: 1
+clusters: {local: {}}
+streams:
+  orders:
+    owner: t
+    route:
+      producers: [{location: p, writes: [local/a]}]
+      consumers:
+        - {group: proc1, reads: [local/a], writes: [local/b]}
+        - {group: proc2, reads: [local/b], writes: [local/c]}
+""").stream("orders")
+    traces = [sent("p", "a", 1, 1000), recv("proc1", "a", 1, 1100), sent("proc2", "c", 3, 1300)]
+
+    def committed(cluster: str, group: str, topic: str, partition: int) -> int | None:
+        return 10
+
+    first = decide("m1", chain, traces, committed, {}, 1000, 10_000, CONFIG, read_to_ms=10_000)
+    later = decide("m1", chain, traces, committed, first.passed_at, 1000, 60_000, CONFIG, read_to_ms=60_000)
+    verdicts = {v.hop: v.kind for v in [*first.verdicts, *later.verdicts]}
+    assert verdicts["proc1 -> local/b"] is TL
+    assert verdicts["local/b -> proc2"] is TL
