@@ -14,8 +14,8 @@ Hops the message never reached (downstream of a loss) have no row, and expect no
 A sampled message none of whose traces reached the topic (every one lost, e.g. its SENT and
 RECEIVED traces both lost and then the processor dropped it) is invisible to the streaming
 detector: nothing carries its id. It expects no verdict here; it is reconciliation's to find
-(a back-pointer at its position says a record there was received), and :attr:`Score.untraced`
-lists it.
+(a back-pointer at its position says a record there was received, and the record's header names
+it): if it does, the hops it passed are TRACE_LOST. :attr:`Score.untraced` lists such messages.
 """
 
 from __future__ import annotations
@@ -94,7 +94,15 @@ def score(truth: GroundTruth, verdicts: Iterable[Mapping[str, Any]]) -> Score:
     got = {(v["message_id"], v["hop"]): said(v) for v in verdicts if v["message_id"] in truth.messages}
     wrong = {key: (want, got[key]) for key, want in expected.items() if key in got and got[key] != want}
     missing = {key: want for key, want in expected.items() if key not in got}
-    extra = {key: value for key, value in got.items() if key not in expected}
+    # an untraced message needs no verdict, but reconciliation may name it (a pointer at its record):
+    # then the hops it passed are TRACE_LOST
+    passed = {
+        (row.message_id, row.hop): ("TRACE_LOST", None)
+        for row in truth.rows()
+        if row.message_id in untraced_messages(truth) and row.count
+    }
+    wrong.update({key: (passed[key], value) for key, value in got.items() if key in passed and value != passed[key]})
+    extra = {key: value for key, value in got.items() if key not in expected and key not in passed}
     return Score(
         len(expected), len(expected) - len(wrong) - len(missing), wrong, missing, extra, untraced_messages(truth)
     )

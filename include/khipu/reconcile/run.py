@@ -32,7 +32,7 @@ from khipu.detector.model import DetectorConfig, Verdict, VerdictKind
 from khipu.kafka.connection import KafkaConnection
 from khipu.kafka.records import record_headers
 from khipu.reconcile.settle import Change
-from khipu.reconcile.window import ReconcileWindow, changes_for, rejudge
+from khipu.reconcile.window import ReconcileWindow, changes_for, judge_lead, rejudge
 from khipu.registry.model import Registry
 from khipu.trace.model import Trace, trace_from_columns
 from khipu.tracing.headers import trace_context
@@ -70,6 +70,7 @@ class Lead:
     seen_ms: int  # time of the trace that pointed at it
     message_id: str | None = None  # read from the record's id header, when the log still holds it
     why_unknown: str | None = None
+    stream: str | None = None  # from the record's stream header
 
 
 @dataclass(frozen=True)
@@ -118,8 +119,8 @@ def _lead_dict(lead: Lead) -> dict[str, Any]:
     return {name: getattr(lead, name) for name in Lead.__dataclass_fields__}
 
 
-# A lead's message id, read from the record at its position: (message id, None) or (None, why not).
-RecordNamer = Callable[[Lead], tuple[str | None, str | None]]
+# A lead's message, read from the record at its position: (message id, stream, None) or (None, None, why not).
+RecordNamer = Callable[[Lead], tuple[str | None, str | None, str | None]]
 
 
 def reconcile(
@@ -167,6 +168,7 @@ def reconcile(
         rows: list[Any] = []
         pointed: set[tuple[str, str, str, int, int]] = set()
         leads: list[Lead] = []
+        traced_named: set[str] = set()
         if candidates:
             wanted = spark.createDataFrame([(m,) for m in candidates], "message_id string")
             mine = traces.join(F.broadcast(wanted), "message_id")
@@ -178,6 +180,10 @@ def reconcile(
                 for r in pointers.join(positions, ["cluster", "topic", "partition", "offset"]).collect()
             }
         leads = _leads(traces, window, name_record)
+        named = {lead.message_id for lead in leads if lead.message_id}
+        if named:
+            found = traces.where(F.col("message_id").isin(sorted(named))).select("message_id").collect()
+            traced_named = {row.message_id for row in found}
         if leads:
             progress(f"{len(leads)} lead(s): records received whose position no trace names")
     finally:
@@ -198,6 +204,17 @@ def reconcile(
         changes.extend(changes_for(stored.get(message_id, {}), judged))
         if number % 1000 == 0:
             progress(f"re-decided {number} of {len(candidates)} messages")
+    untraced = [  # named, of a known stream, and no trace of it at all in what was read
+        lead
+        for lead in leads
+        if lead.message_id and lead.stream in registry.streams and lead.message_id not in traced_named
+    ]
+    if untraced:  # messages none of whose traces arrived: judged from the pointer and the record itself
+        known = book.stored_verdicts({lead.message_id for lead in untraced if lead.message_id})
+        for lead in untraced:
+            assert lead.message_id is not None and lead.stream is not None
+            judged = judge_lead(lead, lead.message_id, registry.streams[lead.stream], now_ms)
+            changes.extend(changes_for(known.get(lead.message_id, {}), judged))
     by_kind: dict[str, int] = {}
     for change in changes:
         by_kind[change.verdict.kind.value] = by_kind.get(change.verdict.kind.value, 0) + 1
@@ -261,8 +278,8 @@ def _leads(traces: Any, window: ReconcileWindow, name_record: RecordNamer | None
     leads = []
     for r in orphans.orderBy("cluster", "topic", "partition", "offset").collect():
         lead = Lead(r.location, r.cluster, r.topic, int(r.partition), int(r.offset), int(r.seen_ms))
-        message_id, why = name_record(lead) if name_record else (None, "no Kafka connection to read the record with")
-        leads.append(dataclasses.replace(lead, message_id=message_id, why_unknown=why))
+        named = name_record(lead) if name_record else (None, None, "no Kafka connection to read the record with")
+        leads.append(dataclasses.replace(lead, message_id=named[0], stream=named[1], why_unknown=named[2]))
     return leads
 
 
@@ -280,16 +297,16 @@ def _pointer_lookup(pointed: set[tuple[str, str, str, int, int]], lookups: Looku
 def kafka_record_namer(connections: Mapping[str, KafkaConnection]) -> RecordNamer:
     """Name a lead's message from the ``khipu-id`` header of the record at its position."""
 
-    def name(lead: Lead) -> tuple[str | None, str | None]:
+    def name(lead: Lead) -> tuple[str | None, str | None, str | None]:
         connection = connections.get(lead.cluster)
         if connection is None:
-            return None, f"no connection to cluster {lead.cluster!r}"
+            return None, None, f"no connection to cluster {lead.cluster!r}"
         headers, why = record_headers(connection, lead.topic, lead.partition, lead.offset)
         if headers is None:
-            return None, why
+            return None, None, why
         context = trace_context(list(headers.items()))
         if context is None:
-            return None, "the record there carries no khipu-id header"
-        return context.message_id, None
+            return None, None, "the record there carries no khipu-id header"
+        return context.message_id, context.stream, None
 
     return name

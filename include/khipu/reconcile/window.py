@@ -18,12 +18,13 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import Protocol
 
 from khipu.detector.decide import Lookups, decide
-from khipu.detector.model import DetectorConfig, Verdict
+from khipu.detector.model import DetectorConfig, Verdict, VerdictKind
 from khipu.errors import InvalidSetting
 from khipu.reconcile.settle import Change, Judge, settle
-from khipu.registry.model import Stream
+from khipu.registry.model import Hop, Stream, TopicRef
 from khipu.trace.model import Trace
 
 HOUR_MS = 3_600_000
@@ -212,6 +213,59 @@ def rejudge(
         removed=lookups.removed,
     )
     return tuple(replace(v, decided_by=Judge.RECONCILIATION.value, first_seen_ms=first_seen) for v in decision.verdicts)
+
+
+def judge_lead(lead: LeadLike, message_id: str, stream: Stream, now_ms: int) -> tuple[Verdict, ...]:
+    """A message none of whose traces arrived, named by the record at a position an emitter says it received
+    (:class:`khipu.reconcile.run.Lead`): the group at the emitter's location got it, and the topic's writer
+    (when it has one) wrote it; both hops passed, only their traces were lost. What happened after is
+    unknown: no verdict is given there."""
+    topic = TopicRef(lead.cluster, lead.topic)
+    readers = [c for c in stream.route.readers_of(topic) if c.location == lead.location]
+    writers = [p.location for p in stream.route.producers if topic in p.writes]
+    writers += [c.location for c in stream.route.consumers if topic in c.writes]
+    named = f"the record's khipu-id header names it; {lead.location}'s emitter points back to offset {lead.offset}"
+    hops = [Hop.read(topic, reader.group) for reader in readers]
+    hops += [Hop.write(writers[0], topic)] if len(writers) == 1 and readers else []
+    return tuple(
+        Verdict(
+            message_id=message_id,
+            stream=stream.name,
+            hop=hop.id,
+            hop_kind=hop.kind.value,
+            kind=VerdictKind.TRACE_LOST,
+            cause=None,
+            count=0,
+            topic=lead.topic,
+            partition=lead.partition,
+            offset=lead.offset,
+            group=hop.group,
+            location=hop.location,
+            observed_ms=None,
+            latency_ms=None,
+            e2e_latency_ms=None,
+            decided_ms=now_ms,
+            detail=f"no trace of this message arrived, but {named}",
+            first_seen_ms=lead.seen_ms,
+            decided_by=Judge.RECONCILIATION.value,
+        )
+        for hop in hops
+    )
+
+
+class LeadLike(Protocol):
+    @property
+    def location(self) -> str: ...
+    @property
+    def cluster(self) -> str: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def seen_ms(self) -> int: ...
 
 
 def changes_for(stored: Mapping[str, Verdict], judged: Iterable[Verdict]) -> list[Change]:

@@ -166,6 +166,7 @@ def test_backfill_dry_run_then_real_run_then_the_same_window_again(backfill_env:
         "m-gone": ("CONFIRMED_LOST", "LOST"),
         "m-late": ("RETRACTED", "DELIVERED"),
         "m-ok": ("DELIVERED", None),
+        "m-untraced": ("TRACE_LOST", None),  # no trace at all: named by its record's header, judged from the pointer
     }
     assert states(real)["announce_confirmed_losses"] == "success"
     summary = real.get_task_instance("reconcile_window").xcom_pull(task_ids="reconcile_window")

@@ -79,3 +79,16 @@ def test_rejudging_applies_the_detectors_rules_to_all_the_traces_with_the_grace_
         "local/out -> s2": VerdictKind.DELIVERED,
     }
     assert {v.decided_by for v in verdicts} == {"reconciliation"} and {v.first_seen_ms for v in verdicts} == {1000}
+
+
+def test_a_message_named_only_by_its_record_gets_trace_lost_where_it_evidently_passed() -> None:
+    from khipu.reconcile.run import Lead
+    from khipu.reconcile.window import judge_lead
+
+    lead = Lead("s1", "local", "out", 0, 7, seen_ms=5_000, message_id="m9", stream="orders")
+    verdicts = judge_lead(lead, "m9", STREAM, 9_000)
+    assert {(v.hop, v.kind, v.offset) for v in verdicts} == {
+        ("local/out -> s1", VerdictKind.TRACE_LOST, 7),  # s1's emitter points at it: received
+        ("proc -> local/out", VerdictKind.TRACE_LOST, 7),  # the record is in out, which only proc writes
+    }
+    assert all(v.decided_by == "reconciliation" and "khipu-id header" in v.detail for v in verdicts)
