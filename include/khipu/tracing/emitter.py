@@ -143,11 +143,13 @@ class TraceEmitter:
         if self._closed.is_set():
             return self.stats()
         self._mark()
-        remaining = self.flush()
+        self.flush()
         self._closed.set()
         self._poller.join(timeout=2)
         with self._lock:
-            self._counts["dropped_at_close"] += remaining
+            # counted once the poller has stopped: a trace whose delivery failed while close() waited was
+            # counted as failed by its callback, and must not be counted here again
+            self._counts["dropped_at_close"] += len(self._producer)
         stats = self.stats()
         level = logging.WARNING if stats.dropped else logging.INFO
         log.log(

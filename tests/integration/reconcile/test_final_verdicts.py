@@ -60,13 +60,16 @@ def test_after_reconciliation_the_final_verdicts_equal_the_ground_truth(
         demo_done_ms = int(time.time() * 1000)
         assert demo.fault_counts.get("delay", 0) > 0 and demo.fault_counts.get("trace_loss", 0) > 0
         streaming = wait_until_settled(job.store_url, len(observable_messages(demo.truth)))
+        store = Store(job.store_url)
+        deadline = time.monotonic() + 60
+        while (store.heartbeat.read_to_ms(ARCHIVE_QUERY) or 0) < demo_done_ms and time.monotonic() < deadline:
+            time.sleep(1)  # the archive query has read past the demo's end: every trace is archived
     finally:
         for query in queries:
             query.stop()
     assert any(r["verdict"] == "LOST" for r in streaming)  # provisional: reconciliation makes them final
 
     window = ReconcileWindow(started_ms - 60_000, demo_done_ms + 1_000, horizon_ms=HORIZON_MS)
-    store = Store(job.store_url)
     archived_to = store.heartbeat.read_to_ms(ARCHIVE_QUERY)
     assert archived_to is not None and archived_to >= demo_done_ms  # the archive holds every trace
     time.sleep(max(0.0, (window.read_to_ms - time.time() * 1000) / 1000))  # the horizon passes
