@@ -57,7 +57,7 @@ SPARK = "spark_default"
 def khipu_reconcile() -> None:
     @task
     def check_window(data_interval_start: Any = None, data_interval_end: Any = None) -> dict[str, Any]:
-        from airflow.exceptions import AirflowFailException
+        from airflow.sdk.exceptions import AirflowFailException
 
         from khipu.errors import InvalidSetting
         from khipu.reconcile.window import horizon_from_env, hourly_window

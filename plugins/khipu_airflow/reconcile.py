@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow.exceptions import AirflowFailException, AirflowSkipException
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import Asset
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from khipu.detector.job import ARCHIVE_QUERY, write_connections_file
 from khipu.reconcile.window import (

@@ -229,7 +229,7 @@ def test_the_hourly_dag_reconciles_the_hour_whose_horizon_passed(backfill_env: d
 def test_an_archive_still_behind_the_window_is_retried_when_scheduled_and_refused_when_backfilled(
     backfill_env: dict[str, Any],
 ) -> None:
-    from airflow.exceptions import AirflowFailException
+    from airflow.sdk.exceptions import AirflowFailException
 
     from khipu.reconcile.window import ReconcileWindow
     from khipu_airflow.reconcile import ArchiveBehind, check_window
