@@ -105,6 +105,7 @@ def main() -> int:
     spark = (
         SparkSession.builder.master("local[*]")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.jars", ",".join(str(jar) for jar in connector_jars()))

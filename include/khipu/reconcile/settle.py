@@ -257,6 +257,7 @@ def settle(stored: Verdict | None, judged: Verdict) -> Change | None:
 
 
 def _same(a: Verdict, b: Verdict) -> bool:
-    """Equal in everything a stream owner reads of a verdict (not when it was decided)."""
-    fields = ("kind", "cause", "count", "partition", "offset", "evidence_kind", "late_evidence", "decided_by")
+    """Equal in everything a stream owner reads of a verdict (not when, nor by whom, it was decided: a
+    reconciliation that agrees with the detector changes nothing)."""
+    fields = ("kind", "cause", "count", "partition", "offset", "evidence_kind", "late_evidence")
     return all(getattr(a, name) == getattr(b, name) for name in fields)

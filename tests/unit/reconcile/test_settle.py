@@ -105,8 +105,11 @@ CASES = [
     Case(16, hop(CL, cause=SKIP, count=0, by=Judge.RECONCILIATION, evidence=L),
          hop(L, cause=SKIP, count=0, by=Judge.RECONCILIATION), None,
          "the same window reconciled twice: the second run changes nothing"),
-    Case(17, hop(P), hop(P, by=Judge.RECONCILIATION), (P, None, 0, False),
-         "still undecided after reconciliation: stays PENDING (the health view says which group is stuck)"),
+    Case(17, hop(P), hop(P, by=Judge.RECONCILIATION), None,
+         "still undecided after reconciliation: stays PENDING, nothing to write (the health view says which "
+         "group is stuck)"),
+    Case(24, hop(D), hop(D, by=Judge.RECONCILIATION), None,
+         "reconciliation agrees with the detector: nothing changes (no row rewritten, no history)"),
     Case(18, hop(R, by=Judge.RECONCILIATION, evidence=D), hop(D, by=Judge.RECONCILIATION), None,
          "a retracted loss reconciled again: still retracted, nothing changes"),
     Case(19, hop(DUP, cause=Cause.REWIND_REPLAY, count=2, seen=FRESH, late=True), hop(D, seen=FRESH), None,
