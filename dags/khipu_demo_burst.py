@@ -27,6 +27,8 @@ from typing import Any
 import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
+from khipu_airflow.notifiers import notify_failure
+
 
 @dag(
     dag_id="khipu_demo_burst",
@@ -36,7 +38,12 @@ from airflow.sdk import Param, dag, get_current_context, task
     max_active_runs=1,
     doc_md=__doc__,
     tags=["khipu", "demo"],
-    default_args={"owner": "khipu", "retries": 1, "retry_delay": timedelta(seconds=30)},
+    default_args={
+        "owner": "khipu",
+        "retries": 1,
+        "retry_delay": timedelta(seconds=30),
+        "on_failure_callback": notify_failure,
+    },
     params={
         "count": Param(500, type="integer", minimum=1, maximum=1_000_000, description="messages to produce"),
         "rate_per_s": Param(100.0, type="number", exclusiveMinimum=0, description="messages per second"),

@@ -7,8 +7,10 @@ Every minute, for every cluster of the registry (each through its own connection
 offsets, written to the Khipu store in one transaction. Then every partition is judged by
 Burrow's rules (OK, WARN, STALL, STOP, REWIND) plus expiry risk, offset skips, rewinds and
 expired ranges are recorded as windows, and transitions raise alerts through the configured
-notifiers (task log; webhook connection `khipu_alert_webhook`; `KHIPU_NOTIFIERS`). Snapshots
-older than `keep_days` are pruned.
+notifiers (task log; webhook connection `khipu_alert_webhook`; `KHIPU_NOTIFIERS`). Each stream's
+registry thresholds (`alerts.loss_rate`, `duplicate_rate`, `latency_p99_ms`) are checked against
+the verdict metrics of the last `KHIPU_ALERT_WINDOW_MS` (5 min): one alert when a hop crosses one,
+one resolve when it falls back. Snapshots older than `keep_days` are pruned.
 
 Missed minutes are not back-filled (no catch-up): the snapshot history shows the gap.
 
@@ -70,7 +72,13 @@ def khipu_snapshot_offsets() -> None:
         return offsets.evaluate_health(STORE)
 
     @task
-    def send_alerts(evaluation: dict[str, Any]) -> dict[str, Any]:
+    def check_verdict_thresholds(evaluation: dict[str, Any]) -> dict[str, Any]:
+        from khipu_airflow import offsets
+
+        return offsets.check_verdict_thresholds(STORE)
+
+    @task
+    def send_alerts(thresholds: dict[str, Any]) -> dict[str, Any]:
         from khipu_airflow import offsets
 
         return offsets.send_alerts(STORE)
@@ -82,7 +90,7 @@ def khipu_snapshot_offsets() -> None:
         return offsets.prune_snapshots(STORE, float(get_current_context()["params"]["keep_days"]))
 
     evaluation = evaluate_health(snapshot_offsets())
-    send_alerts(evaluation)
+    send_alerts(check_verdict_thresholds(evaluation))
     prune_snapshots(evaluation)
 
 

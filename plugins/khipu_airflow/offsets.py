@@ -8,6 +8,13 @@ from dataclasses import asdict
 from typing import Any
 
 from khipu.alerting.dispatch import dispatch_pending
+from khipu.alerting.thresholds import (
+    VERDICT_ALERT_KIND,
+    ThresholdConfig,
+    breaches,
+    threshold_alerts,
+    window_figures,
+)
 from khipu.health.evaluate import health_config_from_env
 from khipu.health.service import evaluate_cluster
 from khipu.offsets.collect import SnapshotError, collect_snapshot, groups_to_watch
@@ -87,6 +94,34 @@ def evaluate_health(store_conn_id: str) -> dict[str, Any]:
     finally:
         store.close()
     return results
+
+
+def check_verdict_thresholds(store_conn_id: str) -> dict[str, Any]:
+    """Each stream's registry thresholds over the sliding window of verdict metrics: one alert per crossing,
+    one resolve when the figure falls back."""
+    registry = load_registry(KhipuSettings.from_env().registry_path)
+    config = ThresholdConfig.from_env()
+    now = now_ms()
+    since = now - config.window_ms
+    store = KhipuStoreHook(store_conn_id).store()
+    try:
+        figures = window_figures(store.verdicts.read_metrics(since_ms=since // 60_000 * 60_000))
+        limits = {name: stream.alerts for name, stream in registry.streams.items()}
+        found = breaches(figures, limits, config.min_verdicts)
+        firing = store.alerts.firing_subjects(VERDICT_ALERT_KIND)
+        causes = store.verdicts.cause_counts(since, ["LOST", "CONFIRMED_LOST"])
+        alerts = threshold_alerts(found, firing, causes, now)
+        added = sum(store.alerts.add(alert) for alert in alerts)
+    finally:
+        store.close()
+    log.info(
+        "verdict thresholds over %d s: %d hops judged, %d above a threshold, %d alerts raised",
+        config.window_ms // 1000,
+        len(figures),
+        len(found),
+        added,
+    )
+    return {"hops": len(figures), "breaches": sorted(found), "alerts": added}
 
 
 def send_alerts(store_conn_id: str) -> dict[str, Any]:

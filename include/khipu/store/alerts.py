@@ -86,6 +86,17 @@ class AlertRepository:
             ).first()
         return None if row is None else _record(row)
 
+    def firing_subjects(self, kind: str) -> set[str]:
+        """The subjects whose newest alert of this kind is firing (not resolved since)."""
+        table = schema.alerts
+        newest: dict[str, str] = {}
+        with self._engine.begin() as tx:
+            for row in tx.execute(
+                select(table.c.subject, table.c.state).where(table.c.kind == kind).order_by(table.c.at_ms, table.c.id)
+            ):
+                newest[row.subject] = row.state
+        return {subject for subject, state in newest.items() if state == "firing"}
+
     def claim(self, key: str, claimed_ms: int) -> bool:
         """Take a pending alert for delivery (marked delivered at minus the claim time until it is);
         False when another dispatcher holds it. A claim older than ``CLAIM_LEASE_MS`` may be taken over."""

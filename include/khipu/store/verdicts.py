@@ -191,6 +191,20 @@ class VerdictRepository:
                 settled.update(row.message_id for row in tx.execute(query))
         return settled
 
+    def cause_counts(self, since_ms: int, verdicts: Collection[str]) -> dict[tuple[str, str], dict[str, int]]:
+        """Per (stream, hop), how many verdicts of these kinds decided since ``since_ms`` had each cause."""
+        table = schema.verdicts
+        query = (
+            select(table.c.stream, table.c.hop, table.c.cause, func.count())
+            .where(table.c.decided_ms >= since_ms, table.c.verdict.in_(sorted(verdicts)))
+            .group_by(table.c.stream, table.c.hop, table.c.cause)
+        )
+        found: dict[tuple[str, str], dict[str, int]] = {}
+        with self._engine.begin() as tx:
+            for stream, hop, cause, count in tx.execute(query):
+                found.setdefault((stream, hop), {})[cause or "unknown"] = int(count)
+        return found
+
     def history(self, message_id: str) -> list[dict[str, Any]]:
         """How the message's verdicts changed, oldest first."""
         table = schema.verdict_history

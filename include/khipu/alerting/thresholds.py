@@ -1,0 +1,181 @@
+"""Alerts on what the verdicts say: each stream's registry thresholds over a sliding window.
+
+Per stream and hop, the minute metrics of the last ``window_ms`` are added up (counts summed; the
+rates recomputed from the sums; latency p99 as the worst minute's, a bound that never hides a
+bad minute). A figure above the stream's threshold (``alerts.loss_rate``, ``duplicate_rate``,
+``latency_p99_ms`` in the registry) fires one alert, with the figure, the threshold and the top
+causes; falling back to or below it resolves it. One alert per transition, never one per minute:
+whether an alert is firing comes from the last one stored for its subject.
+
+A window with fewer than ``min_verdicts`` verdicts says nothing (two messages, one lost, is no 50 %
+loss rate worth waking anyone for).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from khipu.alerting.model import Alert, AlertState, Severity
+from khipu.errors import InvalidSetting
+from khipu.registry.model import AlertThresholds
+
+VERDICT_ALERT_KIND = "verdict_threshold"
+LOSSES = ("lost", "confirmed_lost")
+
+
+class ThresholdConfigError(InvalidSetting):
+    kind = "verdict alert setting"
+
+
+@dataclass(frozen=True, slots=True)
+class ThresholdConfig:
+    window_ms: int = 300_000
+    min_verdicts: int = 20
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ThresholdConfig:
+        """``KHIPU_ALERT_WINDOW_MS`` (5 min), ``KHIPU_ALERT_MIN_VERDICTS`` (20)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, int] = {}
+        for name, variable in (("window_ms", "KHIPU_ALERT_WINDOW_MS"), ("min_verdicts", "KHIPU_ALERT_MIN_VERDICTS")):
+            raw = env.get(variable, "")
+            if raw:
+                if not raw.isdigit() or int(raw) < 1:
+                    raise ThresholdConfigError(variable, raw, "an integer >= 1")
+                values[name] = int(raw)
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class HopFigures:
+    stream: str
+    hop: str
+    verdicts: int
+    lost: int
+    duplicate: int
+    latency_p99_ms: int | None
+
+    @property
+    def loss_rate(self) -> float:
+        return self.lost / self.verdicts if self.verdicts else 0.0
+
+    @property
+    def duplicate_rate(self) -> float:
+        return self.duplicate / self.verdicts if self.verdicts else 0.0
+
+
+def window_figures(metric_rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], HopFigures]:
+    """The window's figures per (stream, hop) from its minute metric rows."""
+    counted = ("delivered", "lost", "duplicate", "trace_lost", "pending", "confirmed_lost", "retracted")
+    figures: dict[tuple[str, str], HopFigures] = {}
+    for row in metric_rows:
+        key = (str(row["stream"]), str(row["hop"]))
+        before = figures.get(key, HopFigures(key[0], key[1], 0, 0, 0, None))
+        p99 = row.get("latency_p99_ms")
+        worst = max((int(v) for v in (before.latency_p99_ms, p99) if v is not None), default=None)
+        figures[key] = HopFigures(
+            key[0],
+            key[1],
+            before.verdicts + sum(int(row.get(name) or 0) for name in counted),
+            before.lost + sum(int(row.get(name) or 0) for name in LOSSES),
+            before.duplicate + int(row.get("duplicate") or 0),
+            worst,
+        )
+    return figures
+
+
+@dataclass(frozen=True, slots=True)
+class Breach:
+    stream: str
+    hop: str
+    metric: str  # loss_rate | duplicate_rate | latency_p99_ms
+    value: float
+    threshold: float
+
+    @property
+    def subject(self) -> str:
+        return f"{self.stream} {self.hop} {self.metric}"
+
+
+def breaches(
+    figures: Mapping[tuple[str, str], HopFigures], thresholds: Mapping[str, AlertThresholds], min_verdicts: int
+) -> dict[str, Breach]:
+    """Every figure above its stream's threshold, by alert subject (streams without thresholds: none)."""
+    found: dict[str, Breach] = {}
+    for (stream, hop), figure in sorted(figures.items()):
+        limits = thresholds.get(stream)
+        if limits is None or figure.verdicts < min_verdicts:
+            continue
+        checks: list[tuple[str, float, float | None]] = [
+            ("loss_rate", figure.loss_rate, limits.loss_rate),
+            ("duplicate_rate", figure.duplicate_rate, limits.duplicate_rate),
+            (
+                "latency_p99_ms",
+                float(figure.latency_p99_ms) if figure.latency_p99_ms is not None else 0.0,
+                None if limits.latency_p99_ms is None else float(limits.latency_p99_ms),
+            ),
+        ]
+        for metric, value, limit in checks:
+            if limit is not None and value > limit:
+                breach = Breach(stream, hop, metric, value, limit)
+                found[breach.subject] = breach
+    return found
+
+
+def threshold_alerts(
+    now: Mapping[str, Breach],
+    firing: Collection[str],
+    causes: Mapping[tuple[str, str], Mapping[str, int]],
+    now_ms: int,
+) -> list[Alert]:
+    """A firing alert for each breach not firing yet; a resolve for each firing subject no longer breached.
+    ``firing``: the subjects whose last stored alert of this kind fired."""
+    alerts: list[Alert] = []
+    for subject, breach in sorted(now.items()):
+        if subject in firing:
+            continue
+        top = dict(sorted(causes.get((breach.stream, breach.hop), {}).items(), key=lambda kv: -kv[1])[:3])
+        shown = _shown(breach.metric, breach.value)
+        alerts.append(
+            Alert(
+                key=f"verdicts:{subject}:{now_ms}",
+                subject=subject,
+                kind=VERDICT_ALERT_KIND,
+                state=AlertState.FIRING,
+                severity=Severity.CRITICAL if breach.metric == "loss_rate" else Severity.WARNING,
+                title=f"{breach.stream}: {breach.metric} {shown} at {breach.hop}, above its threshold "
+                f"{_shown(breach.metric, breach.threshold)}"
+                + (f"; top causes {', '.join(f'{c} {n}' for c, n in top.items())}" if top else ""),
+                at_ms=now_ms,
+                details={
+                    "stream": breach.stream,
+                    "hop": breach.hop,
+                    "metric": breach.metric,
+                    "value": breach.value,
+                    "threshold": breach.threshold,
+                    "top_causes": top,
+                },
+            )
+        )
+    for subject in sorted(set(firing) - set(now)):
+        stream, hop_and_metric = subject.split(" ", 1)
+        alerts.append(
+            Alert(
+                key=f"verdicts:{subject}:resolved:{now_ms}",
+                subject=subject,
+                kind=VERDICT_ALERT_KIND,
+                state=AlertState.RESOLVED,
+                severity=Severity.INFO,
+                title=f"resolved: {stream}: {hop_and_metric} back within its threshold",
+                at_ms=now_ms,
+                details={"stream": stream},
+            )
+        )
+    return alerts
+
+
+def _shown(metric: str, value: float) -> str:
+    return f"{value:.0f} ms" if metric == "latency_p99_ms" else f"{100 * value:.2f} %"
