@@ -148,8 +148,10 @@ class TraceEmitter:
         self._poller.join(timeout=2)
         with self._lock:
             # counted once the poller has stopped: a trace whose delivery failed while close() waited was
-            # counted as failed by its callback, and must not be counted here again
-            self._counts["dropped_at_close"] += len(self._producer)
+            # counted as failed by its callback, and must not be counted here again. The queue may also
+            # hold the emitter's own marks, which are no traces: never more than the traces outstanding.
+            outstanding = self._counts["accepted"] - self._counts["failed_delivery"] - self._counts["dropped_at_close"]
+            self._counts["dropped_at_close"] += max(0, min(len(self._producer), outstanding))
         stats = self.stats()
         level = logging.WARNING if stats.dropped else logging.INFO
         log.log(
