@@ -143,15 +143,14 @@ class TraceEmitter:
         if self._closed.is_set():
             return self.stats()
         self._mark()
-        self.flush()
-        self._closed.set()
+        self._closed.set()  # the poller stops first: from here on only this flush serves callbacks ...
         self._poller.join(timeout=2)
+        remaining = self.flush()  # ... so a trace still queued after it was never counted as failed
         with self._lock:
-            # counted once the poller has stopped: a trace whose delivery failed while close() waited was
-            # counted as failed by its callback, and must not be counted here again. The queue may also
-            # hold the emitter's own marks, which are no traces: never more than the traces outstanding.
+            # the queue may also hold the emitter's own last mark, which is no trace: never count more
+            # than the traces still outstanding
             outstanding = self._counts["accepted"] - self._counts["failed_delivery"] - self._counts["dropped_at_close"]
-            self._counts["dropped_at_close"] += max(0, min(len(self._producer), outstanding))
+            self._counts["dropped_at_close"] += max(0, min(remaining, outstanding))
         stats = self.stats()
         level = logging.WARNING if stats.dropped else logging.INFO
         log.log(
