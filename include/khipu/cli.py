@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from khipu import __version__
@@ -296,8 +296,8 @@ def _history(args: argparse.Namespace, settings: KhipuSettings) -> int:
         return 1
     for hop, row in sorted(current.items()):
         steps = [
-            f"{h['to_verdict']} at {time.strftime('%H:%M:%S', time.gmtime(h['at_ms'] / 1000))} ({h['decided_by']})"
-            + (f": {h['reason']}" if h["from_verdict"] else "")
+            f"{h['to_verdict']} at {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(h['at_ms'] / 1000))} UTC "
+            f"({h['decided_by']})" + (f": {_reason(h)}" if h["from_verdict"] else "")
             for h in changes
             if h["hop"] == hop
         ]
@@ -306,6 +306,12 @@ def _history(args: argparse.Namespace, settings: KhipuSettings) -> int:
             print(f"    {step}")
         print(f"    now: {row['detail']}")
     return 0
+
+
+def _reason(change: Mapping[str, object]) -> str:
+    """A history entry's reason without the verdict it already names ("retracted: X" after RETRACTED)."""
+    reason = str(change["reason"])
+    return reason.removeprefix(f"{str(change['to_verdict']).lower()}: ")
 
 
 def _alerts(args: argparse.Namespace, settings: KhipuSettings) -> int:

@@ -87,6 +87,8 @@ def test_history_tells_how_a_messages_verdicts_changed(
     assert main(["history", "m1"]) == 0
     out = capsys.readouterr().out
     assert "local/in -> s1: RETRACTED" in out
-    assert "LOST at 10:02:00 (detector)" in out
-    assert "RETRACTED at 11:00:00 (detector): retracted: RECEIVED trace at 1970-01-01 10:58:00 UTC at offset 7" in out
+    assert "LOST at 1970-01-01 10:02:00 UTC (detector)" in out
+    assert (
+        "RETRACTED at 1970-01-01 11:00:00 UTC (detector): RECEIVED trace at 1970-01-01 10:58:00 UTC at offset 7" in out
+    )
     assert main(["history", "nope"]) == 1
