@@ -22,8 +22,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -83,7 +84,11 @@ class ReconcileReport:
     changes: tuple[Change, ...] = ()
     leads: tuple[Lead, ...] = ()
     seconds: float = 0.0
-    by_kind: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def by_kind(self) -> dict[str, int]:
+        """How many changes ended in each verdict."""
+        return dict(sorted(Counter(c.verdict.kind.value for c in self.changes).items()))
 
     @property
     def confirmed_losses(self) -> list[Change]:
@@ -215,17 +220,11 @@ def reconcile(
             assert lead.message_id is not None and lead.stream is not None
             judged = judge_lead(lead, lead.message_id, registry.streams[lead.stream], now_ms)
             changes.extend(changes_for(known.get(lead.message_id, {}), judged))
-    by_kind: dict[str, int] = {}
-    for change in changes:
-        by_kind[change.verdict.kind.value] = by_kind.get(change.verdict.kind.value, 0) + 1
     if not dry_run and changes:
         conflicts = book.apply(changes, now_ms)
         if conflicts:  # the detector wrote them meanwhile: they stay flagged for the next run
             progress(f"{len(conflicts)} verdict(s) changed while this run judged them: left for the next run")
             changes = [c for c in changes if (c.verdict.message_id, c.verdict.hop) not in conflicts]
-            by_kind = {}
-            for change in changes:
-                by_kind[change.verdict.kind.value] = by_kind.get(change.verdict.kind.value, 0) + 1
     report = ReconcileReport(
         window,
         dry_run,
@@ -235,12 +234,11 @@ def reconcile(
         changes=tuple(changes),
         leads=tuple(leads),
         seconds=time.monotonic() - started,
-        by_kind=by_kind,
     )
     verb = "would change" if dry_run else "changed"
     progress(
         f"{verb} {len(changes)} verdict(s) of {len(candidates)} re-decided messages "
-        f"({', '.join(f'{k} {n}' for k, n in sorted(by_kind.items())) or 'none'}) in {report.seconds:.1f} s"
+        f"({', '.join(f'{k} {n}' for k, n in report.by_kind.items()) or 'none'}) in {report.seconds:.1f} s"
     )
     return report
 
