@@ -11,7 +11,7 @@ MVN := mvn -B -q
 export PATH := $(BIN):$(PATH)
 export PYSPARK_PYTHON := $(BIN)/python
 
-.PHONY: help install up down status test lint bench lock clean postgres
+.PHONY: help install up down status test lint bench lock clean postgres chromium screenshots
 
 help:
 	@echo "make up      install (first time), then start broker + Airflow + demo pipeline"
@@ -20,6 +20,7 @@ help:
 	@echo "make status  show what runs, the UI URL and how to log in"
 	@echo "make bench   print the tracing-overhead figures"
 	@echo "make lint    ruff + mypy only"
+	@echo "make screenshots  retake the Khipu view's screenshots in docs/screenshots"
 	@echo "make install the venv (PyPI) and the JVM jars (Maven Central: Kafka broker, Spark's Kafka connector)"
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
@@ -52,6 +53,9 @@ install: $(STAMP) $(KAFKA_JARS) $(SPARK_KAFKA_JARS)
 postgres:
 	@scripts/ensure-postgres
 
+chromium:
+	@scripts/ensure-chromium
+
 up: install
 	$(BIN)/khipu up
 
@@ -61,8 +65,12 @@ down:
 status: $(STAMP)
 	$(BIN)/khipu status
 
-test: install postgres
+test: install postgres chromium
 	$(BIN)/pytest
+
+# Retake the Khipu view's screenshots in docs/screenshots (the browser tests take them).
+screenshots: install chromium
+	KHIPU_SCREENSHOT_DIR=$(CURDIR)/docs/screenshots $(BIN)/pytest -q tests/integration/view
 
 lint: install
 	$(BIN)/ruff check include plugins dags spark bench tests

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 
 from khipu.store import schema
 from khipu.store.engine import StoreEngine, insert_ignoring_duplicate
@@ -138,6 +138,32 @@ class TraceChannelRepository:
                 dict(r._mapping)
                 for r in tx.execute(select(table).order_by(table.c.source_partition, table.c.source_offset))
             ]
+
+    def quarantine_page(self, limit: int = 50) -> tuple[int, list[dict[str, Any]]]:
+        """How many records are quarantined in all, and the newest ``limit`` of them (without their bytes)."""
+        table = schema.quarantine
+        columns = [c for c in table.c if c.name != "raw_value"]
+        with self._engine.begin() as tx:
+            total = int(tx.execute(select(func.count()).select_from(table)).scalar() or 0)
+            rows = tx.execute(select(*columns).order_by(table.c.quarantined_ms.desc(), table.c.id.desc()).limit(limit))
+            return total, [dict(row._mapping) for row in rows]
+
+    def gap_summary(self) -> list[dict[str, Any]]:
+        """Per emitter: its location, how many gaps are open and how many sequence numbers they miss."""
+        table = schema.trace_gaps
+        query = (
+            select(
+                table.c.emitter_id,
+                table.c.location,
+                func.count().label("gaps"),
+                func.sum(table.c.to_seq - table.c.from_seq).label("missing"),
+                func.max(table.c.noticed_ms).label("last_noticed_ms"),
+            )
+            .group_by(table.c.emitter_id, table.c.location)
+            .order_by(table.c.location, table.c.emitter_id)
+        )
+        with self._engine.begin() as tx:
+            return [dict(row._mapping) for row in tx.execute(query)]
 
     def record_sequences(
         self,

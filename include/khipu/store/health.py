@@ -197,6 +197,27 @@ class HealthRepository:
             for alert in alerts:
                 insert_ignoring_duplicate(tx, schema.alerts, alert_row(alert))
 
+    def current_rows(self, cluster: str) -> list[dict[str, Any]]:
+        """Every partition's stored health (status, since, lag, time lag, reason, evidence as JSON text)."""
+        table = schema.partition_health
+        query = (
+            select(table).where(table.c.cluster == cluster).order_by(table.c.group_id, table.c.topic, table.c.partition)
+        )
+        with self._engine.begin() as tx:
+            return [dict(row._mapping) for row in tx.execute(query)]
+
+    def transition_rows(self, cluster: str, since_ms: int = 0, limit: int = 200) -> list[dict[str, Any]]:
+        """The newest status changes since ``since_ms``, newest first, with their reason and evidence."""
+        table = schema.health_transitions
+        query = (
+            select(table)
+            .where(table.c.cluster == cluster, table.c.at_ms >= since_ms)
+            .order_by(table.c.at_ms.desc(), table.c.id.desc())
+            .limit(limit)
+        )
+        with self._engine.begin() as tx:
+            return [dict(row._mapping) for row in tx.execute(query)]
+
     def transitions(self, cluster: str, since_ms: int = 0) -> list[tuple[PartitionKey, str | None, str, int]]:
         """(partition, from status name, to status name, at_ms), oldest first."""
         table = schema.health_transitions

@@ -51,3 +51,15 @@ class HeartbeatRepository:
                 .limit(1)
             ).first()
         return None if row is None else dict(row._mapping)
+
+    def series(self, query_name: str, since_ms: int, limit: int = 2000) -> list[dict[str, Any]]:
+        """The reports of ``query_name`` since ``since_ms``, oldest first (the newest ``limit`` of them)."""
+        table = schema.detector_heartbeat
+        query = (
+            select(table)
+            .where(table.c.query_name == query_name, table.c.at_ms >= since_ms)
+            .order_by(table.c.at_ms.desc(), table.c.id.desc())
+            .limit(limit)
+        )
+        with self._engine.begin() as tx:
+            return [dict(row._mapping) for row in reversed(tx.execute(query).all())]

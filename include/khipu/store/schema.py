@@ -127,6 +127,7 @@ alerts = Table(
     Column("delivered_ms", BigInteger),  # null: not yet sent
     Column("deliveries", Text),  # JSON: notifier -> "ok" | error text
     Index("ix_alerts_pending", "delivered_ms"),
+    Index("ix_alerts_time", "at_ms"),
 )
 
 verdicts = Table(
@@ -194,6 +195,7 @@ verdict_metrics = Table(
     Column("latency_p50_ms", BigInteger),
     Column("latency_p95_ms", BigInteger),
     Column("latency_p99_ms", BigInteger),
+    Index("ix_verdict_metrics_time", "minute_ms"),
 )
 
 quarantine = Table(
@@ -208,6 +210,7 @@ quarantine = Table(
     Column("kafka_timestamp_ms", BigInteger),
     Column("quarantined_ms", BigInteger, nullable=False),
     UniqueConstraint("source_topic", "source_partition", "source_offset", name="uq_quarantine_record"),
+    Index("ix_quarantine_time", "quarantined_ms"),
 )
 
 detector_heartbeat = Table(

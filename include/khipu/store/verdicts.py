@@ -10,7 +10,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, case, func, insert, select, update
+from sqlalchemy import Connection, case, func, insert, select, tuple_, update
 
 from khipu.store import schema
 from khipu.store.engine import StoreEngine, insert_of, upsert
@@ -212,6 +212,21 @@ class VerdictRepository:
         with self._engine.begin() as tx:
             return [dict(row._mapping) for row in tx.execute(query)]
 
+    def histories(self, message_ids: Collection[str]) -> dict[str, list[dict[str, Any]]]:
+        """How each of these messages' verdicts changed, oldest first (messages without history: absent)."""
+        table, ids = schema.verdict_history, sorted(set(message_ids))
+        found: dict[str, list[dict[str, Any]]] = {}
+        with self._engine.begin() as tx:
+            for start in range(0, len(ids), CHUNK):
+                query = (
+                    select(table)
+                    .where(table.c.message_id.in_(ids[start : start + CHUNK]))
+                    .order_by(table.c.at_ms, table.c.id)
+                )
+                for row in tx.execute(query):
+                    found.setdefault(row.message_id, []).append(dict(row._mapping))
+        return found
+
     def read_outcomes(
         self, spans: Iterable[tuple[str, str, int, int]]
     ) -> dict[tuple[str, str, int, int], list[VerdictOutcome]]:
@@ -275,6 +290,67 @@ class VerdictRepository:
             query = query.where(table.c.stream == stream)
         with self._engine.begin() as tx:
             return [dict(row._mapping) for row in tx.execute(query.order_by(table.c.decided_ms, table.c.message_id))]
+
+    def page(
+        self,
+        *,
+        verdicts: Collection[str] = (),
+        stream: str | None = None,
+        hop: str | None = None,
+        cause: str | None = None,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        before: tuple[int, str, str] | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """One page of verdicts, newest decision first, filtered; ``before`` is the (decided_ms, message id,
+        hop) of the last row of the previous page (keyset paging: as fast on page 1,000 as on page 1)."""
+        table = schema.verdicts
+        query = select(table)
+        if verdicts:
+            query = query.where(table.c.verdict.in_(sorted(verdicts)))
+        for column, value in ((table.c.stream, stream), (table.c.hop, hop), (table.c.cause, cause)):
+            if value is not None:
+                query = query.where(column == value)
+        if since_ms is not None:
+            query = query.where(table.c.decided_ms >= since_ms)
+        if until_ms is not None:
+            query = query.where(table.c.decided_ms < until_ms)
+        if before is not None:
+            query = query.where(tuple_(table.c.decided_ms, table.c.message_id, table.c.hop) < tuple_(*before))
+        query = query.order_by(table.c.decided_ms.desc(), table.c.message_id.desc(), table.c.hop.desc()).limit(limit)
+        with self._engine.begin() as tx:
+            return [dict(row._mapping) for row in tx.execute(query)]
+
+    def kind_counts(self, since_ms: int) -> dict[tuple[str, str, str, str], int]:
+        """(stream, hop, verdict, cause or "") -> how many verdicts decided since ``since_ms`` say so."""
+        table = schema.verdicts
+        query = (
+            select(table.c.stream, table.c.hop, table.c.verdict, table.c.cause, func.count())
+            .where(table.c.decided_ms >= since_ms)
+            .group_by(table.c.stream, table.c.hop, table.c.verdict, table.c.cause)
+        )
+        with self._engine.begin() as tx:
+            return {(s, h, v, c or ""): int(n) for s, h, v, c, n in tx.execute(query)}
+
+    def latency_counts(
+        self, since_ms: int, bounds_ms: Sequence[int]
+    ) -> dict[tuple[str, str], tuple[list[int], int, int]]:
+        """Per (stream, hop), of the latencies of verdicts decided since ``since_ms``: how many are <= each
+        bound (cumulative, as a histogram's buckets), how many in all and their sum in ms."""
+        table = schema.verdicts
+        latency = table.c.latency_ms
+        columns = [func.sum(case((latency <= bound, 1), else_=0)) for bound in bounds_ms]
+        query = (
+            select(table.c.stream, table.c.hop, func.count(latency), func.coalesce(func.sum(latency), 0), *columns)
+            .where(table.c.decided_ms >= since_ms, latency.is_not(None))
+            .group_by(table.c.stream, table.c.hop)
+        )
+        with self._engine.begin() as tx:
+            return {
+                (row[0], row[1]): ([int(n or 0) for n in row[4:]], int(row[2]), int(row[3]))
+                for row in tx.execute(query)
+            }
 
     def read_metrics(self, stream: str | None = None, since_ms: int = 0) -> list[dict[str, Any]]:
         """Metric rows of the minutes since ``since_ms`` (of one stream, when given), oldest first."""

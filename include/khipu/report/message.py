@@ -1,0 +1,130 @@
+"""One message laid out along its stream's route: every hop with its traces, its verdict and how it changed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from khipu.registry.model import Hop, Stream, TopicRef
+from khipu.trace.archive import ArchivedTrace
+
+VERDICT_FIELDS = (
+    "verdict",
+    "cause",
+    "count",
+    "partition",
+    "offset",
+    "group_id",
+    "location",
+    "observed_ms",
+    "latency_ms",
+    "e2e_latency_ms",
+    "decided_ms",
+    "decided_by",
+    "detail",
+    "first_seen_ms",
+    "evidence_kind",
+    "late_evidence",
+)
+HISTORY_FIELDS = ("at_ms", "from_verdict", "to_verdict", "cause", "decided_by", "reason")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceLine:
+    type: str  # SENT | RECEIVED
+    location: str
+    topic: str  # cluster/topic
+    partition: int | None
+    offset: int | None
+    group: str | None
+    at_ms: int
+    emitter_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class HopLine:
+    hop: str
+    hop_kind: str  # write | read | unknown
+    on_route: bool  # False: a hop the traces or verdicts name that the stream's route does not
+    verdict: dict[str, Any] | None  # the stored verdict's fields; None: none yet
+    traces: tuple[TraceLine, ...] = field(default_factory=tuple)
+    history: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReport:
+    message_id: str
+    stream: str | None
+    attributes: dict[str, str]  # recovery attributes, from its traces
+    hops: tuple[HopLine, ...]
+
+    @property
+    def found(self) -> bool:
+        return any(hop.verdict is not None or hop.traces for hop in self.hops)
+
+
+def trace_hop(trace: ArchivedTrace) -> Hop:
+    topic = TopicRef(trace.cluster, trace.topic)
+    if trace.type == "SENT":
+        return Hop.write(trace.location, topic)
+    return Hop.read(topic, trace.group or "?")
+
+
+def lay_out(
+    message_id: str,
+    stream: Stream | None,
+    verdicts: Sequence[Mapping[str, Any]],
+    history: Iterable[Mapping[str, Any]],
+    traces: Sequence[ArchivedTrace],
+) -> MessageReport:
+    """Every hop of the route in route order (with or without evidence), then any other hop seen."""
+    route = [(hop.id, hop.kind.value) for hop in stream.route.hops] if stream is not None else []
+    kinds = dict(route)
+    by_hop_traces: dict[str, list[TraceLine]] = {}
+    for trace in traces:
+        hop = trace_hop(trace)
+        kinds.setdefault(hop.id, hop.kind.value)
+        by_hop_traces.setdefault(hop.id, []).append(
+            TraceLine(
+                trace.type,
+                trace.location,
+                f"{trace.cluster}/{trace.topic}",
+                trace.partition,
+                trace.offset,
+                trace.group,
+                trace.timestamp_ms,
+                trace.emitter_id,
+            )
+        )
+    by_hop_verdict = {str(row["hop"]): row for row in verdicts}
+    for hop_id, row in by_hop_verdict.items():
+        kinds.setdefault(hop_id, str(row.get("hop_kind") or "unknown"))
+    by_hop_history: dict[str, list[dict[str, Any]]] = {}
+    for change in history:
+        by_hop_history.setdefault(str(change["hop"]), []).append({name: change.get(name) for name in HISTORY_FIELDS})
+    on_route = {hop_id for hop_id, _ in route}
+    ordered = [hop_id for hop_id, _ in route] + sorted(set(kinds) - on_route)
+    attributes: dict[str, str] = {}
+    for trace in traces:
+        attributes.update(trace.attributes)
+    return MessageReport(
+        message_id=message_id,
+        stream=stream.name if stream is not None else (str(verdicts[0]["stream"]) if verdicts else None),
+        attributes=attributes,
+        hops=tuple(
+            HopLine(
+                hop=hop_id,
+                hop_kind=kinds[hop_id],
+                on_route=hop_id in on_route,
+                verdict=(
+                    {name: by_hop_verdict[hop_id].get(name) for name in VERDICT_FIELDS}
+                    if hop_id in by_hop_verdict
+                    else None
+                ),
+                traces=tuple(by_hop_traces.get(hop_id, ())),
+                history=tuple(by_hop_history.get(hop_id, ())),
+            )
+            for hop_id in ordered
+        ),
+    )

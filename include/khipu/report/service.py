@@ -1,0 +1,360 @@
+"""The reports behind every page of the Khipu view, its JSON API and the read commands of the CLI.
+
+Each reads the store (and, for traces, the archive) and answers one question. Questions about
+something that does not exist (an unknown stream, hop, group or verdict kind, a negative window,
+a malformed page cursor) raise :class:`ReportQueryError` naming what is known, never an empty
+answer; a message with no verdict and no trace raises :class:`UnknownMessage`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from khipu.detector.model import ARCHIVE_QUERY, LOSS_KINDS, VERDICT_QUERY, VerdictKind
+from khipu.errors import InvalidSetting
+from khipu.registry.model import Registry, UnknownStreamError
+from khipu.report.message import MessageReport, lay_out
+from khipu.report.overview import DAY_MS, HOUR_MS, StreamOverview, streams_overview
+from khipu.store import Store
+from khipu.trace.archive import read_traces
+
+DEFAULT_PAGE = 50
+MAX_PAGE = 500
+LOSS_VERDICTS = tuple(sorted(kind.value for kind in LOSS_KINDS))
+TRACE_SLACK_MS = 2 * HOUR_MS  # traces of a message come at most this long before its first verdict
+
+
+class ReportQueryError(InvalidSetting):
+    kind = "query"
+
+
+class UnknownMessage(LookupError):
+    def __init__(self, message_id: str) -> None:
+        super().__init__(f"no verdict and no archived trace of message {message_id!r}")
+        self.message_id = message_id
+
+
+def check_stream(registry: Registry, stream: str | None) -> None:
+    if stream is not None:
+        registry.stream(stream)  # UnknownStreamError names the streams the registry defines
+
+
+def check_minutes(minutes: float) -> int:
+    """A window in minutes -> ms; it must be positive."""
+    if not minutes > 0:
+        raise ReportQueryError("minutes", minutes, "a window of more than 0 minutes")
+    return int(minutes * 60_000)
+
+
+def overview(store: Store, registry: Registry, now_ms: int) -> list[StreamOverview]:
+    """Streams overview: every stream and hop, the last hour and day, the day's loss-rate and p99 series."""
+    return streams_overview(registry, store.verdicts.read_metrics(since_ms=now_ms - DAY_MS), now_ms)
+
+
+def metric_rows(store: Store, registry: Registry, stream: str | None, since_ms: int) -> list[dict[str, Any]]:
+    check_stream(registry, stream)
+    return store.verdicts.read_metrics(stream=stream, since_ms=since_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictQuery:
+    verdicts: tuple[str, ...] = LOSS_VERDICTS
+    stream: str | None = None
+    hop: str | None = None
+    cause: str | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
+    limit: int = DEFAULT_PAGE
+    cursor: str | None = None  # the page after the one whose ``next_cursor`` this is
+
+    def checked(self, registry: Registry) -> VerdictQuery:
+        known = {kind.value for kind in VerdictKind}
+        for verdict in self.verdicts:
+            if verdict not in known:
+                raise ReportQueryError("verdict", verdict, f"one of {', '.join(sorted(known))}")
+        check_stream(registry, self.stream)
+        if self.hop is not None:
+            hops = sorted(
+                {hop.id for name, s in registry.streams.items() if self.stream in (None, name) for hop in s.route.hops}
+            )
+            if self.hop not in hops:
+                raise ReportQueryError("hop", self.hop, f"a hop of {self.stream or 'a stream'}: {'; '.join(hops)}")
+        if not 1 <= self.limit <= MAX_PAGE:
+            raise ReportQueryError("limit", self.limit, f"1 to {MAX_PAGE} rows a page")
+        if self.since_ms is not None and self.until_ms is not None and self.until_ms <= self.since_ms:
+            raise ReportQueryError("until", self.until_ms, f"a time after since ({self.since_ms})")
+        decode_cursor(self.cursor)
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictPage:
+    rows: list[dict[str, Any]]  # verdict columns + "attributes" (recovery) + "history" (its changes)
+    next_cursor: str | None  # None: this was the last page
+    query: dict[str, Any] = field(default_factory=dict)
+
+
+def encode_cursor(row: dict[str, Any]) -> str:
+    raw = json.dumps([int(row["decided_ms"]), str(row["message_id"]), str(row["hop"])]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> tuple[int, str, str] | None:
+    if not cursor:
+        return None
+    try:
+        decided_ms, message_id, hop = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return int(decided_ms), str(message_id), str(hop)
+    except (ValueError, TypeError):
+        raise ReportQueryError("cursor", cursor, "the next_cursor of a previous page") from None
+
+
+def verdict_page(store: Store, registry: Registry, archive_dir: Path | None, query: VerdictQuery) -> VerdictPage:
+    """One page of verdicts, newest first, each with its recovery attributes and its history."""
+    query = query.checked(registry)
+    rows = store.verdicts.page(
+        verdicts=query.verdicts,
+        stream=query.stream,
+        hop=query.hop,
+        cause=query.cause,
+        since_ms=query.since_ms,
+        until_ms=query.until_ms,
+        before=decode_cursor(query.cursor),
+        limit=query.limit + 1,
+    )
+    more, rows = len(rows) > query.limit, rows[: query.limit]
+    ids = {str(row["message_id"]) for row in rows}
+    histories = store.verdicts.histories(ids)
+    attributes = _attributes(archive_dir, rows)
+    for row in rows:
+        row["history"] = histories.get(str(row["message_id"]), [])
+        row["history"] = [change for change in row["history"] if change["hop"] == row["hop"]]
+        row["attributes"] = attributes.get(str(row["message_id"]), {})
+    return VerdictPage(
+        rows=rows,
+        next_cursor=encode_cursor(rows[-1]) if more else None,
+        query={
+            "verdicts": list(query.verdicts),
+            "stream": query.stream,
+            "hop": query.hop,
+            "cause": query.cause,
+            "since_ms": query.since_ms,
+            "until_ms": query.until_ms,
+            "limit": query.limit,
+        },
+    )
+
+
+def _attributes(archive_dir: Path | None, rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    if archive_dir is None or not rows:
+        return {}
+    times = [int(row.get("first_seen_ms") or row["decided_ms"]) for row in rows]
+    traces = read_traces(
+        archive_dir,
+        {str(row["message_id"]) for row in rows},
+        min(times) - TRACE_SLACK_MS,
+        max(int(row["decided_ms"]) for row in rows),
+    )
+    found: dict[str, dict[str, str]] = {}
+    for trace in traces:
+        found.setdefault(trace.message_id, {}).update(trace.attributes)
+    return found
+
+
+def message_report(
+    store: Store, registry: Registry, archive_dir: Path | None, message_id: str, now_ms: int
+) -> MessageReport:
+    """Everything known of one message, along its route. Raises UnknownMessage when nothing is."""
+    verdicts = store.verdicts.read_messages([message_id])
+    history = store.verdicts.history(message_id)
+    if verdicts:
+        seen = [int(row.get("first_seen_ms") or row["decided_ms"]) for row in verdicts]
+        span = (min(seen) - TRACE_SLACK_MS, max(int(row["decided_ms"]) for row in verdicts) + TRACE_SLACK_MS)
+    else:
+        span = (now_ms - DAY_MS, now_ms)
+    traces = read_traces(archive_dir, [message_id], *span) if archive_dir is not None else []
+    names = {str(row["stream"]) for row in verdicts} | {trace.stream for trace in traces}
+    stream = next((registry.streams[name] for name in sorted(names) if name in registry.streams), None)
+    report = lay_out(message_id, stream, verdicts, history, traces)
+    if not verdicts and not traces:
+        raise UnknownMessage(message_id)
+    return report
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionHealthLine:
+    cluster: str
+    group: str
+    topic: str
+    partition: int
+    status: str
+    since_ms: int
+    evaluated_ms: int
+    lag: int | None
+    time_lag_ms: int | None
+    reason: str
+    expiry_risk: bool
+    retention_ms: int | None
+    evidence_from_ms: int | None  # the evidence window: first and last committed-offset observation judged
+    evidence_to_ms: int | None
+    committed: int | None
+    log_end: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerReport:
+    cluster: str
+    partitions: list[PartitionHealthLine]
+    windows: list[dict[str, Any]]  # skips and rewinds: offset windows
+    transitions: list[dict[str, Any]]  # status changes, newest first
+
+
+def consumer_report(store: Store, cluster: str, now_ms: int, group: str | None = None) -> ConsumerReport:
+    """Consumer health per group and partition (the Burrow view), its offset windows and its history."""
+    rows = store.health.current_rows(cluster)
+    groups = sorted({str(row["group_id"]) for row in rows})
+    if group is not None and group not in groups:
+        raise ReportQueryError(
+            "group", group, f"a group with health recorded on cluster {cluster!r}: {', '.join(groups) or 'none yet'}"
+        )
+    lines = []
+    for row in rows:
+        if group is not None and row["group_id"] != group:
+            continue
+        evidence = json.loads(row["evidence"] or "{}")
+        window = evidence.get("window") or []
+        lines.append(
+            PartitionHealthLine(
+                cluster=row["cluster"],
+                group=row["group_id"],
+                topic=row["topic"],
+                partition=int(row["partition"]),
+                status=row["status"],
+                since_ms=int(row["since_ms"]),
+                evaluated_ms=int(row["evaluated_ms"]),
+                lag=row["lag"],
+                time_lag_ms=row["time_lag_ms"],
+                reason=row["reason"],
+                expiry_risk=row["status"] == "EXPIRY_RISK",
+                retention_ms=evidence.get("retention_ms"),
+                evidence_from_ms=int(window[0][1]) if window else None,
+                evidence_to_ms=int(window[-1][1]) if window else None,
+                committed=evidence.get("committed"),
+                log_end=evidence.get("log_end"),
+            )
+        )
+    windows = [
+        {
+            "group": w.key.group,
+            "topic": w.key.topic,
+            "partition": w.key.partition,
+            "kind": w.kind,
+            "from_offset": w.from_offset,
+            "to_offset": w.to_offset,
+            "detected_ms": w.detected_ms,
+        }
+        for w in store.health.offset_windows(cluster)
+        if group in (None, w.key.group) and w.detected_ms >= now_ms - DAY_MS
+    ]
+    transitions = [
+        {k: row[k] for k in ("group_id", "topic", "partition", "from_status", "to_status", "at_ms", "reason")}
+        for row in store.health.transition_rows(cluster, since_ms=now_ms - DAY_MS)
+        if group in (None, row["group_id"])
+    ]
+    return ConsumerReport(cluster, lines, sorted(windows, key=lambda w: -int(w["detected_ms"])), transitions)
+
+
+@dataclass(frozen=True, slots=True)
+class QueryBeat:
+    query: str
+    at_ms: int | None  # the newest heartbeat; None: never
+    age_s: float | None
+    batch_id: int | None
+    input_rows_per_s: float | None
+    processed_rows_per_s: float | None
+    batch_duration_ms: int | None
+    state_rows: int | None
+    caught_up: bool | None
+    series: list[dict[str, Any]]  # the last hour: at_ms, input and processed rows/s, batch duration, state rows
+
+
+@dataclass(frozen=True, slots=True)
+class KhipuHealth:
+    queries: list[QueryBeat]
+    quarantined: int
+    quarantine: list[dict[str, Any]]  # the newest quarantined records, with their reasons
+    emitters_with_gaps: list[dict[str, Any]]  # per emitter: gaps open, sequence numbers missing
+
+
+def khipu_health(store: Store, now_ms: int, queries: Collection[str] = (VERDICT_QUERY, ARCHIVE_QUERY)) -> KhipuHealth:
+    """Khipu's own health: the detector's heartbeat and rates, and the trace channel's gaps and quarantine."""
+    beats = []
+    for name in queries:
+        latest = store.heartbeat.latest(name)
+        series = [
+            {
+                k: row[k]
+                for k in ("at_ms", "input_rows_per_s", "processed_rows_per_s", "batch_duration_ms", "state_rows")
+            }
+            for row in store.heartbeat.series(name, now_ms - HOUR_MS)
+        ]
+        beats.append(
+            QueryBeat(
+                query=name,
+                at_ms=None if latest is None else int(latest["at_ms"]),
+                age_s=None if latest is None else max(0.0, (now_ms - int(latest["at_ms"])) / 1000),
+                batch_id=None if latest is None else int(latest["batch_id"]),
+                input_rows_per_s=None if latest is None else latest["input_rows_per_s"],
+                processed_rows_per_s=None if latest is None else latest["processed_rows_per_s"],
+                batch_duration_ms=None if latest is None else latest["batch_duration_ms"],
+                state_rows=None if latest is None else latest["state_rows"],
+                caught_up=None if latest is None else bool(latest["caught_up"]),
+                series=series,
+            )
+        )
+    total, newest = store.channel.quarantine_page(limit=20)
+    return KhipuHealth(beats, total, newest, store.channel.gap_summary())
+
+
+def alerts_report(store: Store, since_ms: int) -> list[dict[str, Any]]:
+    """Alerts fired and resolved since ``since_ms``, newest first, with each notifier's outcome."""
+    return [
+        {
+            "subject": alert.subject,
+            "kind": alert.kind,
+            "state": alert.state,
+            "severity": alert.severity,
+            "title": alert.title,
+            "at_ms": alert.at_ms,
+            "details": alert.details,
+            "delivered_ms": alert.delivered_ms if alert.delivered_ms and alert.delivered_ms > 0 else None,
+            "deliveries": alert.deliveries,
+        }
+        for alert in reversed(store.alerts.read(since_ms=since_ms))
+    ]
+
+
+__all__ = [
+    "ConsumerReport",
+    "KhipuHealth",
+    "MessageReport",
+    "ReportQueryError",
+    "StreamOverview",
+    "UnknownMessage",
+    "UnknownStreamError",
+    "VerdictPage",
+    "VerdictQuery",
+    "alerts_report",
+    "check_minutes",
+    "consumer_report",
+    "khipu_health",
+    "message_report",
+    "metric_rows",
+    "overview",
+    "verdict_page",
+]

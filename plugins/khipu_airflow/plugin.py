@@ -1,0 +1,68 @@
+"""The Khipu plugin: the Khipu view and its JSON API in Airflow's api-server, and its place in the UI's navigation.
+
+The app is mounted at ``/khipu``; the navigation entry ("Khipu", top level) shows ``/khipu/`` inside
+the Airflow UI. Every route of the app needs a valid Airflow login (see :mod:`khipu_airflow.view.app`).
+The view reads the store at ``KHIPU_STORE_URL``, the registry at ``KHIPU_REGISTRY`` and the trace
+archive under ``KHIPU_STATE_DIR/archive`` (``KHIPU_ARCHIVE_DIR`` overrides it) — the settings the
+detector and the CLI use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from airflow.plugins_manager import AirflowPlugin
+from fastapi import Request
+from fastapi.security import HTTPAuthorizationCredentials
+
+from khipu.registry.loader import load_registry
+from khipu.settings import KhipuSettings
+from khipu.store import Store
+from khipu_airflow.view.app import ViewSources, create_app
+
+URL_PREFIX = "/khipu"
+
+
+async def airflow_user(request: Request) -> Any:
+    """The caller's Airflow user, resolved as Airflow's own API does: 401/403 without a valid JWT."""
+    from airflow.api_fastapi.core_api.security import get_user
+
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    bearer = HTTPAuthorizationCredentials(scheme=scheme, credentials=token) if token else None
+    return await get_user(request, None, bearer)
+
+
+def airflow_login_url(next_url: str) -> str:
+    from airflow.api_fastapi.app import get_auth_manager
+
+    return str(get_auth_manager().get_url_login(next_url=next_url))
+
+
+def view_sources() -> ViewSources:
+    import os
+
+    settings = KhipuSettings.from_env()
+    archive = Path(os.environ.get("KHIPU_ARCHIVE_DIR") or settings.state_dir / "archive")
+    return ViewSources(
+        open_store=lambda: Store(settings.store_url),
+        load_registry=lambda: load_registry(settings.registry_path),
+        archive_dir=archive,
+        cluster=settings.cluster,
+    )
+
+
+class KhipuPlugin(AirflowPlugin):  # type: ignore[misc]
+    name = "khipu"
+    fastapi_apps = [  # noqa: RUF012 - Airflow reads these class attributes
+        {"app": create_app(view_sources(), airflow_user, airflow_login_url), "url_prefix": URL_PREFIX, "name": "Khipu"}
+    ]
+    external_views = [  # noqa: RUF012
+        {
+            "name": "Khipu",
+            "href": f"{URL_PREFIX}/",
+            "destination": "nav",
+            "url_route": "khipu",
+            "nav_top_level": True,
+        }
+    ]

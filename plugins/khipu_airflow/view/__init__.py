@@ -1,0 +1,1 @@
+"""The Khipu view: pages and JSON API (app), inline charts, templates."""

@@ -1,0 +1,313 @@
+"""The Khipu view and its JSON API: one FastAPI app, mounted by Airflow's api-server at ``/khipu``.
+
+HTML pages (``/khipu/``, ``/khipu/lost``, ``/khipu/messages/{id}``, ``/khipu/consumers``,
+``/khipu/self``, ``/khipu/alerts``) and JSON endpoints under ``/khipu/api/v1`` (OpenAPI at
+``/khipu/api/v1/openapi.json``) answer from the same reports (:mod:`khipu.report.service`).
+
+Everything is behind Airflow's login: plugin apps are not protected by Airflow, so every route
+depends on ``authenticate``, which in the api-server resolves the caller's Airflow JWT (the
+``Authorization: Bearer`` header or the UI's session cookie) exactly as Airflow's own API does. A
+page asked for without a valid session redirects to Airflow's login and comes back; an API call
+gets 401.
+"""
+
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, is_dataclass
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote, urlencode
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
+
+from khipu.reconcile.window import parse_time
+from khipu.registry.model import Registry, UnknownStreamError
+from khipu.report import service
+from khipu.report.overview import DAY_MS
+from khipu.report.service import ReportQueryError, UnknownMessage, VerdictQuery
+from khipu.store import Store
+from khipu_airflow.view.charts import sparkline
+
+Authenticate = Callable[[Request], Awaitable[Any]]
+TEMPLATES = Path(__file__).parent / "templates"
+API = "/api/v1"
+
+
+@dataclass(frozen=True)
+class ViewSources:
+    """Where the view reads from: the store, the registry, the trace archive, the cluster judged, the clock."""
+
+    open_store: Callable[[], Store]
+    load_registry: Callable[[], Registry]
+    archive_dir: Path | None
+    cluster: str
+    now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000
+
+
+class NotLoggedIn(Exception):
+    """A page was asked for without a valid Airflow session."""
+
+
+def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Callable[[str], str]) -> FastAPI:
+    app = FastAPI(
+        title="Khipu API",
+        version="1",
+        description="Per-message verdicts, metrics and health of the streams Khipu traces. Every endpoint needs "
+        "an Airflow JWT (Authorization: Bearer, or the Airflow UI's session cookie).",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    pages = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
+    pages.filters["when"] = _when
+    pages.filters["pct"] = _pct
+    pages.filters["ms"] = _ms
+    pages.globals["spark"] = lambda values, **kw: Markup(sparkline(values, **kw))
+
+    async def api_user(request: Request) -> Any:
+        return await authenticate(request)
+
+    async def page_user(request: Request) -> Any:
+        try:
+            return await authenticate(request)
+        except HTTPException as exc:
+            if exc.status_code in (401, 403):
+                raise NotLoggedIn() from None
+            raise
+
+    @app.exception_handler(NotLoggedIn)
+    async def to_login(request: Request, _exc: NotLoggedIn) -> Response:
+        return RedirectResponse(login_url(str(request.url)), status_code=303)
+
+    @app.exception_handler(ReportQueryError)
+    async def bad_query(_request: Request, exc: ReportQueryError) -> Response:
+        return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    @app.exception_handler(UnknownStreamError)
+    async def unknown_stream(_request: Request, exc: UnknownStreamError) -> Response:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(UnknownMessage)
+    async def unknown_message(_request: Request, exc: UnknownMessage) -> Response:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    ApiUser = Annotated[Any, Depends(api_user)]
+    PageUser = Annotated[Any, Depends(page_user)]
+
+    @contextmanager
+    def store() -> Iterator[Store]:
+        opened = sources.open_store()
+        try:
+            yield opened
+        finally:
+            opened.close()
+
+    def render(request: Request, template: str, **values: Any) -> HTMLResponse:
+        base = str(request.scope.get("root_path", "")).rstrip("/")
+        html = pages.get_template(template).render(base=base, now_ms=sources.now_ms(), page=template, **values)
+        return HTMLResponse(html)
+
+    # -- JSON API ---------------------------------------------------------------------------------------------
+
+    @app.get(f"{API}/openapi.json", include_in_schema=False)
+    def openapi(_user: ApiUser) -> dict[str, Any]:
+        return app.openapi()
+
+    @app.get(f"{API}/streams", summary="Every stream and hop: the last hour and day, with the day's series")
+    def api_streams(_user: ApiUser) -> Any:
+        with store() as s:
+            return _plain(service.overview(s, sources.load_registry(), sources.now_ms()))
+
+    @app.get(f"{API}/streams/{{stream}}/metrics", summary="A stream's per-minute metrics per hop")
+    def api_metrics(
+        stream: str, _user: ApiUser, minutes: Annotated[float, Query(description="how far back")] = 60
+    ) -> list[dict[str, Any]]:
+        since = sources.now_ms() - service.check_minutes(minutes)
+        with store() as s:
+            return service.metric_rows(s, sources.load_registry(), stream, since)
+
+    @app.get(f"{API}/verdicts", summary="Verdicts, newest first, filtered and paged (default: losses)")
+    def api_verdicts(
+        _user: ApiUser,
+        verdict: Annotated[list[str] | None, Query(description="verdict kinds (default LOST, CONFIRMED_LOST)")] = None,
+        stream: str | None = None,
+        hop: str | None = None,
+        cause: str | None = None,
+        since: Annotated[str | None, Query(description="ISO time or ms since the epoch")] = None,
+        until: Annotated[str | None, Query(description="ISO time or ms since the epoch")] = None,
+        limit: int = service.DEFAULT_PAGE,
+        cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    ) -> Any:
+        query = _verdict_query(verdict, stream, hop, cause, since, until, limit, cursor)
+        with store() as s:
+            return _plain(service.verdict_page(s, sources.load_registry(), sources.archive_dir, query))
+
+    @app.get(f"{API}/messages/{{message_id}}", summary="One message along its route: traces, verdicts, history")
+    def api_message(message_id: str, _user: ApiUser) -> Any:
+        with store() as s:
+            registry = sources.load_registry()
+            report = service.message_report(s, registry, sources.archive_dir, message_id, sources.now_ms())
+        return _plain(report)
+
+    @app.get(f"{API}/health/consumers", summary="Consumer health per group and partition, windows, history")
+    def api_consumers(_user: ApiUser, group: str | None = None) -> Any:
+        with store() as s:
+            return _plain(service.consumer_report(s, sources.cluster, sources.now_ms(), group))
+
+    @app.get(f"{API}/health/khipu", summary="Khipu's own health: detector heartbeat and rates, trace channel")
+    def api_khipu(_user: ApiUser) -> Any:
+        with store() as s:
+            return _plain(service.khipu_health(s, sources.now_ms()))
+
+    @app.get(f"{API}/alerts", summary="Alerts fired and resolved, newest first, with each notifier's outcome")
+    def api_alerts(_user: ApiUser, minutes: float = 24 * 60) -> list[dict[str, Any]]:
+        since = sources.now_ms() - service.check_minutes(minutes)
+        with store() as s:
+            return service.alerts_report(s, since)
+
+    # -- pages ------------------------------------------------------------------------------------------------
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def overview_page(request: Request, _user: PageUser) -> HTMLResponse:
+        with store() as s:
+            streams = service.overview(s, sources.load_registry(), sources.now_ms())
+        return render(request, "overview.html", streams=streams)
+
+    @app.get("/lost", response_class=HTMLResponse, include_in_schema=False)
+    def lost_page(
+        request: Request,
+        _user: PageUser,
+        verdict: Annotated[list[str] | None, Query()] = None,
+        stream: str | None = None,
+        hop: str | None = None,
+        cause: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
+        cursor: str | None = None,
+    ) -> HTMLResponse:
+        registry = sources.load_registry()
+        filters = {"stream": stream, "hop": hop, "cause": cause, "since": since, "until": until}
+        shown = {k: v for k, v in filters.items() if v}
+        try:
+            query = _verdict_query(verdict, stream, hop, cause, since, until, service.DEFAULT_PAGE, cursor)
+            with store() as s:
+                result: service.VerdictPage | None = service.verdict_page(s, registry, sources.archive_dir, query)
+            problem = None
+        except (ReportQueryError, UnknownStreamError) as exc:
+            result, problem = None, str(exc)
+        kinds = verdict or list(service.LOSS_VERDICTS)
+        next_url = None
+        if result is not None and result.next_cursor:
+            pairs = [*(("verdict", k) for k in kinds), *shown.items(), ("cursor", result.next_cursor)]
+            next_url = "?" + urlencode(pairs)
+        return render(
+            request,
+            "lost.html",
+            result=result,
+            problem=problem,
+            filters=shown,
+            kinds=kinds,
+            streams=sorted(registry.streams),
+            hops=sorted({h.id for st in registry.streams.values() for h in st.route.hops}),
+            next_url=next_url,
+            quote=quote,
+        )
+
+    @app.get("/messages/{message_id}", response_class=HTMLResponse, include_in_schema=False)
+    def message_page(request: Request, message_id: str, _user: PageUser) -> HTMLResponse:
+        with store() as s:
+            try:
+                report = service.message_report(
+                    s, sources.load_registry(), sources.archive_dir, message_id, sources.now_ms()
+                )
+            except UnknownMessage as exc:
+                return render(request, "message.html", report=None, problem=str(exc), message_id=message_id)
+        return render(request, "message.html", report=report, problem=None, message_id=message_id)
+
+    @app.get("/consumers", response_class=HTMLResponse, include_in_schema=False)
+    def consumers_page(request: Request, _user: PageUser, group: str | None = None) -> HTMLResponse:
+        with store() as s:
+            report = service.consumer_report(s, sources.cluster, sources.now_ms(), group or None)
+        return render(request, "consumers.html", report=report, group=group)
+
+    @app.get("/self", response_class=HTMLResponse, include_in_schema=False)
+    def self_page(request: Request, _user: PageUser) -> HTMLResponse:
+        with store() as s:
+            health = service.khipu_health(s, sources.now_ms())
+        return render(request, "self.html", health=health)
+
+    @app.get("/alerts", response_class=HTMLResponse, include_in_schema=False)
+    def alerts_page(request: Request, _user: PageUser) -> HTMLResponse:
+        with store() as s:
+            alerts = service.alerts_report(s, sources.now_ms() - DAY_MS)
+        return render(request, "alerts.html", alerts=alerts)
+
+    return app
+
+
+def _verdict_query(
+    verdict: list[str] | None,
+    stream: str | None,
+    hop: str | None,
+    cause: str | None,
+    since: str | None,
+    until: str | None,
+    limit: int,
+    cursor: str | None,
+) -> VerdictQuery:
+    def when(name: str, text: str | None) -> int | None:
+        if not text:
+            return None
+        try:
+            return parse_time(text)
+        except ValueError:
+            expected = "an ISO time such as 2026-11-23T10:00:00Z, or ms since the epoch"
+            raise ReportQueryError(name, text, expected) from None
+
+    return VerdictQuery(
+        verdicts=tuple(verdict) if verdict else service.LOSS_VERDICTS,
+        stream=stream or None,
+        hop=hop or None,
+        cause=cause or None,
+        since_ms=when("since", since),
+        until_ms=when("until", until),
+        limit=limit,
+        cursor=cursor or None,
+    )
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses (and lists of them) as JSON-ready dicts, with the figures their properties compute."""
+    if is_dataclass(value) and not isinstance(value, type):
+        plain = asdict(value)
+        for name in ("verdicts", "loss_rate", "duplicate_rate", "found"):
+            if hasattr(value, name) and name not in plain:
+                plain[name] = getattr(value, name)
+        for key in plain:
+            original = getattr(value, key, None)
+            if is_dataclass(original) or isinstance(original, (list, tuple)):
+                plain[key] = _plain(original)
+        return plain
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "\N{EN DASH}"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(int(ms) / 1000)) + "Z"
+
+
+def _pct(rate: float | None) -> str:
+    return "\N{EN DASH}" if rate is None else f"{100 * rate:.2f} %"
+
+
+def _ms(value: int | float | None) -> str:
+    if value is None:
+        return "\N{EN DASH}"
+    return f"{value / 1000:.1f} s" if value >= 10_000 else f"{value:.0f} ms"

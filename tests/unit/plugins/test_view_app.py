@@ -1,0 +1,209 @@
+"""The Khipu view's pages and JSON API, served by its FastAPI app over a real SQLite store and archive.
+
+Airflow's login is replaced here by a token check of the test's own (``authenticate``): what is tested
+is what the app shows and refuses. The real Airflow login in front of it is tested in a browser
+(tests/integration/view/test_view_browser.py).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import HTTPException, Request
+from fastapi.testclient import TestClient
+
+from khipu.registry.loader import load_registry
+from khipu.store import Store
+from khipu_airflow.view.app import ViewSources, create_app
+from tests.viewdata import AUDIT_READ, ENRICH_WRITE, STORE_READ, STREAM, Seeded, seed
+
+ROOT = Path(__file__).resolve().parents[3]
+NOW_MS = 1_795_000_000_000
+TOKEN = "test-token"
+
+
+async def token_check(request: Request) -> Any:
+    if request.headers.get("authorization") != f"Bearer {TOKEN}" and request.cookies.get("_token") != TOKEN:
+        raise HTTPException(status_code=401, detail="Not authenticated")
+    return "tester"
+
+
+@pytest.fixture
+def seeded(tmp_path: Path) -> tuple[TestClient, Seeded, Store]:
+    url = f"sqlite:///{tmp_path / 'khipu.db'}"
+    store = Store(url)
+    store.migrate()
+    registry = load_registry(ROOT / "config" / "registry.yaml")
+    data = seed(store, tmp_path / "archive", registry, NOW_MS)
+    sources = ViewSources(
+        open_store=lambda: Store(url),
+        load_registry=lambda: registry,
+        archive_dir=tmp_path / "archive",
+        cluster="local",
+        now_ms=lambda: NOW_MS,
+    )
+    app = create_app(sources, token_check, lambda next_url: f"/auth/login?next={next_url}")
+    client = TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"})
+    return client, data, store
+
+
+def test_without_a_login_the_api_refuses_and_pages_send_to_the_login(seeded: tuple[TestClient, Seeded, Store]) -> None:
+    client, _, _ = seeded
+    anonymous = TestClient(client.app)
+    for path in ("/api/v1/streams", "/api/v1/verdicts", "/api/v1/alerts", "/api/v1/openapi.json"):
+        assert anonymous.get(path).status_code == 401, path
+    page = anonymous.get("/lost?stream=demo.orders", follow_redirects=False)
+    assert page.status_code == 303
+    assert page.headers["location"].startswith("/auth/login?next=") and "lost" in page.headers["location"]
+
+
+def test_streams_api_sums_the_stored_minutes_per_hop(seeded: tuple[TestClient, Seeded, Store]) -> None:
+    client, _, store = seeded
+    streams = {s["stream"]: s for s in client.get("/api/v1/streams").json()}
+    assert set(streams) == {"demo.orders", "demo.bursts"}
+    hops = {h["hop"]: h for h in streams[STREAM]["hops"]}
+    hour_ago, day_ago = NOW_MS - 3_600_000, NOW_MS - 86_400_000
+    for hop in hops:
+        stored = [r for r in store.verdicts.rows() if r["hop"] == hop]
+        for window, since in (("last_hour", hour_ago), ("last_day", day_ago)):
+            figures = hops[hop][window]
+            in_window = [r for r in stored if r["decided_ms"] // 60_000 * 60_000 >= since]  # whole minutes
+            assert figures["verdicts"] == len(in_window), (hop, window)
+            assert figures["delivered"] == sum(r["verdict"] == "DELIVERED" for r in in_window)
+    audit = hops[AUDIT_READ]["last_hour"]
+    assert audit["lost"] == 1 and audit["loss_rate"] == pytest.approx(1 / audit["verdicts"])
+    assert hops[AUDIT_READ]["last_day"]["verdicts"] > audit["verdicts"]  # the day holds the earlier messages too
+    assert hops[ENRICH_WRITE]["last_hour"]["confirmed_lost"] == 1
+    series = hops[AUDIT_READ]["series"]
+    charted = [r for r in store.verdicts.rows() if r["hop"] == AUDIT_READ and r["decided_ms"] >= series[0]["at_ms"]]
+    assert len(series) == 48 and sum(p["verdicts"] for p in series) == len(charted)
+    lost_at = next(r["decided_ms"] for r in charted if r["verdict"] == "LOST")
+    bucket = next(p for p in series if p["at_ms"] <= lost_at < p["at_ms"] + 30 * 60_000)
+    minutes = [r["decided_ms"] // 60_000 * 60_000 for r in charted]
+    in_bucket = [m for m in minutes if bucket["at_ms"] <= m < bucket["at_ms"] + 1_800_000]
+    assert [p["loss_rate"] for p in series if p["loss_rate"]] == [pytest.approx(1 / len(in_bucket))]
+
+
+def test_verdicts_api_pages_filters_and_carries_history_and_recovery_attributes(
+    seeded: tuple[TestClient, Seeded, Store],
+) -> None:
+    client, data, _ = seeded
+    losses = client.get("/api/v1/verdicts").json()
+    assert {(r["message_id"], r["verdict"]) for r in losses["rows"]} == {
+        (data.skipped, "LOST"),
+        (data.dropped, "CONFIRMED_LOST"),
+    }
+    skipped = next(r for r in losses["rows"] if r["message_id"] == data.skipped)
+    assert skipped["attributes"] == {"order_id": data.order_id} and skipped["cause"] == "consumer_skip"
+    dropped = next(r for r in losses["rows"] if r["message_id"] == data.dropped)
+    assert [h["to_verdict"] for h in dropped["history"]] == ["LOST", "CONFIRMED_LOST"]
+
+    delivered = [r for r in data.verdicts if r["verdict"] == "DELIVERED" and r["hop"] == STORE_READ]
+    seen, cursor = [], None
+    while True:
+        params: dict[str, Any] = {"verdict": "DELIVERED", "hop": STORE_READ, "limit": 7}
+        if cursor:
+            params["cursor"] = cursor
+        page = client.get("/api/v1/verdicts", params=params).json()
+        seen += [r["message_id"] for r in page["rows"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert len(seen) == len(set(seen)) == len(delivered)  # every row once, across pages
+    ordered = sorted(delivered, key=lambda r: (r["decided_ms"], r["message_id"]), reverse=True)
+    assert seen == [r["message_id"] for r in ordered]
+
+    by_cause = client.get("/api/v1/verdicts", params={"cause": "processor_drop"}).json()["rows"]
+    assert [r["message_id"] for r in by_cause] == [data.dropped]
+    early = client.get("/api/v1/verdicts", params={"until": str(data.now_ms - 10 * 60_000)}).json()["rows"]
+    assert [r["message_id"] for r in early] == [data.dropped]
+
+
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        ({"stream": "nope"}, "demo.bursts, demo.orders"),
+        ({"hop": "x -> y"}, "demo-producer -> local/demo.orders"),
+        ({"verdict": "GONE"}, "CONFIRMED_LOST"),
+        ({"since": "yesterday"}, "ISO time"),
+        ({"cursor": "%%%"}, "next_cursor"),
+        ({"limit": "0"}, "1 to 500"),
+    ],
+)
+def test_bad_filters_are_refused_naming_what_is_known(
+    seeded: tuple[TestClient, Seeded, Store], params: dict[str, str], named: str
+) -> None:
+    client, _, _ = seeded
+    answer = client.get("/api/v1/verdicts", params=params)
+    assert answer.status_code in (400, 404) and named in answer.json()["detail"]
+    if "limit" in params:
+        return  # the page has a fixed page size
+    page = client.get("/lost", params=params)
+    assert page.status_code == 200 and named in html.unescape(page.text)  # the page says what was wrong
+
+
+def test_message_api_lays_the_message_along_its_route(seeded: tuple[TestClient, Seeded, Store]) -> None:
+    client, data, _ = seeded
+    report = client.get(f"/api/v1/messages/{data.skipped}").json()
+    assert report["stream"] == STREAM and report["attributes"] == {"order_id": data.order_id}
+    hops = [h["hop"] for h in report["hops"]]
+    assert hops == [hop.id for hop in load_registry(ROOT / "config" / "registry.yaml").stream(STREAM).route.hops]
+    audit = report["hops"][-1]
+    assert audit["verdict"]["verdict"] == "LOST" and audit["traces"] == []
+    assert [t["type"] for h in report["hops"][:-1] for t in h["traces"]] == ["SENT", "RECEIVED", "SENT", "RECEIVED"]
+    missing = client.get("/api/v1/messages/never-seen")
+    assert missing.status_code == 404 and "never-seen" in missing.json()["detail"]
+
+
+def test_health_and_alert_apis_answer_from_the_store(seeded: tuple[TestClient, Seeded, Store]) -> None:
+    client, data, _ = seeded
+    consumers = client.get("/api/v1/health/consumers").json()
+    stalled = next(p for p in consumers["partitions"] if p["status"] == "STALL")
+    assert (stalled["group"], stalled["lag"], stalled["time_lag_ms"]) == ("demo-sink-audit", 40, 180_000)
+    assert stalled["evidence_from_ms"] == NOW_MS - 240_000 and "unchanged" in stalled["reason"]
+    assert [w["kind"] for w in consumers["windows"]] == ["skip"]
+    assert [t["to_status"] for t in consumers["transitions"]] == ["STALL"]
+    unknown = client.get("/api/v1/health/consumers", params={"group": "nobody"})
+    assert unknown.status_code == 400 and "demo-sink-audit" in unknown.json()["detail"]
+
+    khipu = client.get("/api/v1/health/khipu").json()
+    verdict_query = next(q for q in khipu["queries"] if q["query"] == "khipu_verdicts")
+    assert verdict_query["batch_id"] == 105 and verdict_query["age_s"] == pytest.approx(10.0)
+    assert len(verdict_query["series"]) == 6
+    assert khipu["quarantined"] == data.quarantined == 3
+    assert [(g["emitter_id"], g["missing"]) for g in khipu["emitters_with_gaps"]] == [("demo-enricher-e1", data.gaps)]
+
+    alerts = client.get("/api/v1/alerts").json()
+    assert [(a["state"], a["deliveries"]["webhook"]) for a in alerts] == [("firing", "HTTP 500 from the receiver")]
+    assert client.get("/api/v1/alerts", params={"minutes": "-5"}).status_code == 400
+
+
+def test_openapi_documents_every_endpoint(seeded: tuple[TestClient, Seeded, Store]) -> None:
+    client, _, _ = seeded
+    paths = set(client.get("/api/v1/openapi.json").json()["paths"])
+    assert paths == {
+        "/api/v1/streams",
+        "/api/v1/streams/{stream}/metrics",
+        "/api/v1/verdicts",
+        "/api/v1/messages/{message_id}",
+        "/api/v1/health/consumers",
+        "/api/v1/health/khipu",
+        "/api/v1/alerts",
+    }
+
+
+def test_pages_show_what_the_store_holds(seeded: tuple[TestClient, Seeded, Store]) -> None:
+    client, data, _ = seeded
+    overview = client.get("/").text
+    assert overview.count('class="spark"') == 2 * 5 + 2 * 5  # loss rate and p99 per hop of both streams
+    lost = client.get("/lost").text
+    assert f"/messages/{data.skipped}" in lost and "order_id=order-4711" in lost and "LOST → CONFIRMED_LOST" in lost
+    message = client.get(f"/messages/{data.skipped}").text
+    assert len(re.findall(r'data-trace="(SENT|RECEIVED)"', message)) == 4
+    assert "STALL" in client.get("/consumers").text
+    assert "field 'timestamp_ms': expected an integer" in html.unescape(client.get("/self").text)
+    assert "HTTP 500 from the receiver" in client.get("/alerts").text
