@@ -46,7 +46,7 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
     parser.add_argument("--trace-topic", default=settings.trace_topic)
     parser.add_argument("--lost-topic", default=settings.lost_topic, help="LOST verdicts go here too ('' for none)")
     parser.add_argument("--checkpoint", type=Path, default=settings.state_dir / "detector" / "checkpoint")
-    parser.add_argument("--archive", type=Path, default=settings.state_dir / "archive")
+    parser.add_argument("--archive", type=Path, default=settings.archive_dir)
     parser.add_argument("--starting-offsets", default="earliest")
     parser.add_argument("--trigger-seconds", type=float, default=float(os.environ.get("KHIPU_DETECTOR_TRIGGER_S", "5")))
     parser.add_argument(

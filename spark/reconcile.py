@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--streams", default="", help="comma-separated stream names (default: every stream)")
     parser.add_argument("--dry-run", action="store_true", help="say what would change, write nothing")
     parser.add_argument("--registry", type=Path, default=settings.registry_path)
-    parser.add_argument("--archive", type=Path, default=settings.state_dir / "archive")
+    parser.add_argument("--archive", type=Path, default=settings.archive_dir)
     parser.add_argument("--connections-file", type=Path, default=os.environ.get("KHIPU_CONNECTIONS_FILE") or None)
     parser.add_argument("--summary-file", type=Path, default=None)
     parser.add_argument("--master", default=os.environ.get("KHIPU_SPARK_MASTER", "local[*]"))

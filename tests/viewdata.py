@@ -21,7 +21,7 @@ from khipu.alerting.model import Alert, AlertState, Severity
 from khipu.health.evaluate import PartitionHealth
 from khipu.health.rules import PartitionStatus
 from khipu.health.windows import OffsetWindow, WindowKind
-from khipu.offsets.model import PartitionKey
+from khipu.offsets.model import PartitionKey, PartitionSnapshot, SnapshotRun
 from khipu.registry.model import Registry
 from khipu.store import Store, schema
 from khipu.trace.archive import hour_folder
@@ -267,6 +267,15 @@ def _health(store: Store, now_ms: int) -> PartitionKey:
             evidence,
         ),
     ]  # fmt: skip
+    for i, log_end in enumerate((110, 125, 140)):  # the stalled group's commit stays at 100 as the log grows
+        at = now_ms - (3 - i) * 60_000
+        store.snapshots.write(
+            SnapshotRun(at, "local", 2, 2, 15),
+            [
+                PartitionSnapshot(at, "local", key.group, key.topic, 0, committed, 90, log_end, "STABLE")
+                for key, committed in ((ok, log_end), (stalled, 100))
+            ],
+        )
     changes = [Transition(stalled, PartitionStatus.OK, PartitionStatus.STALL, now_ms, healths[1])]
     windows = [OffsetWindow(ok, WindowKind.SKIP, 50, 60, now_ms - 120_000, 50, 60)]
     store.health.save_evaluation(healths, changes, windows, [])

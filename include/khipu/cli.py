@@ -127,13 +127,21 @@ def _parser() -> argparse.ArgumentParser:
     store.add_parser("migrate", help="create or upgrade the store's schema ($KHIPU_STORE_URL)").set_defaults(
         handler=_store_migrate
     )
-    health = commands.add_parser("health", help="consumer health per group and partition, from the store")
+    health = commands.add_parser(
+        "health", help="consumer health per group and partition: status, lag, time lag and the reason"
+    )
     health.add_argument("--cluster", help="cluster name (default $KHIPU_CLUSTER)")
+    health.add_argument("--group", help="one consumer group only")
     health.set_defaults(handler=_health)
     verdicts = commands.add_parser("verdicts", help="the detector's verdicts per hop, the newest losses, its heartbeat")
     verdicts.add_argument("--stream", help="one stream only")
     verdicts.add_argument("--minutes", type=float, default=60, help="how far back (default 60)")
     verdicts.set_defaults(handler=_verdicts)
+    trace = commands.add_parser(
+        "trace", help="one message along its route: every trace (where, when, offset) and every verdict"
+    )
+    trace.add_argument("message_id")
+    trace.set_defaults(handler=_trace)
     history = commands.add_parser(
         "history", help="how a message's verdicts changed: LOST at 10:02, RETRACTED at 11:00: RECEIVED trace at 10:58"
     )
@@ -142,6 +150,13 @@ def _parser() -> argparse.ArgumentParser:
     alerts = commands.add_parser("alerts", help="alerts raised, newest last, from the store")
     alerts.add_argument("--minutes", type=float, default=24 * 60, help="how far back (default 1440)")
     alerts.set_defaults(handler=_alerts)
+    for reader in (health, verdicts, trace, history, alerts):
+        reader.add_argument("--json", action="store_true", help="print JSON instead of text")
+    exporter = commands.add_parser(
+        "exporter",
+        help="serve Prometheus metrics on /metrics (KHIPU_EXPORTER_HOST/PORT, optional KHIPU_EXPORTER_TOKEN)",
+    )
+    exporter.set_defaults(handler=_exporter)
 
     topics = commands.add_parser("topics", help="Khipu's own topics").add_subparsers(metavar="ACTION")
     ensure = topics.add_parser("ensure", help="create the trace topic and the lost-messages topic if missing")
@@ -233,31 +248,36 @@ def _store_migrate(_args: argparse.Namespace, settings: KhipuSettings) -> int:
 
 
 def _health(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    from khipu.report.service import consumer_report
+
     store = Store(settings.store_url)
     cluster = args.cluster or settings.cluster
-    statuses = store.health.current_statuses(cluster)
-    latest = {s.key: s for s in store.snapshots.latest(cluster)}
-    store.close()
-    if not statuses:
+    try:
+        report = consumer_report(store, cluster, _now_ms(), args.group)
+    finally:
+        store.close()
+    if args.json:
+        return _print_json(report)
+    if not report.partitions:
         print(f"no health recorded for cluster {cluster!r} yet (the DAG khipu_snapshot_offsets writes it)")
         return 0
-    print(f"{'group':28} {'topic':28} {'part':>4} {'status':12} {'lag':>7}  since")
-    for key, stored in sorted(statuses.items()):
-        snapshot = latest.get(key)
-        lag = snapshot.lag if snapshot is not None else None
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(stored.since_ms / 1000))
+    print(f"{'group':24} {'topic':24} {'part':>4} {'status':11} {'lag':>7} {'time lag':>9}  {'since':20} reason")
+    for p in report.partitions:
+        time_lag = "-" if p.time_lag_ms is None else f"{p.time_lag_ms / 1000:.0f}s"
         print(
-            f"{key.group:28} {key.topic:28} {key.partition:>4} {stored.status_name:12} "
-            f"{'-' if lag is None else lag:>7}  {since}Z"
+            f"{p.group:24} {p.topic:24} {p.partition:>4} {p.status:11} {'-' if p.lag is None else p.lag:>7} "
+            f"{time_lag:>9}  {_utc(p.since_ms):20} {p.reason}"
         )
     return 0
 
 
 def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
     from khipu.detector.model import VERDICT_QUERY
+    from khipu.report.service import check_minutes, check_stream
 
+    check_stream(load_registry(settings.registry_path), args.stream)
+    since = _now_ms() - check_minutes(args.minutes)
     store = Store(settings.store_url)
-    since = time.time_ns() // 1_000_000 - int(args.minutes * 60_000)
     rows = store.verdicts.read(stream=args.stream, since_ms=since)
     beat = store.heartbeat.latest(VERDICT_QUERY)
     store.close()
@@ -266,10 +286,20 @@ def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
         kind = row["verdict"] + (f"/{row['cause']}" if row["cause"] else "")
         per_hop = counts.setdefault((row["stream"], row["hop"]), {})
         per_hop[kind] = per_hop.get(kind, 0) + 1
+    lost = [r for r in rows if r["verdict"] in ("LOST", "CONFIRMED_LOST")][-10:]
+    if args.json:
+        return _print_json(
+            {
+                "minutes": args.minutes,
+                "verdicts": len(rows),
+                "per_hop": [{"stream": s, "hop": h, "kinds": kinds} for (s, h), kinds in sorted(counts.items())],
+                "newest_losses": lost,
+                "heartbeat": beat,
+            }
+        )
     print(f"{len(rows)} verdicts in the last {args.minutes:g} minutes")
     for (stream, hop), kinds in sorted(counts.items()):
         print(f"{stream:14} {hop:52} " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
-    lost = [r for r in rows if r["verdict"] in ("LOST", "CONFIRMED_LOST")][-10:]
     for row in lost:
         print(f"{row['verdict']} {row['message_id']} at {row['hop']} [{row['cause']}]: {row['detail']}")
     late = sum(1 for r in rows if r["late_evidence"])
@@ -278,11 +308,52 @@ def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
     if beat is None:
         print("detector: no heartbeat yet (the DAG khipu_detector starts it)")
     else:
-        age = (time.time_ns() // 1_000_000 - int(beat["at_ms"])) / 1000
+        age = (_now_ms() - int(beat["at_ms"])) / 1000
         print(
             f"detector: last heartbeat {age:.0f}s ago, batch {beat['batch_id']}, {beat['input_rows_per_s']:.0f} "
             f"rows/s in, state rows {beat['state_rows']}, caught up: {bool(beat['caught_up'])}"
         )
+    return 0
+
+
+def _trace(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    from khipu.report.service import UnknownMessage, message_report
+
+    store = Store(settings.store_url)
+    try:
+        report = message_report(
+            store, load_registry(settings.registry_path), settings.archive_dir, args.message_id, _now_ms()
+        )
+    except UnknownMessage as exc:
+        print(f"khipu: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        store.close()
+    if args.json:
+        return _print_json(report)
+    attributes = ", ".join(f"{k}={v}" for k, v in sorted(report.attributes.items()))
+    print(
+        f"message {report.message_id}  stream {report.stream or 'unknown'}"
+        + (f"  ({attributes})" if attributes else "")
+    )
+    for hop in report.hops:
+        verdict = hop.verdict
+        said = "no verdict yet"
+        if verdict is not None:
+            said = str(verdict["verdict"]) + (f"/{verdict['cause']}" if verdict["cause"] else "")
+            said += f" at {_utc(verdict['decided_ms'])} by {verdict['decided_by']}"
+        print(f"{hop.hop_kind:5} {hop.hop}{'' if hop.on_route else '  (not on the route)'}: {said}")
+        for trace in hop.traces:
+            where = trace.location + (f" ({trace.group})" if trace.group else "")
+            print(
+                f"        {trace.type:8} {_utc(trace.at_ms)}  {where}  {trace.topic}[{trace.partition}]@{trace.offset}"
+            )
+        if not hop.traces:
+            print("        no trace")
+        for change in hop.history:
+            print(f"        {change['from_verdict'] or '-'} -> {change['to_verdict']} at {_utc(change['at_ms'])}")
+        if verdict is not None and verdict["detail"]:
+            print(f"        {verdict['detail']}")
     return 0
 
 
@@ -294,6 +365,13 @@ def _history(args: argparse.Namespace, settings: KhipuSettings) -> int:
     if not current:
         print(f"no verdict stored for message {args.message_id!r}", file=sys.stderr)
         return 1
+    if args.json:
+        return _print_json(
+            [
+                {"hop": hop, "now": row, "changes": [h for h in changes if h["hop"] == hop]}
+                for hop, row in sorted(current.items())
+            ]
+        )
     for hop, row in sorted(current.items()):
         steps = [
             f"{h['to_verdict']} at {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(h['at_ms'] / 1000))} UTC "
@@ -315,19 +393,52 @@ def _reason(change: Mapping[str, object]) -> str:
 
 
 def _alerts(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    from khipu.report.service import alerts_report, check_minutes
+
+    since = _now_ms() - check_minutes(args.minutes)
     store = Store(settings.store_url)
-    since = time.time_ns() // 1_000_000 - int(args.minutes * 60_000)
-    rows = store.alerts.read(since_ms=since)
+    rows = list(reversed(alerts_report(store, since)))  # oldest first: the newest ends up above the prompt
     store.close()
+    if args.json:
+        return _print_json(rows)
     for alert in rows:
-        at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(alert.at_ms / 1000))
         sent = (
-            ", ".join(f"{name} {outcome}" for name, outcome in alert.deliveries.items())
-            if alert.delivered_ms
+            ", ".join(f"{name} {outcome}" for name, outcome in alert["deliveries"].items())
+            if alert["delivered_ms"]
             else "pending"
         )
-        print(f"{at}Z {alert.state:8} {alert.severity:8} {alert.title}  [{sent}]")
+        print(f"{_utc(alert['at_ms'])} {alert['state']:8} {alert['severity']:8} {alert['title']}  [{sent}]")
     print(f"{len(rows)} alert(s) in the last {args.minutes:g} minutes")
+    return 0
+
+
+def _exporter(_args: argparse.Namespace, settings: KhipuSettings) -> int:
+    from khipu.report.exporter import ExporterConfig, run_exporter
+
+    run_exporter(settings, ExporterConfig.from_env())
+    return 0
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _utc(ms: int | None) -> str:
+    return "-" if ms is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(int(ms) / 1000)) + "Z"
+
+
+def _print_json(value: object) -> int:
+    import dataclasses
+    import json
+
+    def plain(item: object) -> object:
+        if dataclasses.is_dataclass(item) and not isinstance(item, type):
+            return dataclasses.asdict(item)
+        if isinstance(item, bytes):
+            return item.hex()
+        raise TypeError(f"cannot print {type(item).__name__} as JSON")
+
+    print(json.dumps(value, default=plain, indent=2, sort_keys=True))
     return 0
 
 

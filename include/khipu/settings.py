@@ -43,6 +43,11 @@ class KhipuSettings:
     controller_port: int = 9093
     lost_topic: str = DEFAULT_LOST_TOPIC
 
+    @property
+    def archive_dir(self) -> Path:
+        """The raw-trace archive the detector writes and reconciliation, the view and ``khipu trace`` read."""
+        return self.state_dir / "archive"
+
     def kafka(self, environ: Mapping[str, str] | None = None) -> KafkaConnection:
         """The trace cluster's connection: bootstrap and cluster name from these settings, credentials
         (``KHIPU_KAFKA_*``) from the environment."""

@@ -174,7 +174,7 @@ def application_args(kafka_conn_id: str, store_conn_id: str) -> list[str]:
         "--checkpoint",
         str(checkpoint_dir()),
         "--archive",
-        str(settings.state_dir / "archive"),
+        str(settings.archive_dir),
     ]
 
 

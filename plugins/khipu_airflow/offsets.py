@@ -14,6 +14,7 @@ from khipu.alerting.thresholds import (
     breaches,
     threshold_alerts,
     window_figures,
+    window_start_ms,
 )
 from khipu.health.evaluate import health_config_from_env
 from khipu.health.service import evaluate_cluster
@@ -102,10 +103,10 @@ def check_verdict_thresholds(store_conn_id: str) -> dict[str, Any]:
     registry = load_registry(KhipuSettings.from_env().registry_path)
     config = ThresholdConfig.from_env()
     now = now_ms()
-    since = now - config.window_ms
+    since = window_start_ms(now, config.window_ms)
     store = KhipuStoreHook(store_conn_id).store()
     try:
-        figures = window_figures(store.verdicts.read_metrics(since_ms=since // 60_000 * 60_000))
+        figures = window_figures(store.verdicts.read_metrics(since_ms=since))
         limits = {name: stream.alerts for name, stream in registry.streams.items()}
         found = breaches(figures, limits, config.min_verdicts)
         firing = store.alerts.firing_subjects(VERDICT_ALERT_KIND)

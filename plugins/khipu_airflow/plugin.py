@@ -3,13 +3,11 @@
 The app is mounted at ``/khipu``; the navigation entry ("Khipu", top level) shows ``/khipu/`` inside
 the Airflow UI. Every route of the app needs a valid Airflow login (see :mod:`khipu_airflow.view.app`).
 The view reads the store at ``KHIPU_STORE_URL``, the registry at ``KHIPU_REGISTRY`` and the trace
-archive under ``KHIPU_STATE_DIR/archive`` (``KHIPU_ARCHIVE_DIR`` overrides it) — the settings the
-detector and the CLI use.
+archive under ``KHIPU_STATE_DIR/archive`` — the settings the detector and the CLI use.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
@@ -40,14 +38,11 @@ def airflow_login_url(next_url: str) -> str:
 
 
 def view_sources() -> ViewSources:
-    import os
-
     settings = KhipuSettings.from_env()
-    archive = Path(os.environ.get("KHIPU_ARCHIVE_DIR") or settings.state_dir / "archive")
     return ViewSources(
         open_store=lambda: Store(settings.store_url),
         load_registry=lambda: load_registry(settings.registry_path),
-        archive_dir=archive,
+        archive_dir=settings.archive_dir,
         cluster=settings.cluster,
     )
 

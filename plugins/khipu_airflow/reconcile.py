@@ -55,7 +55,7 @@ def application() -> str:
 
 
 def archive_dir() -> Path:
-    return KhipuSettings.from_env().state_dir / "archive"
+    return KhipuSettings.from_env().archive_dir
 
 
 def archive_coverage(store_conn_id: str) -> ArchiveCoverage:

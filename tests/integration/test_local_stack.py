@@ -3,15 +3,20 @@ traces flow, a second `up` changes nothing, and `down` leaves nothing running.""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from khipu.localstack.airflow import admin_password
 from khipu.localstack.processes import ProcessTable, Started, free_port, port_open
 from khipu.registry import load_registry
 from khipu.trace.topic import read_trace_topic, tally_traces
@@ -27,13 +32,14 @@ def khipu(*args: str, env: dict[str, str], timeout_s: float = 600) -> subprocess
 
 
 def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_everything(tmp_path: Path) -> None:
-    broker_port, controller_port, airflow_port = free_port(), free_port(), free_port()
+    broker_port, controller_port, airflow_port, exporter_port = free_port(), free_port(), free_port(), free_port()
     env = {
         **os.environ,
         "KHIPU_STATE_DIR": str(tmp_path / "state"),
         "KHIPU_BROKER_PORT": str(broker_port),
         "KHIPU_BROKER_CONTROLLER_PORT": str(controller_port),
         "KHIPU_AIRFLOW_PORT": str(airflow_port),
+        "KHIPU_EXPORTER_PORT": str(exporter_port),
     }
     table = ProcessTable(tmp_path / "state")
     started: dict[str, object] = {}
@@ -42,7 +48,7 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
         assert first.returncode == 0, first.stdout + first.stderr
         assert f"Airflow UI: http://127.0.0.1:{airflow_port}  (healthy)" in first.stdout
         assert f"broker: Apache Kafka on 127.0.0.1:{broker_port}" in first.stdout
-        started = {name: table.running(name) for name in ("broker", "airflow", "demo")}
+        started = {name: table.running(name) for name in ("broker", "airflow", "demo", "exporter")}
         assert all(started.values()), started
 
         route = load_registry(ROOT / "config" / "registry.yaml").stream("demo.orders").route
@@ -60,8 +66,32 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
             "broker",
             "airflow",
             "demo",
+            "exporter",
         }
         assert {name: table.running(name) for name in started} == started  # same processes, none added
+
+        # the exporter serves Prometheus metrics; the Khipu view answers only behind Airflow's login
+        with urllib.request.urlopen(f"http://127.0.0.1:{exporter_port}/metrics", timeout=10) as answer:
+            families = {f.name for f in text_string_to_metric_families(answer.read().decode())}
+        assert {"khipu_exporter_scrape_error", "khipu_quarantined_records"} <= families
+        view = f"http://127.0.0.1:{airflow_port}/khipu/api/v1/streams"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(view, timeout=10)
+        assert refused.value.code == 401
+        password = admin_password(tmp_path / "state" / "airflow")
+        assert password is not None
+        login = urllib.request.Request(
+            f"http://127.0.0.1:{airflow_port}/auth/token",
+            data=json.dumps({"username": "admin", "password": password}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(login, timeout=10) as answer:
+            token = json.loads(answer.read())["access_token"]
+        with urllib.request.urlopen(
+            urllib.request.Request(view, headers={"Authorization": f"Bearer {token}"}), timeout=10
+        ) as answer:
+            streams = json.loads(answer.read())
+        assert {s["stream"] for s in streams} == {"demo.orders", "demo.bursts"}
 
         status = khipu("status", env=env)
         assert status.returncode == 0 and "demo     running" in status.stdout
@@ -69,7 +99,7 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
     finally:
         stopped = khipu("down", env=env)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    assert all(table.running(name) is None for name in ("broker", "airflow", "demo"))
+    assert all(table.running(name) is None for name in ("broker", "airflow", "demo", "exporter"))
     assert not [
         s.pid
         for s in started.values()
@@ -78,5 +108,6 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
         and psutil.Process(s.pid).status() != psutil.STATUS_ZOMBIE
     ]
     assert not port_open("127.0.0.1", broker_port) and not port_open("127.0.0.1", airflow_port)
+    assert not port_open("127.0.0.1", exporter_port)
     assert not port_open("127.0.0.1", controller_port)
     assert khipu("status", env=env).returncode == 3

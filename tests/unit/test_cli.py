@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from khipu.cli import main
+from khipu.registry.loader import load_registry
+from khipu.store import Store
+from tests.viewdata import AUDIT_READ, ENRICH_WRITE, STREAM, Seeded, seed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,3 +96,89 @@ def test_history_tells_how_a_messages_verdicts_changed(
         "RETRACTED at 1970-01-01 11:00:00 UTC (detector): RECEIVED trace at 1970-01-01 10:58:00 UTC at offset 7" in out
     )
     assert main(["history", "nope"]) == 1
+
+
+@pytest.fixture
+def seeded_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Seeded, Store]:
+    """A store and archive holding tests/viewdata.py's messages, health, alerts; KHIPU_* point the CLI at them."""
+    import time
+
+    url = f"sqlite:///{tmp_path / 'state' / 'khipu.db'}"
+    (tmp_path / "state").mkdir()
+    monkeypatch.setenv("KHIPU_STORE_URL", url)
+    monkeypatch.setenv("KHIPU_STATE_DIR", str(tmp_path / "state"))
+    store = Store(url)
+    store.migrate()
+    registry = load_registry(ROOT / "config" / "registry.yaml")
+    return seed(store, tmp_path / "state" / "archive", registry, time.time_ns() // 1_000_000), store
+
+
+def test_trace_lays_a_message_along_its_route_in_text_and_json(
+    seeded_store: tuple[Seeded, Store], capsys: pytest.CaptureFixture[str]
+) -> None:
+    seeded, store = seeded_store
+    assert main(["trace", seeded.skipped]) == 0
+    text = capsys.readouterr().out
+    hops = [hop.id for hop in load_registry(ROOT / "config" / "registry.yaml").stream(STREAM).route.hops]
+    assert [
+        line.split(" ", 1)[1].split(":")[0].strip() for line in text.splitlines() if line[:5] in ("write", "read ")
+    ] == hops
+    assert f"{AUDIT_READ}: LOST/consumer_skip" in text and "order_id=order-4711" in text
+    assert text.count("RECEIVED") == 2 and text.count("SENT") == 2
+
+    assert main(["trace", seeded.skipped, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    stored = {r["hop"]: r["verdict"] for r in store.verdicts.read_messages([seeded.skipped])}
+    assert {h["hop"]: (h["verdict"] or {}).get("verdict") for h in report["hops"]} == stored
+    assert main(["trace", "never-seen"]) == 1
+    assert "no verdict and no archived trace of message 'never-seen'" in capsys.readouterr().err
+
+
+def test_health_shows_time_lag_and_reason_and_refuses_an_unknown_group(
+    seeded_store: tuple[Seeded, Store], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, store = seeded_store
+    stalled = next(r for r in store.health.current_rows("local") if r["status"] == "STALL")
+    assert main(["health", "--group", stalled["group_id"]]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith(stalled["group_id"])]
+    assert f"{stalled['time_lag_ms'] // 1000}s" in line and stalled["reason"] in line and " STALL " in line
+    assert main(["health", "--json"]) == 0
+    partitions = json.loads(capsys.readouterr().out)["partitions"]
+    assert sorted((p["group"], p["status"]) for p in partitions) == sorted(
+        (r["group_id"], r["status"]) for r in store.health.current_rows("local")
+    )
+    assert main(["health", "--group", "nobody"]) == 2
+    assert "demo-sink-audit, demo-sink-store" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["verdicts", "--stream", "nope"], "the registry defines: demo.bursts, demo.orders"),
+        (["verdicts", "--minutes", "-5"], "a window of more than 0 minutes"),
+        (["alerts", "--minutes", "0"], "a window of more than 0 minutes"),
+    ],
+)
+def test_unknown_streams_and_negative_windows_exit_2_naming_what_is_known(
+    seeded_store: tuple[Seeded, Store], capsys: pytest.CaptureFixture[str], argv: list[str], named: str
+) -> None:
+    assert main(argv) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_read_commands_print_json_of_what_the_store_holds(
+    seeded_store: tuple[Seeded, Store], capsys: pytest.CaptureFixture[str]
+) -> None:
+    seeded, store = seeded_store
+    assert main(["alerts", "--json"]) == 0
+    alerts = json.loads(capsys.readouterr().out)
+    assert [a["title"] for a in alerts] == [a.title for a in store.alerts.read()]
+    assert main(["verdicts", "--json", "--stream", STREAM]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    in_hour = [r for r in seeded.verdicts if r["decided_ms"] >= seeded.now_ms - 3_600_000]
+    assert summary["verdicts"] == len(in_hour)
+    assert main(["history", seeded.dropped, "--json"]) == 0
+    hops = {h["hop"]: h for h in json.loads(capsys.readouterr().out)}
+    assert set(hops) == {r["hop"] for r in store.verdicts.read_messages([seeded.dropped])}
+    assert [c["to_verdict"] for c in hops[ENRICH_WRITE]["changes"]] == ["LOST", "CONFIRMED_LOST"]
+    assert hops[ENRICH_WRITE]["now"]["verdict"] == "CONFIRMED_LOST"

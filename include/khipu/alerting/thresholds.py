@@ -49,6 +49,11 @@ class ThresholdConfig:
         return cls(**values)
 
 
+def window_start_ms(now_ms: int, window_ms: int) -> int:
+    """The first minute a window of ``window_ms`` ending now sums: the alerts, the exporter and the view agree."""
+    return (now_ms - window_ms) // 60_000 * 60_000
+
+
 @dataclass(frozen=True, slots=True)
 class HopFigures:
     stream: str

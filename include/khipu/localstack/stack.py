@@ -21,12 +21,13 @@ from khipu.localstack.airflow import admin_password, airflow_env, airflow_health
 from khipu.localstack.broker import BrokerError, BrokerSpec, start_broker
 from khipu.localstack.processes import ProcessTable, child_env, port_open
 from khipu.registry.loader import load_registry
+from khipu.report.exporter import ExporterConfig
 from khipu.settings import KhipuSettings, project_root
 from khipu.store import Store
 
-BROKER, AIRFLOW, DEMO, DETECTOR = "broker", "airflow", "demo", "detector"
+BROKER, AIRFLOW, DEMO, DETECTOR, EXPORTER = "broker", "airflow", "demo", "detector", "exporter"
 # stop order: Airflow first, so that its khipu_detector DAG cannot start the detector again meanwhile
-COMPONENTS = (AIRFLOW, DETECTOR, DEMO, BROKER)
+COMPONENTS = (AIRFLOW, DETECTOR, DEMO, EXPORTER, BROKER)
 AIRFLOW_READY_TIMEOUT_S = 300.0
 DEMO_RATE_PER_S = 2.0
 DEMO_FAULTS = (
@@ -151,8 +152,32 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
             cwd=project_root(),
         )
         say(f"demo: started the demo pipeline (pid {started.pid}), {DEMO_RATE_PER_S:g} msg/s, ledger {paths['ledger']}")
+
+    exporter_config = ExporterConfig.from_env()
+    if (exporter := table.running(EXPORTER)) is not None:
+        say(f"exporter: already running (pid {exporter.pid})")
+    else:
+        if port_open("127.0.0.1", exporter_config.port):
+            raise StackError(
+                f"port {exporter_config.port} is taken by a process this stack did not start; "
+                "stop it or set KHIPU_EXPORTER_PORT"
+            )
+        started = table.spawn(
+            EXPORTER,
+            [str(Path(sys.executable).parent / "khipu"), "exporter"],
+            child_env(settings.as_env()),
+            paths["logs"] / "exporter.log",
+            f"Prometheus metrics on {_metrics_url(exporter_config)}",
+            cwd=project_root(),
+        )
+        say(f"exporter: started (pid {started.pid}), {_metrics_url(exporter_config)}")
     say("")
     status(settings, say)
+
+
+def _metrics_url(config: ExporterConfig) -> str:
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    return f"http://{host}:{config.port}/metrics" + (" (bearer token: $KHIPU_EXPORTER_TOKEN)" if config.token else "")
 
 
 def _detector_line(settings: KhipuSettings, table: ProcessTable) -> str:
@@ -201,7 +226,7 @@ def status(settings: KhipuSettings, say: Callable[[str], None] = print) -> bool:
     table = ProcessTable(settings.state_dir)
     paths = _paths(settings)
     all_up = True
-    for name in (BROKER, AIRFLOW, DEMO):
+    for name in (BROKER, AIRFLOW, DEMO, EXPORTER):
         started = table.running(name)
         all_up &= started is not None
         say(
@@ -212,6 +237,9 @@ def status(settings: KhipuSettings, say: Callable[[str], None] = print) -> bool:
     if table.running(AIRFLOW) is not None:
         healthy = airflow_healthy(settings.airflow_port)
         say(f"\nAirflow UI: http://127.0.0.1:{settings.airflow_port}  ({'healthy' if healthy else 'not healthy yet'})")
+        say(
+            f'  the Khipu view: http://127.0.0.1:{settings.airflow_port}/khipu/  (also "Khipu" in the UI\'s navigation)'
+        )
         password_file = paths["airflow_home"] / "simple_auth_manager_passwords.json.generated"
         known = admin_password(paths["airflow_home"]) is not None
         say(
@@ -221,7 +249,7 @@ def status(settings: KhipuSettings, say: Callable[[str], None] = print) -> bool:
     say(f"Kafka bootstrap: {settings.bootstrap_servers}   trace topic: {settings.trace_topic}")
     say(f"logs: {paths['logs']}   demo ledger: {paths['ledger']}")
     say(
-        "see it work: .venv/bin/khipu verdicts | khipu traces count | khipu health | khipu alerts"
+        "see it work: .venv/bin/khipu verdicts | khipu trace MESSAGE_ID | khipu health | khipu alerts"
         " | khipu demo pause demo-sink-audit"
     )
     return all_up

@@ -132,14 +132,18 @@ def series(rows: Iterable[Mapping[str, Any]], start_ms: int, end_ms: int, bucket
 def streams_overview(
     registry: Registry, metric_rows: Sequence[Mapping[str, Any]], now_ms: int, bucket_ms: int = 30 * 60_000
 ) -> list[StreamOverview]:
-    """Every registry stream with every hop of its route, in route order, with the last hour's and last day's
-    figures and the last day's series; hops that have metrics but left the route come after."""
+    """Every registry stream (the busiest first) with every hop of its route, in route order, with the last hour's
+    and last day's figures and the last day's series; hops that have metrics but left the route come after."""
     by_hop: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for row in metric_rows:
         by_hop.setdefault((str(row["stream"]), str(row["hop"])), []).append(row)
     day_start = -(-(now_ms - DAY_MS) // bucket_ms) * bucket_ms  # the first whole bucket of the day
     overviews = []
-    for name, stream in sorted(registry.streams.items()):
+    busiest = sorted(
+        registry.streams, key=lambda name: (-sum(len(r) for (s, _), r in by_hop.items() if s == name), name)
+    )
+    for name in busiest:
+        stream = registry.streams[name]
         hops = [(hop.id, hop.kind.value) for hop in stream.route.hops]
         hops += [(hop, "unknown") for (s, hop) in sorted(by_hop) if s == name and hop not in dict(hops)]
         overviews.append(

@@ -17,6 +17,7 @@ from typing import Any
 
 from khipu.detector.model import ARCHIVE_QUERY, LOSS_KINDS, VERDICT_QUERY, VerdictKind
 from khipu.errors import InvalidSetting
+from khipu.offsets.model import PartitionKey
 from khipu.registry.model import Registry, UnknownStreamError
 from khipu.report.message import MessageReport, lay_out
 from khipu.report.overview import DAY_MS, HOUR_MS, StreamOverview, streams_overview
@@ -204,6 +205,7 @@ class PartitionHealthLine:
     evidence_to_ms: int | None
     committed: int | None
     log_end: int | None
+    lag_history: list[int | None] = field(default_factory=list)  # the last hour's snapshots, oldest first
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,10 +224,12 @@ def consumer_report(store: Store, cluster: str, now_ms: int, group: str | None =
         raise ReportQueryError(
             "group", group, f"a group with health recorded on cluster {cluster!r}: {', '.join(groups) or 'none yet'}"
         )
+    histories = store.snapshots.histories(cluster, since_ms=now_ms - HOUR_MS)
     lines = []
     for row in rows:
         if group is not None and row["group_id"] != group:
             continue
+        key = PartitionKey(row["cluster"], row["group_id"], row["topic"], int(row["partition"]))
         evidence = json.loads(row["evidence"] or "{}")
         window = evidence.get("window") or []
         lines.append(
@@ -246,6 +250,7 @@ def consumer_report(store: Store, cluster: str, now_ms: int, group: str | None =
                 evidence_to_ms=int(window[-1][1]) if window else None,
                 committed=evidence.get("committed"),
                 log_end=evidence.get("log_end"),
+                lag_history=[snapshot.lag for snapshot in histories.get(key, [])],
             )
         )
     windows = [

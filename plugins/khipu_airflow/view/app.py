@@ -23,13 +23,14 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
+from sqlalchemy.exc import SQLAlchemyError
 
 from khipu.reconcile.window import parse_time
 from khipu.registry.model import Registry, UnknownStreamError
 from khipu.report import service
 from khipu.report.overview import DAY_MS
 from khipu.report.service import ReportQueryError, UnknownMessage, VerdictQuery
-from khipu.store import Store
+from khipu.store import Store, StoreError
 from khipu_airflow.view.charts import sparkline
 
 Authenticate = Callable[[Request], Awaitable[Any]]
@@ -90,6 +91,17 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     @app.exception_handler(UnknownStreamError)
     async def unknown_stream(_request: Request, exc: UnknownStreamError) -> Response:
         return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(StoreError)
+    async def store_error(_request: Request, exc: StoreError) -> Response:
+        return JSONResponse({"detail": str(exc)}, status_code=503)
+
+    @app.exception_handler(SQLAlchemyError)
+    async def store_unreadable(_request: Request, exc: SQLAlchemyError) -> Response:
+        origin = getattr(exc, "orig", None) or exc
+        first_line = str(origin).strip().splitlines()[0] if str(origin).strip() else type(origin).__name__
+        detail = f"the Khipu store could not be read ({type(origin).__name__}: {first_line}); is it migrated and up?"
+        return JSONResponse({"detail": detail}, status_code=503)
 
     @app.exception_handler(UnknownMessage)
     async def unknown_message(_request: Request, exc: UnknownMessage) -> Response:
@@ -308,6 +320,10 @@ def _pct(rate: float | None) -> str:
 
 
 def _ms(value: int | float | None) -> str:
+    """A duration for people: 850 ms, 12.5 s, 3.0 min, 2.0 h, 7.0 d."""
     if value is None:
         return "\N{EN DASH}"
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000)):
+        if value >= 2 * size:
+            return f"{value / size:.1f} {unit}"
     return f"{value / 1000:.1f} s" if value >= 10_000 else f"{value:.0f} ms"

@@ -179,9 +179,7 @@ def test_a_viewer_logs_in_and_each_page_shows_what_the_store_holds(
         page.get_by_role("link", name=server.seeded.skipped).click()
         page.wait_for_url(f"**/khipu/messages/{server.seeded.skipped}")
         audit = page.locator(f'div[data-hop="{AUDIT_READ}"]')
-        stored_audit = next(
-            r for r in store.verdicts.read_messages([server.seeded.skipped]) if r["hop"] == AUDIT_READ
-        )
+        stored_audit = next(r for r in store.verdicts.read_messages([server.seeded.skipped]) if r["hop"] == AUDIT_READ)
         assert audit.locator('[data-field="verdict"]').inner_text() == stored_audit["verdict"]
         assert page.locator("tr[data-trace]").count() == 4  # SENT, RECEIVED, SENT, RECEIVED: the archive's traces
         assert f"order_id={server.seeded.order_id}" in page.inner_text("main")

@@ -160,11 +160,13 @@ def test_message_api_lays_the_message_along_its_route(seeded: tuple[TestClient, 
 
 
 def test_health_and_alert_apis_answer_from_the_store(seeded: tuple[TestClient, Seeded, Store]) -> None:
-    client, data, _ = seeded
+    client, data, store = seeded
     consumers = client.get("/api/v1/health/consumers").json()
     stalled = next(p for p in consumers["partitions"] if p["status"] == "STALL")
     assert (stalled["group"], stalled["lag"], stalled["time_lag_ms"]) == ("demo-sink-audit", 40, 180_000)
     assert stalled["evidence_from_ms"] == NOW_MS - 240_000 and "unchanged" in stalled["reason"]
+    key = next(k for k in store.snapshots.histories("local", 0) if k.group == "demo-sink-audit")
+    assert stalled["lag_history"] == [s.lag for s in store.snapshots.histories("local", 0)[key]] == [10, 25, 40]
     assert [w["kind"] for w in consumers["windows"]] == ["skip"]
     assert [t["to_status"] for t in consumers["transitions"]] == ["STALL"]
     unknown = client.get("/api/v1/health/consumers", params={"group": "nobody"})
@@ -207,3 +209,13 @@ def test_pages_show_what_the_store_holds(seeded: tuple[TestClient, Seeded, Store
     assert "STALL" in client.get("/consumers").text
     assert "field 'timestamp_ms': expected an integer" in html.unescape(client.get("/self").text)
     assert "HTTP 500 from the receiver" in client.get("/alerts").text
+
+
+def test_an_unreadable_store_answers_503_saying_so(tmp_path: Path) -> None:
+    registry = load_registry(ROOT / "config" / "registry.yaml")
+    never_migrated = f"sqlite:///{tmp_path / 'empty.db'}"
+    sources = ViewSources(lambda: Store(never_migrated), lambda: registry, None, "local", lambda: NOW_MS)
+    client = TestClient(create_app(sources, token_check, lambda n: n), headers={"Authorization": f"Bearer {TOKEN}"})
+    answer = client.get("/api/v1/streams")
+    assert answer.status_code == 503
+    assert "never migrated" in answer.json()["detail"] and "khipu store migrate" in answer.json()["detail"]

@@ -1,0 +1,178 @@
+"""The Khipu view's response times on a store holding a million verdicts (not a test: it prints figures).
+
+    .venv/bin/python bench/view.py [--verdicts 1000000] [--store-url URL] [--requests 20]
+
+Fills a store (a fresh SQLite file by default; ``--store-url`` for PostgreSQL, an empty database)
+with ``--verdicts`` verdicts of ``demo.orders`` spread over the last day (1 % lost, 0.3 % confirmed
+lost, 0.5 % duplicates), their per-minute metrics computed the way the detector computes them,
+their history, consumer health and heartbeats; then asks the view's app (the same FastAPI app
+Airflow mounts, called in-process, so the figures are the app's and the store's, not the network's)
+for each page and API answer ``--requests`` times and prints the median and the slowest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import HTTPException, Request
+from fastapi.testclient import TestClient
+from sqlalchemy import insert
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
+
+from tests.viewdata import GROUP, HOPS, KIND, STREAM, verdict  # noqa: E402
+
+from khipu.registry.loader import load_registry  # noqa: E402
+from khipu.store import Store, schema  # noqa: E402
+from khipu.verdicts.metrics import minute_metrics, minutes_touched  # noqa: E402
+from khipu_airflow.view.app import ViewSources, create_app  # noqa: E402
+
+CHUNK = 20_000
+
+
+def fill(store: Store, count: int, now_ms: int, say: Callable[[str], None]) -> list[str]:
+    """``count`` verdicts over the last day; returns some lost message ids (to open their pages)."""
+    rng = random.Random(7)
+    messages = count // len(HOPS)
+    day = 86_400_000
+    lost_ids: list[str] = []
+    rows: list[dict[str, Any]] = []
+    history: list[dict[str, Any]] = []
+    started = time.monotonic()
+    written = 0
+    for n in range(messages):
+        decided = now_ms - day + (n * day) // messages
+        message_id = f"bench-{n:08d}"
+        for i, hop in enumerate(HOPS):
+            draw = rng.random()
+            kind, cause = "DELIVERED", None
+            if draw < 0.010:
+                kind, cause = "LOST", ("consumer_skip" if KIND[hop] == "read" else "processor_drop")
+            elif draw < 0.013:
+                kind, cause = "CONFIRMED_LOST", "processor_drop"
+            elif draw < 0.018:
+                kind, cause = "DUPLICATE", "rewind_replay"
+            row = verdict(message_id, hop, kind, decided + i, cause=cause)
+            rows.append({**row, "group_id": row.pop("group")})
+            if kind == "CONFIRMED_LOST":
+                history += [
+                    _change(message_id, hop, None, "LOST", decided),
+                    _change(message_id, hop, "LOST", "CONFIRMED_LOST", decided + 7_200_000),
+                ]
+            if kind == "LOST" and len(lost_ids) < 50:
+                lost_ids.append(message_id)
+        if len(rows) >= CHUNK or n == messages - 1:
+            with store.engine.begin() as tx:
+                tx.execute(insert(schema.verdicts), rows)
+                if history:
+                    tx.execute(insert(schema.verdict_history), history)
+            written += len(rows)
+            rows, history = [], []
+            if written % 200_000 < CHUNK:
+                say(f"  {written:,} verdicts written ({time.monotonic() - started:.0f} s)")
+    say("  computing the per-minute metrics from the stored verdicts ...")
+    keys = minutes_touched([{"stream": STREAM, "hop": hop, "decided_ms": now_ms - day + m * 60_000} for hop in HOPS
+                            for m in range(1441)])  # fmt: skip
+    for start in range(0, len(keys), 500):
+        chunk = keys[start : start + 500]
+        outcomes = store.verdicts.read_outcomes([key.span for key in chunk])
+        store.verdicts.upsert_metrics([minute_metrics(key, outcomes[key.span]) for key in chunk])
+    with store.engine.begin() as tx:
+        tx.execute(
+            insert(schema.partition_health),
+            [
+                {
+                    "cluster": "local", "group_id": group, "topic": "demo.orders-enriched", "partition": p,
+                    "status": "OK", "since_ms": now_ms - 3_600_000, "evaluated_ms": now_ms, "lag": p,
+                    "time_lag_ms": 1000 * p, "reason": "keeping up", "evidence": "{}",
+                }
+                for group in sorted(set(GROUP.values())) for p in range(12)
+            ],
+        )  # fmt: skip
+    return lost_ids
+
+
+def _change(message_id: str, hop: str, before: str | None, after: str, at_ms: int) -> dict[str, Any]:
+    return {
+        "message_id": message_id,
+        "hop": hop,
+        "stream": STREAM,
+        "at_ms": at_ms,
+        "from_verdict": before,
+        "to_verdict": after,
+        "cause": None,
+        "decided_by": "reconciliation" if before else "detector",
+        "reason": after.lower(),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--verdicts", type=int, default=1_000_000)
+    parser.add_argument("--store-url", help="an empty database (default: a fresh SQLite file)")
+    parser.add_argument("--requests", type=int, default=20, help="times each page is asked for (default 20)")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="khipu-bench-view-"))
+    url = args.store_url or f"sqlite:///{work / 'khipu.db'}"
+    store = Store(url)
+    store.migrate()
+    now_ms = time.time_ns() // 1_000_000
+    print(f"filling {store.safe_url} with {args.verdicts:,} verdicts over the last day ...")
+    started = time.monotonic()
+    lost_ids = fill(store, args.verdicts, now_ms, print)
+    print(f"filled in {time.monotonic() - started:.0f} s")
+    store.close()
+
+    registry = load_registry(ROOT / "config" / "registry.yaml")
+
+    async def anyone(_request: Request) -> str:  # the bench measures the app and the store, not Airflow's login
+        return "bench"
+
+    app = create_app(
+        ViewSources(lambda: Store(url), lambda: registry, work / "archive", "local", lambda: now_ms),
+        anyone,
+        lambda _next: "/login",
+    )
+    client = TestClient(app)
+    first = client.get("/api/v1/verdicts", params={"limit": 50}).json()
+    deep_cursor = first["next_cursor"]
+    for _ in range(19):  # the 21st page of losses
+        deep_cursor = client.get("/api/v1/verdicts", params={"limit": 50, "cursor": deep_cursor}).json()["next_cursor"]
+    asks: list[tuple[str, str, dict[str, Any]]] = [
+        ("streams overview page", "/", {}),
+        ("lost messages page (newest 50)", "/lost", {}),
+        ("lost messages, 21st page", "/api/v1/verdicts", {"cursor": deep_cursor}),
+        ("lost messages of one hop and cause", "/lost", {"hop": HOPS[-1], "cause": "consumer_skip"}),
+        ("lost messages of one hour, a day ago", "/lost", {"since": str(now_ms - 86_000_000),
+                                                           "until": str(now_ms - 82_400_000)}),
+        ("message page", f"/messages/{lost_ids[0]}", {}),
+        ("consumer health page", "/consumers", {}),
+        ("API: streams", "/api/v1/streams", {}),
+        ("API: 60 minutes of metrics", f"/api/v1/streams/{STREAM}/metrics", {}),
+    ]  # fmt: skip
+    print(f"\n{args.verdicts:,} verdicts in {store.safe_url}; each page asked {args.requests} times\n")
+    print(f"| {'page':40} | median ms | slowest ms |")
+    print(f"|{'-' * 42}|-----------|------------|")
+    for name, path, params in asks:
+        times = []
+        for _ in range(args.requests):
+            t0 = time.perf_counter()
+            answer = client.get(path, params=params)
+            times.append((time.perf_counter() - t0) * 1000)
+            if answer.status_code != 200:
+                raise HTTPException(answer.status_code, f"{path}: {answer.text[:300]}")
+        print(f"| {name:40} | {statistics.median(times):9.1f} | {max(times):10.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

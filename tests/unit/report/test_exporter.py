@@ -1,0 +1,365 @@
+"""The Prometheus exporter, scraped over HTTP from a real SQLite store seeded as the Khipu view's tests seed it.
+
+Every expected figure is computed here from what the store holds (its rows, read back), never copied
+from the seed; the exporter reads the store through its own queries and windows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.registry import CollectorRegistry
+from sqlalchemy import insert
+
+from khipu.alerting.model import Alert, AlertState, Severity
+from khipu.alerting.thresholds import ThresholdConfigError
+from khipu.detector.model import ARCHIVE_QUERY, VERDICT_QUERY
+from khipu.health.rules import PartitionStatus
+from khipu.localstack.processes import free_port
+from khipu.report.exporter import (
+    LATENCY_BUCKETS_S,
+    ExporterConfig,
+    ExporterConfigError,
+    ExportWindows,
+    KhipuCollector,
+    run_exporter,
+)
+from khipu.settings import KhipuSettings
+from khipu.store import Store, schema
+from tests.unit.report.conftest import CLUSTER, NOW_MS, SeededStore, StartExporter
+from tests.unit.report.scraping import Labels, labels_of, scrape
+
+HOUR_MS, MINUTE_MS = 3_600_000, 60_000
+TOKEN = "exporter-test-token"
+
+
+def hop_labels(stream: str, hop: str) -> Labels:
+    return labels_of({"stream": stream, "hop": hop})
+
+
+def decided_since(seeded: SeededStore, since_ms: int) -> list[dict[str, Any]]:
+    return [row for row in seeded.store.verdicts.rows() if row["decided_ms"] >= since_ms]
+
+
+def test_verdicts_count_the_stored_verdicts_decided_in_the_last_hour(
+    seeded: SeededStore, start_exporter: StartExporter
+) -> None:
+    served = scrape(start_exporter(seeded.url).url).series("khipu_verdicts")
+    in_hour = decided_since(seeded, NOW_MS - HOUR_MS)
+    expected = Counter(
+        labels_of({"stream": r["stream"], "hop": r["hop"], "verdict": r["verdict"], "cause": r["cause"] or ""})
+        for r in in_hour
+    )
+    assert served == {labels: float(count) for labels, count in expected.items()}
+    assert sum(served.values()) < len(seeded.store.verdicts.rows())  # the day's older verdicts stay out
+
+
+@pytest.mark.parametrize("window_ms", [ExportWindows().alert_window_ms, 15 * MINUTE_MS], ids=["default", "15min"])
+def test_hop_rates_are_those_of_the_alert_window_in_whole_minutes(
+    seeded: SeededStore, start_exporter: StartExporter, window_ms: int
+) -> None:
+    scraped = scrape(start_exporter(seeded.url, windows=ExportWindows(alert_window_ms=window_ms)).url)
+    since = (NOW_MS - window_ms) // MINUTE_MS * MINUTE_MS  # the alert task's window: whole minutes
+    in_window = decided_since(seeded, since)
+    expected_rates: dict[str, dict[Labels, float]] = {"loss": {}, "duplicate": {}, "verdicts": {}}
+    for stream, hop in {(r["stream"], r["hop"]) for r in in_window}:
+        verdicts = [r["verdict"] for r in in_window if (r["stream"], r["hop"]) == (stream, hop)]
+        lost = sum(v in ("LOST", "CONFIRMED_LOST") for v in verdicts)
+        expected_rates["loss"][hop_labels(stream, hop)] = lost / len(verdicts)
+        expected_rates["duplicate"][hop_labels(stream, hop)] = verdicts.count("DUPLICATE") / len(verdicts)
+        expected_rates["verdicts"][hop_labels(stream, hop)] = float(len(verdicts))
+    assert scraped.series("khipu_hop_loss_rate") == pytest.approx(expected_rates["loss"])
+    assert scraped.series("khipu_hop_duplicate_rate") == pytest.approx(expected_rates["duplicate"])
+    assert scraped.series("khipu_hop_verdicts_window") == expected_rates["verdicts"]
+    if window_ms > 10 * MINUTE_MS:  # the window reaches the seeded loss and duplicate
+        assert max(scraped.series("khipu_hop_loss_rate").values()) > 0
+        assert max(scraped.series("khipu_hop_duplicate_rate").values()) > 0
+
+
+def test_the_latency_histogram_buckets_the_last_hours_stored_latencies(
+    seeded: SeededStore, start_exporter: StartExporter
+) -> None:
+    scraped = scrape(start_exporter(seeded.url).url)
+    buckets = scraped.series("khipu_hop_latency_seconds_bucket")
+    with_latency = [r for r in decided_since(seeded, NOW_MS - HOUR_MS) if r["latency_ms"] is not None]
+    hops = {(r["stream"], r["hop"]) for r in with_latency}
+    expected_buckets = {}
+    for stream, hop in hops:
+        latencies_s = [r["latency_ms"] / 1000 for r in with_latency if (r["stream"], r["hop"]) == (stream, hop)]
+        for bound in (*LATENCY_BUCKETS_S, float("inf")):
+            le = "+Inf" if bound == float("inf") else str(bound)
+            labels = labels_of({"stream": stream, "hop": hop, "le": le})
+            expected_buckets[labels] = float(sum(latency <= bound for latency in latencies_s))
+        assert scraped.series("khipu_hop_latency_seconds_gcount")[hop_labels(stream, hop)] == len(latencies_s)
+        assert scraped.series("khipu_hop_latency_seconds_gsum")[hop_labels(stream, hop)] == pytest.approx(
+            sum(latencies_s)
+        )
+    assert buckets == expected_buckets
+    assert len({value for value in buckets.values()}) > 1  # the bounds split the latencies
+
+
+def test_consumer_partitions_show_the_stored_lag_time_lag_and_status_code(
+    seeded: SeededStore, start_exporter: StartExporter
+) -> None:
+    scraped = scrape(start_exporter(seeded.url).url)
+    rows = seeded.store.health.current_rows(CLUSTER)
+
+    def key(row: dict[str, Any]) -> Labels:
+        return labels_of(
+            {
+                "cluster": row["cluster"],
+                "group": row["group_id"],
+                "topic": row["topic"],
+                "partition": str(row["partition"]),
+            }
+        )
+
+    assert scraped.series("khipu_consumer_partition_lag") == {key(r): float(r["lag"]) for r in rows}
+    assert scraped.series("khipu_consumer_partition_time_lag_seconds") == {
+        key(r): r["time_lag_ms"] / 1000 for r in rows
+    }
+    statuses = scraped.series("khipu_consumer_partition_status")
+    assert statuses == {key(r): float(PartitionStatus[r["status"]].value) for r in rows}
+    assert {PartitionStatus(int(code)).name for code in statuses.values()} == {r["status"] for r in rows}
+
+
+def test_detector_metrics_are_the_newest_heartbeat_and_absent_for_a_query_without_one(
+    seeded: SeededStore, start_exporter: StartExporter
+) -> None:
+    scraped = scrape(start_exporter(seeded.url).url)
+    beat = seeded.store.heartbeat.latest(VERDICT_QUERY)
+    assert beat is not None and seeded.store.heartbeat.latest(ARCHIVE_QUERY) is None
+    query = labels_of({"query": VERDICT_QUERY})
+    expected = {
+        "khipu_detector_heartbeat_age_seconds": (NOW_MS - beat["at_ms"]) / 1000,
+        "khipu_detector_input_rows_per_second": beat["input_rows_per_s"],
+        "khipu_detector_processed_rows_per_second": beat["processed_rows_per_s"],
+        "khipu_detector_batch_duration_seconds": beat["batch_duration_ms"] / 1000,
+        "khipu_detector_state_rows": beat["state_rows"],
+    }
+    for name, value in expected.items():
+        assert scraped.series(name) == {query: pytest.approx(value)}, name  # nothing for the archive query
+
+
+def test_quarantine_and_trace_gaps_are_what_the_trace_channel_holds(
+    seeded: SeededStore, start_exporter: StartExporter
+) -> None:
+    gap = {"after_ms": NOW_MS - 60_000, "before_ms": NOW_MS - 50_000, "noticed_ms": NOW_MS - 40_000}
+    with seeded.store.engine.begin() as tx:  # a second emitter at the seeded location, and another location
+        tx.execute(
+            insert(schema.trace_gaps),
+            [
+                {"emitter_id": "demo-enricher-e2", "location": "demo-enricher", "from_seq": 5, "to_seq": 7, **gap},
+                {"emitter_id": "demo-enricher-e2", "location": "demo-enricher", "from_seq": 9, "to_seq": 10, **gap},
+                {"emitter_id": "demo-producer-e1", "location": "demo-producer", "from_seq": 1, "to_seq": 5, **gap},
+            ],
+        )
+    scraped = scrape(start_exporter(seeded.url).url)
+    total, _ = seeded.store.channel.quarantine_page(limit=1)
+    assert scraped.value("khipu_quarantined_records") == total
+    open_gaps: Counter[Labels] = Counter()
+    missing: Counter[Labels] = Counter()
+    for row in seeded.store.channel.gap_summary():
+        open_gaps[labels_of({"location": row["location"]})] += row["gaps"]
+        missing[labels_of({"location": row["location"]})] += row["missing"]
+    assert scraped.series("khipu_trace_gaps") == {labels: float(n) for labels, n in open_gaps.items()}
+    assert scraped.series("khipu_trace_gap_missing_traces") == {labels: float(n) for labels, n in missing.items()}
+
+
+def test_alerts_firing_counts_the_subjects_whose_last_alert_fired(
+    seeded: SeededStore, start_exporter: StartExporter
+) -> None:
+    server = start_exporter(seeded.url)
+
+    def expected() -> dict[Labels, float]:
+        kinds = [dict(labels)["kind"] for labels in scrape(server.url).series("khipu_alerts_firing")]
+        return {labels_of({"kind": k}): float(len(seeded.store.alerts.firing_subjects(k))) for k in kinds}
+
+    before = scrape(server.url).series("khipu_alerts_firing")
+    assert before == expected() and sum(before.values()) > 0
+    (fired,) = [a for a in seeded.store.alerts.read() if a.state == "firing"]
+    resolved = Alert(
+        key="exporter-resolve-1",
+        subject=fired.subject,
+        kind=fired.kind,
+        state=AlertState.RESOLVED,
+        severity=Severity.INFO,
+        title="resolved",
+        at_ms=NOW_MS - 1_000,
+    )
+    seeded.store.alerts.add(resolved)
+    after = scrape(server.url).series("khipu_alerts_firing")
+    assert after == expected()
+    assert after[labels_of({"kind": fired.kind})] == before[labels_of({"kind": fired.kind})] - 1
+
+
+def test_no_label_value_is_a_stored_message_id(seeded: SeededStore, start_exporter: StartExporter) -> None:
+    samples = scrape(start_exporter(seeded.url).url).samples()
+    message_ids = {row["message_id"] for row in seeded.store.verdicts.rows()}
+    label_values = {value for sample in samples for value in sample.labels.values()}
+    assert samples and label_values
+    assert not label_values & message_ids
+    assert not any(message_id in value for value in label_values for message_id in message_ids)
+
+
+def test_a_set_token_is_required_and_compared_exactly(seeded: SeededStore, start_exporter: StartExporter) -> None:
+    server = start_exporter(seeded.url, token=TOKEN)
+    refusals = [
+        scrape(server.url),
+        scrape(server.url, token="wrong"),
+        scrape(server.url, token=TOKEN + "x"),
+        scrape(server.url, authorization=TOKEN),  # no "Bearer"
+        scrape(server.url.replace("/metrics", "/other")),  # every path needs it
+    ]
+    for refused in refusals:
+        assert refused.status == 401
+        assert refused.headers["WWW-Authenticate"].startswith("Bearer")
+        assert "khipu_" not in refused.body
+    allowed = scrape(server.url, token=TOKEN)
+    assert allowed.status == 200
+    assert allowed.value("khipu_exporter_scrape_error") == 0
+
+
+def test_paths_other_than_metrics_answer_404(seeded: SeededStore, start_exporter: StartExporter) -> None:
+    server = start_exporter(seeded.url)
+    for path in ("/", "/metrics/", "/favicon.ico", "/api"):
+        answer = scrape(server.url.replace("/metrics", path))
+        assert answer.status == 404, path
+        assert "/metrics" in answer.body
+    assert scrape(server.url).status == 200
+
+
+def test_an_unmigrated_store_answers_200_with_scrape_error_and_no_store_metrics(
+    tmp_path: Path, seeded: SeededStore, start_exporter: StartExporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    empty_url = f"sqlite:///{tmp_path / 'never-migrated.db'}"
+    with caplog.at_level(logging.ERROR, logger="khipu.report.exporter"):
+        broken = scrape(start_exporter(empty_url).url)
+    healthy = scrape(start_exporter(seeded.url).url)
+    assert broken.status == 200 and healthy.status == 200
+    assert broken.value("khipu_exporter_scrape_error") == 1 and healthy.value("khipu_exporter_scrape_error") == 0
+    assert {s.name for s in broken.samples()} == {
+        "khipu_exporter_scrape_error",
+        "khipu_exporter_scrape_duration_seconds",
+    }
+    assert {"khipu_verdicts", "khipu_consumer_partition_lag"} <= {s.name for s in healthy.samples()}
+    assert "khipu store migrate" in caplog.text  # the StoreError says what to do
+
+
+def test_the_store_password_never_reaches_the_log_or_the_scrape(
+    start_exporter: StartExporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    password = "s3cret-store-pw"
+    url = f"postgresql+psycopg2://khipu:{password}@127.0.0.1:{free_port()}/khipu"  # nothing listens there
+    with caplog.at_level(logging.DEBUG):
+        scraped = scrape(start_exporter(url).url)
+    assert scraped.status == 200 and scraped.value("khipu_exporter_scrape_error") == 1
+    assert "khipu:***@127.0.0.1" in caplog.text  # the error was logged, naming the store safely
+    assert password not in caplog.text and password not in scraped.body
+
+
+def test_the_scrape_duration_is_timed_with_the_given_clock(seeded: SeededStore) -> None:
+    ticks = iter([100.0, 100.375])
+    collector = KhipuCollector(lambda: Store(seeded.url), CLUSTER, lambda: NOW_MS, elapsed_s=lambda: next(ticks))
+    (duration,) = [f for f in collector.collect() if f.name == "khipu_exporter_scrape_duration_seconds"]
+    assert [sample.value for sample in duration.samples] == [0.375]
+
+
+def test_registering_the_collector_reads_nothing_from_the_store() -> None:
+    def no_store() -> Store:
+        raise AssertionError("describe must not open the store")
+
+    registry = CollectorRegistry()
+    registry.register(KhipuCollector(no_store, CLUSTER, lambda: NOW_MS))
+    names = {family.name for family in KhipuCollector(no_store, CLUSTER, lambda: NOW_MS).describe()}
+    assert {"khipu_verdicts", "khipu_hop_latency_seconds", "khipu_exporter_scrape_error"} <= names
+
+
+def test_exporter_config_reads_its_environment() -> None:
+    assert ExporterConfig.from_env({}) == ExporterConfig(host="127.0.0.1", port=9477, token=None)
+    config = ExporterConfig.from_env(
+        {
+            "KHIPU_EXPORTER_HOST": "0.0.0.0",
+            "KHIPU_EXPORTER_PORT": "9500",
+            "KHIPU_EXPORTER_TOKEN": TOKEN,
+            "KHIPU_ALERT_WINDOW_MS": "600000",
+        }
+    )
+    assert (config.host, config.port, config.token, config.alert_window_ms) == ("0.0.0.0", 9500, TOKEN, 600_000)
+    assert TOKEN not in repr(config)
+    assert ExporterConfig.from_env({"KHIPU_EXPORTER_TOKEN": ""}).token is None  # empty: unset
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("KHIPU_EXPORTER_PORT", "0", "TCP port number"),  # 1. not a port one can scrape
+        ("KHIPU_EXPORTER_PORT", "65536", "TCP port number"),  # 2. above the range
+        ("KHIPU_EXPORTER_PORT", "http", "TCP port number"),  # 3. not a number
+        ("KHIPU_EXPORTER_HOST", "", "host name or IP address"),  # 4. empty
+        ("KHIPU_EXPORTER_HOST", "0.0.0.0:9477", "without a port"),  # 5. the port belongs in KHIPU_EXPORTER_PORT
+        ("KHIPU_EXPORTER_HOST", "http://localhost", "without a port or scheme"),  # 6. a URL, not a host
+    ],
+)
+def test_bad_exporter_settings_name_the_variable_the_value_and_what_is_expected(
+    variable: str, value: str, expected: str
+) -> None:
+    with pytest.raises(ExporterConfigError) as raised:
+        ExporterConfig.from_env({variable: value})
+    assert raised.value.setting == variable and raised.value.value == value
+    assert variable in str(raised.value) and repr(value) in str(raised.value) and expected in str(raised.value)
+
+
+def test_a_bad_token_is_refused_without_showing_it() -> None:
+    token = "two words"
+    with pytest.raises(ExporterConfigError) as raised:
+        ExporterConfig.from_env({"KHIPU_EXPORTER_TOKEN": token})
+    assert raised.value.setting == "KHIPU_EXPORTER_TOKEN" and "without spaces" in str(raised.value)
+    assert token not in str(raised.value) and "words" not in str(raised.value)
+
+
+def test_a_bad_alert_window_is_the_threshold_settings_error() -> None:
+    with pytest.raises(ThresholdConfigError) as raised:
+        ExporterConfig.from_env({"KHIPU_ALERT_WINDOW_MS": "soon"})
+    assert raised.value.setting == "KHIPU_ALERT_WINDOW_MS"
+
+
+def test_run_exporter_serves_until_sigterm_and_never_prints_the_token(seeded: SeededStore, tmp_path: Path) -> None:
+    settings = KhipuSettings.from_env(
+        {"KHIPU_STORE_URL": seeded.url, "KHIPU_STATE_DIR": str(tmp_path / "state"), "KHIPU_CLUSTER": CLUSTER}
+    )
+    config = ExporterConfig(port=free_port(), token=TOKEN)
+    said: list[str] = []
+    listening = threading.Event()
+    answers: dict[str, Any] = {}
+
+    def say(line: str) -> None:
+        said.append(line)
+        listening.set()
+
+    def scrape_then_stop() -> None:
+        if not listening.wait(timeout=60):
+            return  # run_exporter failed to start: it raised in the main thread
+        try:
+            url = f"http://127.0.0.1:{config.port}/metrics"
+            answers["refused"], answers["allowed"] = scrape(url).status, scrape(url, token=TOKEN)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    handler_before = signal.getsignal(signal.SIGTERM)
+    stopper = threading.Thread(target=scrape_then_stop)
+    stopper.start()
+    run_exporter(settings, config, say=say)  # returns on SIGTERM
+    stopper.join(timeout=60)
+    (line,) = said
+    assert f"127.0.0.1:{config.port}/metrics" in line and "token" in line and TOKEN not in line
+    assert answers["refused"] == 401 and answers["allowed"].status == 200
+    assert answers["allowed"].value("khipu_exporter_scrape_error") == 0
+    assert signal.getsignal(signal.SIGTERM) == handler_before  # restored
