@@ -108,6 +108,14 @@ def _parser() -> argparse.ArgumentParser:
         steer.add_argument("group", help="a consumer group of the demo stream, e.g. demo-sink-audit")
         steer.add_argument("--stream", default=DEMO_STREAM, help=f"the demo's registry stream (default {DEMO_STREAM})")
         steer.set_defaults(handler=_demo_steer, paused=action == "pause")
+    steer_faults = demo.add_parser(
+        "faults",
+        help="change fault rates of the running demo, e.g. consumer_skip=0.2 (raise the loss rate); --reset undoes",
+        description="Change fault rates of the running demo: each NAME=RATE overrides the rate it started with.",
+    )
+    steer_faults.add_argument("rates", nargs="*", metavar="NAME=RATE")
+    steer_faults.add_argument("--reset", action="store_true", help="back to the rates the demo started with")
+    steer_faults.set_defaults(handler=_demo_faults)
     truth = demo.add_parser("truth", help="summarize a ground-truth ledger per hop")
     truth.add_argument("ledger", type=Path)
     truth.add_argument("--run-id", help="only this run")
@@ -236,6 +244,18 @@ def _demo_steer(args: argparse.Namespace, settings: KhipuSettings) -> int:
     control = DemoControl(settings.state_dir / "demo" / "control.json")
     paused = control.set_paused(args.group, args.paused)
     print(f"{args.group} {'paused' if args.paused else 'resumed'}; paused now: {', '.join(sorted(paused)) or 'none'}")
+    return 0
+
+
+def _demo_faults(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    if not args.rates and not args.reset:
+        raise DemoConfigError("faults", "", "NAME=RATE items (e.g. consumer_skip=0.2) or --reset")
+    parsed = FaultRates.parse(args.rates).as_dict()
+    rates = {name: parsed[name] for name in (item.partition("=")[0] for item in args.rates)}
+    control = DemoControl(settings.state_dir / "demo" / "control.json")
+    now = control.set_faults(rates, reset=args.reset)
+    shown = ", ".join(f"{name}={rate:g}" for name, rate in sorted(now.items())) or "none (the rates it started with)"
+    print(f"demo fault rates changed now: {shown}; the running demo applies them within a second")
     return 0
 
 

@@ -182,3 +182,20 @@ def test_read_commands_print_json_of_what_the_store_holds(
     assert set(hops) == {r["hop"] for r in store.verdicts.read_messages([seeded.dropped])}
     assert [c["to_verdict"] for c in hops[ENRICH_WRITE]["changes"]] == ["LOST", "CONFIRMED_LOST"]
     assert hops[ENRICH_WRITE]["now"]["verdict"] == "CONFIRMED_LOST"
+
+
+def test_demo_faults_steers_the_running_demos_rates_and_refuses_unknown_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from khipu.demo.control import DemoControl
+
+    monkeypatch.setenv("KHIPU_STATE_DIR", str(tmp_path))
+    control = DemoControl(tmp_path / "demo" / "control.json", check_interval_s=0)
+    assert main(["demo", "faults", "consumer_skip=0.2"]) == 0
+    assert control.fault_overrides() == {"consumer_skip": 0.2} and "consumer_skip=0.2" in capsys.readouterr().out
+    assert main(["demo", "faults", "skipping=0.2"]) == 2
+    assert "consumer_skip, processor_drop" in capsys.readouterr().err
+    assert main(["demo", "faults", "consumer_skip=2"]) == 2
+    assert "a probability in [0, 1]" in capsys.readouterr().err
+    assert main(["demo", "faults", "--reset"]) == 0
+    assert control.fault_overrides() == {}

@@ -81,9 +81,10 @@ class FaultPlan:
     rates: FaultRates
     seed: int = 0
 
-    def injects(self, fault: Fault, key: str) -> bool:
-        """Whether ``fault`` strikes the message (or trace) identified by ``key``."""
-        rate = self.rates.rate(fault)
+    def injects(self, fault: Fault, key: str, rate: float | None = None) -> bool:
+        """Whether ``fault`` strikes the message (or trace) identified by ``key`` (at ``rate`` instead of the
+        plan's, when given: a rate changed while the demo runs)."""
+        rate = self.rates.rate(fault) if rate is None else rate
         if rate <= 0.0:
             return False
         digest = hashlib.blake2b(f"{self.seed}|{fault.value}|{key}".encode(), digest_size=8).digest()

@@ -138,7 +138,7 @@ def _position(msg: Message) -> tuple[str, int, int]:
 class _FaultyTraceEmitter(TraceEmitter):
     """A trace emitter whose channel loses the traces the plan picks (the trace_loss fault)."""
 
-    def __init__(self, config: TraceEmitterConfig, plan: FaultPlan, ledger: LedgerWriter) -> None:
+    def __init__(self, config: TraceEmitterConfig, plan: SteeredPlan, ledger: LedgerWriter) -> None:
         super().__init__(config)
         self._plan = plan
         self._ledger = ledger
@@ -566,16 +566,26 @@ class _Sink(_ConsumerComponent):
         self.commit(force=True)
 
 
+class SteeredPlan:
+    """The fault plan, with the rates changed while the demo runs (``khipu demo faults``) taking precedence."""
+
+    def __init__(self, plan: FaultPlan, control: DemoControl) -> None:
+        self.plan, self.control = plan, control
+
+    def injects(self, fault: Fault, key: str) -> bool:
+        return self.plan.injects(fault, key, self.control.fault_overrides().get(fault.value))
+
+
 class _Demo:
     """Owns the shared pieces: config, plan, ledger, stop signal, and the emitters it created."""
 
     def __init__(self, config: DemoConfig, topology: DemoTopology) -> None:
         self.config = config
         self.topology = topology
-        self.plan = FaultPlan(config.faults, config.seed)
         self.sampling_percent = config.sampling_percent or topology.stream.sampling_percent
         self.ledger = LedgerWriter(config.ledger_path)
         self.control = DemoControl(config.ledger_path.parent / "control.json")
+        self.plan = SteeredPlan(FaultPlan(config.faults, config.seed), self.control)
         self.stop = threading.Event()
         self.emitters: dict[str, TraceEmitter] = {}
 
