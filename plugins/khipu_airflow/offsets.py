@@ -110,7 +110,11 @@ def check_verdict_thresholds(store_conn_id: str) -> dict[str, Any]:
         limits = {name: stream.alerts for name, stream in registry.streams.items()}
         found = breaches(figures, limits, config.min_verdicts)
         firing = store.alerts.firing_subjects(VERDICT_ALERT_KIND)
-        causes = store.verdicts.cause_counts(since, ["LOST", "CONFIRMED_LOST"])
+        causes = {
+            (stream, hop, metric): counts
+            for metric, kinds in (("loss_rate", ["LOST", "CONFIRMED_LOST"]), ("duplicate_rate", ["DUPLICATE"]))
+            for (stream, hop), counts in store.verdicts.cause_counts(since, kinds).items()
+        }
         alerts = threshold_alerts(found, firing, causes, now)
         added = sum(store.alerts.add(alert) for alert in alerts)
     finally:

@@ -133,16 +133,18 @@ def breaches(
 def threshold_alerts(
     now: Mapping[str, Breach],
     firing: Collection[str],
-    causes: Mapping[tuple[str, str], Mapping[str, int]],
+    causes: Mapping[tuple[str, str, str], Mapping[str, int]],
     now_ms: int,
 ) -> list[Alert]:
     """A firing alert for each breach not firing yet; a resolve for each firing subject no longer breached.
-    ``firing``: the subjects whose last stored alert of this kind fired."""
+    ``firing``: the subjects whose last stored alert of this kind fired; ``causes``: per (stream, hop, metric),
+    the causes of the verdicts that metric counts (losses for loss_rate, duplicates for duplicate_rate)."""
     alerts: list[Alert] = []
     for subject, breach in sorted(now.items()):
         if subject in firing:
             continue
-        top = dict(sorted(causes.get((breach.stream, breach.hop), {}).items(), key=lambda kv: -kv[1])[:3])
+        of_metric = causes.get((breach.stream, breach.hop, breach.metric), {})
+        top = dict(sorted(of_metric.items(), key=lambda kv: -kv[1])[:3])
         shown = _shown(breach.metric, breach.value)
         alerts.append(
             Alert(

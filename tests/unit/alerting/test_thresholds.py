@@ -37,7 +37,11 @@ def test_a_crossing_fires_once_with_figure_threshold_and_causes_and_resolves_onc
     figures = window_figures([minute(0, 97, lost=3)])
     found = breaches(figures, LIMITS, min_verdicts=20)
     assert sorted(found) == [f"orders {HOP} loss_rate"]
-    (fired,) = threshold_alerts(found, set(), {("orders", HOP): {"skipped_by_consumer": 2, "expired": 1}}, 5_000)
+    causes = {
+        ("orders", HOP, "loss_rate"): {"skipped_by_consumer": 2, "expired": 1},
+        ("orders", HOP, "duplicate_rate"): {"rewind_replay": 9},
+    }
+    (fired,) = threshold_alerts(found, set(), causes, 5_000)
     assert fired.state is AlertState.FIRING and fired.details["value"] == 0.03 and fired.details["threshold"] == 0.01
     assert "loss_rate 3.00 % at local/out -> s1, above its threshold 1.00 %" in fired.title
     assert "top causes skipped_by_consumer 2, expired 1" in fired.title
@@ -52,9 +56,16 @@ def test_too_few_verdicts_or_a_stream_without_thresholds_say_nothing() -> None:
     assert breaches(figures, {}, min_verdicts=1) == {}
 
 
-def test_latency_and_duplicates_have_their_own_thresholds() -> None:
+def test_latency_and_duplicates_have_their_own_thresholds_and_causes() -> None:
     found = breaches(window_figures([minute(0, 90, duplicate=10, p99=2_001)]), LIMITS, min_verdicts=20)
     assert sorted(b.metric for b in found.values()) == ["duplicate_rate", "latency_p99_ms"]
+    causes = {
+        ("orders", HOP, "loss_rate"): {"skipped_by_consumer": 4},
+        ("orders", HOP, "duplicate_rate"): {"rewind_replay": 10},
+    }
+    fired = {alert.details["metric"]: alert for alert in threshold_alerts(found, set(), causes, 5_000)}
+    assert fired["duplicate_rate"].details["top_causes"] == {"rewind_replay": 10}
+    assert fired["latency_p99_ms"].details["top_causes"] == {}
 
 
 def test_settings_are_read_once_and_checked() -> None:
