@@ -56,9 +56,9 @@ def fill(store: Store, count: int, now_ms: int, say: Callable[[str], None]) -> l
             draw = rng.random()
             kind, cause = "DELIVERED", None
             if draw < 0.010:
-                kind, cause = "LOST", ("consumer_skip" if KIND[hop] == "read" else "processor_drop")
+                kind, cause = "LOST", ("skipped_by_consumer" if KIND[hop] == "read" else "dropped_in_processor")
             elif draw < 0.013:
-                kind, cause = "CONFIRMED_LOST", "processor_drop"
+                kind, cause = "CONFIRMED_LOST", "dropped_in_processor"
             elif draw < 0.018:
                 kind, cause = "DUPLICATE", "rewind_replay"
             row = verdict(message_id, hop, kind, decided + i, cause=cause)
@@ -133,12 +133,13 @@ def main() -> int:
     store.close()
 
     registry = load_registry(ROOT / "config" / "registry.yaml")
+    view_store = Store(url)
 
     async def anyone(_request: Request) -> str:  # the bench measures the app and the store, not Airflow's login
         return "bench"
 
     app = create_app(
-        ViewSources(lambda: Store(url), lambda: registry, work / "archive", "local", lambda: now_ms),
+        ViewSources(lambda: view_store, lambda: registry, work / "archive", "local", lambda: now_ms),
         anyone,
         lambda _next: "/login",
     )
@@ -151,7 +152,7 @@ def main() -> int:
         ("streams overview page", "/", {}),
         ("lost messages page (newest 50)", "/lost", {}),
         ("lost messages, 21st page", "/api/v1/verdicts", {"cursor": deep_cursor}),
-        ("lost messages of one hop and cause", "/lost", {"hop": HOPS[-1], "cause": "consumer_skip"}),
+        ("lost messages of one hop and cause", "/lost", {"hop": HOPS[-1], "cause": "skipped_by_consumer"}),
         ("lost messages of one hour, a day ago", "/lost", {"since": str(now_ms - 86_000_000),
                                                            "until": str(now_ms - 82_400_000)}),
         ("message page", f"/messages/{lost_ids[0]}", {}),

@@ -41,8 +41,8 @@ GROUP = {ENRICH_READ: "demo-enricher", STORE_READ: "demo-sink-store", AUDIT_READ
 @dataclass
 class Seeded:
     now_ms: int
-    skipped: str  # LOST at AUDIT_READ, consumer_skip (traces in the archive, with an order_id)
-    dropped: str  # CONFIRMED_LOST at ENRICH_WRITE, history LOST -> CONFIRMED_LOST
+    skipped: str  # LOST at AUDIT_READ, skipped_by_consumer (traces in the archive, with an order_id)
+    dropped: str  # CONFIRMED_LOST at ENRICH_WRITE, dropped_in_processor, history LOST -> CONFIRMED_LOST
     retracted: str  # RETRACTED at STORE_READ, history LOST -> RETRACTED
     duplicated: str  # DUPLICATE at STORE_READ
     order_id: str  # the skipped message's recovery attribute
@@ -92,7 +92,9 @@ def seed(store: Store, archive_dir: Path, registry: Registry, now_ms: int) -> Se
     at = now_ms - 10 * minute
     rows += [verdict(seeded.skipped, hop, "DELIVERED", at) for hop in (PRODUCE, ENRICH_READ, ENRICH_WRITE, STORE_READ)]
     rows.append(
-        verdict(seeded.skipped, AUDIT_READ, "LOST", at + 1, cause="consumer_skip", detail="skipped by demo-sink-audit")
+        verdict(
+            seeded.skipped, AUDIT_READ, "LOST", at + 1, cause="skipped_by_consumer", detail="skipped by demo-sink-audit"
+        )
     )
     rows += [verdict(seeded.dropped, hop, "DELIVERED", at - minute) for hop in (PRODUCE, ENRICH_READ)]
     rows.append(
@@ -101,7 +103,7 @@ def seed(store: Store, archive_dir: Path, registry: Registry, now_ms: int) -> Se
             ENRICH_WRITE,
             "CONFIRMED_LOST",
             at - minute + 5,
-            cause="processor_drop",
+            cause="dropped_in_processor",
             decided_by="reconciliation",
             detail="dropped in demo-enricher",
         )
@@ -175,7 +177,8 @@ def seed(store: Store, archive_dir: Path, registry: Registry, now_ms: int) -> Se
         kind="verdict_threshold",
         state=AlertState.FIRING,
         severity=Severity.CRITICAL,
-        title=f"{STREAM}: loss_rate 2.00 % at {AUDIT_READ}, above its threshold 0.10 %",
+        title=f"{STREAM}: loss_rate 25.00 % at {AUDIT_READ}, above its threshold "
+        f"{100 * registry.stream(STREAM).alerts.loss_rate:.2f} %",
         at_ms=now_ms - 8 * minute,
         details={"stream": STREAM},
     )

@@ -110,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
         steer.set_defaults(handler=_demo_steer, paused=action == "pause")
     steer_faults = demo.add_parser(
         "faults",
-        help="change fault rates of the running demo, e.g. consumer_skip=0.2 (raise the loss rate); --reset undoes",
+        help="change fault rates of the running demo, e.g. processor_drop=0.2 (raise the loss rate); --reset undoes",
         description="Change fault rates of the running demo: each NAME=RATE overrides the rate it started with.",
     )
     steer_faults.add_argument("rates", nargs="*", metavar="NAME=RATE")
@@ -249,7 +249,7 @@ def _demo_steer(args: argparse.Namespace, settings: KhipuSettings) -> int:
 
 def _demo_faults(args: argparse.Namespace, settings: KhipuSettings) -> int:
     if not args.rates and not args.reset:
-        raise DemoConfigError("faults", "", "NAME=RATE items (e.g. consumer_skip=0.2) or --reset")
+        raise DemoConfigError("faults", "", "NAME=RATE items (e.g. processor_drop=0.2) or --reset")
     parsed = FaultRates.parse(args.rates).as_dict()
     rates = {name: parsed[name] for name in (item.partition("=")[0] for item in args.rates)}
     control = DemoControl(settings.state_dir / "demo" / "control.json")
@@ -293,38 +293,43 @@ def _health(args: argparse.Namespace, settings: KhipuSettings) -> int:
 
 def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
     from khipu.detector.model import VERDICT_QUERY
-    from khipu.report.service import check_minutes, check_stream
+    from khipu.report.service import LOSS_VERDICTS, check_minutes, check_stream
 
-    check_stream(load_registry(settings.registry_path), args.stream)
+    if args.stream is not None:
+        check_stream(load_registry(settings.registry_path), args.stream)
     since = _now_ms() - check_minutes(args.minutes)
     store = Store(settings.store_url)
-    rows = store.verdicts.read(stream=args.stream, since_ms=since)
-    beat = store.heartbeat.latest(VERDICT_QUERY)
-    store.close()
+    try:
+        kinds = store.verdicts.kind_counts(since)
+        lost = store.verdicts.page(verdicts=LOSS_VERDICTS, stream=args.stream, since_ms=since, limit=10)
+        late = store.verdicts.page(stream=args.stream, since_ms=since, late_evidence=True, limit=1000)
+        beat = store.heartbeat.latest(VERDICT_QUERY)
+    finally:
+        store.close()
     counts: dict[tuple[str, str], dict[str, int]] = {}
-    for row in rows:
-        kind = row["verdict"] + (f"/{row['cause']}" if row["cause"] else "")
-        per_hop = counts.setdefault((row["stream"], row["hop"]), {})
-        per_hop[kind] = per_hop.get(kind, 0) + 1
-    lost = [r for r in rows if r["verdict"] in ("LOST", "CONFIRMED_LOST")][-10:]
+    for (stream, hop, verdict, cause), number in kinds.items():
+        if args.stream in (None, stream):
+            counts.setdefault((stream, hop), {})[verdict + (f"/{cause}" if cause else "")] = number
+    total = sum(sum(per_hop.values()) for per_hop in counts.values())
     if args.json:
         return _print_json(
             {
                 "minutes": args.minutes,
-                "verdicts": len(rows),
-                "per_hop": [{"stream": s, "hop": h, "kinds": kinds} for (s, h), kinds in sorted(counts.items())],
+                "verdicts": total,
+                "per_hop": [{"stream": s, "hop": h, "kinds": k} for (s, h), k in sorted(counts.items())],
                 "newest_losses": lost,
+                "late_evidence": len(late),
                 "heartbeat": beat,
             }
         )
-    print(f"{len(rows)} verdicts in the last {args.minutes:g} minutes")
-    for (stream, hop), kinds in sorted(counts.items()):
-        print(f"{stream:14} {hop:52} " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
-    for row in lost:
+    print(f"{total} verdicts in the last {args.minutes:g} minutes")
+    for (stream, hop), per_hop in sorted(counts.items()):
+        print(f"{stream:14} {hop:52} " + ", ".join(f"{k} {n}" for k, n in sorted(per_hop.items())))
+    for row in reversed(lost):
         print(f"{row['verdict']} {row['message_id']} at {row['hop']} [{row['cause']}]: {row['detail']}")
-    late = sum(1 for r in rows if r["late_evidence"])
     if late:
-        print(f"{late} verdicts have late evidence: the next reconciliation re-decides them (khipu history ID)")
+        shown = f"{len(late)}+" if len(late) == 1000 else str(len(late))
+        print(f"{shown} verdicts have late evidence: the next reconciliation re-decides them (khipu history ID)")
     if beat is None:
         print("detector: no heartbeat yet (the DAG khipu_detector starts it)")
     else:
@@ -448,17 +453,11 @@ def _utc(ms: int | None) -> str:
 
 
 def _print_json(value: object) -> int:
-    import dataclasses
     import json
 
-    def plain(item: object) -> object:
-        if dataclasses.is_dataclass(item) and not isinstance(item, type):
-            return dataclasses.asdict(item)
-        if isinstance(item, bytes):
-            return item.hex()
-        raise TypeError(f"cannot print {type(item).__name__} as JSON")
+    from khipu.report.plain import plain
 
-    print(json.dumps(value, default=plain, indent=2, sort_keys=True))
+    print(json.dumps(plain(value), indent=2, sort_keys=True))
     return 0
 
 

@@ -8,6 +8,7 @@ archive under ``KHIPU_STATE_DIR/archive`` — the settings the detector and the 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
@@ -39,8 +40,9 @@ def airflow_login_url(next_url: str) -> str:
 
 def view_sources() -> ViewSources:
     settings = KhipuSettings.from_env()
+    shared = functools.cache(lambda: Store(settings.store_url))  # opened at the first request, kept after
     return ViewSources(
-        open_store=lambda: Store(settings.store_url),
+        store=shared,
         load_registry=lambda: load_registry(settings.registry_path),
         archive_dir=settings.archive_dir,
         cluster=settings.cluster,

@@ -28,13 +28,13 @@ from khipu.reconcile.window import (
     ReconcileWindow,
     archive_behind,
     coverage_problems,
-    hour_of,
     hour_start_ms,
     iso,
 )
 from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings, project_root
 from khipu.store import Store
+from khipu.trace.archive import hour_of
 from khipu_airflow.detector import driver_log_config
 from khipu_airflow.hooks import KhipuKafkaHook, KhipuStoreHook, cluster_connections
 

@@ -123,7 +123,7 @@ def test_trace_lays_a_message_along_its_route_in_text_and_json(
     assert [
         line.split(" ", 1)[1].split(":")[0].strip() for line in text.splitlines() if line[:5] in ("write", "read ")
     ] == hops
-    assert f"{AUDIT_READ}: LOST/consumer_skip" in text and "order_id=order-4711" in text
+    assert f"{AUDIT_READ}: LOST/skipped_by_consumer" in text and "order_id=order-4711" in text
     assert text.count("RECEIVED") == 2 and text.count("SENT") == 2
 
     assert main(["trace", seeded.skipped, "--json"]) == 0

@@ -24,6 +24,8 @@ from khipu.registry.model import AlertThresholds
 
 VERDICT_ALERT_KIND = "verdict_threshold"
 LOSSES = ("lost", "confirmed_lost")
+# the per-minute counts a window's verdicts are the sum of (a rate's denominator): the alerts, the exporter, the view
+COUNTED_KINDS = ("delivered", "lost", "confirmed_lost", "duplicate", "trace_lost", "pending", "retracted")
 
 
 class ThresholdConfigError(InvalidSetting):
@@ -74,7 +76,7 @@ class HopFigures:
 
 def window_figures(metric_rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], HopFigures]:
     """The window's figures per (stream, hop) from its minute metric rows."""
-    counted = ("delivered", "lost", "duplicate", "trace_lost", "pending", "confirmed_lost", "retracted")
+    counted = COUNTED_KINDS
     figures: dict[tuple[str, str], HopFigures] = {}
     for row in metric_rows:
         key = (str(row["stream"]), str(row["hop"]))

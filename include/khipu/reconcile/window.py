@@ -25,19 +25,14 @@ from khipu.detector.model import DetectorConfig, Verdict, VerdictKind
 from khipu.errors import InvalidSetting
 from khipu.reconcile.settle import Change, Judge, settle
 from khipu.registry.model import Hop, Stream, TopicRef
+from khipu.trace.archive import HOUR_MS, hour_of
 from khipu.trace.model import Trace
 
-HOUR_MS = 3_600_000
 DEFAULT_HORIZON_MS = 2 * HOUR_MS
 
 
 class ReconcileError(InvalidSetting):
     kind = "reconciliation setting"
-
-
-def hour_of(ms: int) -> str:
-    """The archive's hour partition of a time: ``2026-11-23-10``."""
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d-%H")
 
 
 def hour_start_ms(hour: str) -> int:

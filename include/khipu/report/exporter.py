@@ -49,9 +49,9 @@ from khipu.alerting.thresholds import (
 from khipu.detector.model import ARCHIVE_QUERY, VERDICT_QUERY
 from khipu.errors import InvalidSetting
 from khipu.health.rules import PartitionStatus
-from khipu.report.overview import HOUR_MS
 from khipu.settings import KhipuSettings
 from khipu.store import Store, StoreError
+from khipu.trace.archive import HOUR_MS
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,11 @@
 """The streams overview: per stream and hop, what the verdicts of a window say, and how it moved.
 
 Computed from the store's minute metric rows (``verdict_metrics``), never from the verdicts
-themselves, so the page costs the same at a million verdicts as at a thousand. Over a window:
-counts are summed and the rates recomputed from the sums (as the threshold alerts do); latency
-p95 and p99 are the worst minute's (a bound that never hides a bad minute, the figure the alerts
-compare), p50 is the median of the minutes' p50s weighted by their delivered counts.
+themselves, so the page costs the same at a million verdicts as at a thousand. A window sums the
+minutes from the one holding its start (:func:`khipu.alerting.thresholds.window_start_ms`, as the
+alerts and the exporter do); the rates are recomputed from the sums; latency p95 and p99 are the
+worst minute's (a bound that never hides a bad minute), p50 is the median of the minutes' p50s
+weighted by their delivered counts.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from khipu.alerting.thresholds import COUNTED_KINDS as COUNTED
+from khipu.alerting.thresholds import window_start_ms
 from khipu.registry.model import Registry
+from khipu.trace.archive import HOUR_MS
 
-HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
-COUNTED = ("delivered", "lost", "confirmed_lost", "duplicate", "trace_lost", "pending", "retracted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,18 +49,6 @@ class WindowFigures:
     @property
     def duplicate_rate(self) -> float:
         return self.duplicate / self.verdicts if self.verdicts else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        shown = {name: getattr(self, name) for name in ("since_ms", *COUNTED)}
-        return {
-            **shown,
-            "verdicts": self.verdicts,
-            "loss_rate": self.loss_rate,
-            "duplicate_rate": self.duplicate_rate,
-            "latency_p50_ms": self.latency_p50_ms,
-            "latency_p95_ms": self.latency_p95_ms,
-            "latency_p99_ms": self.latency_p99_ms,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +82,7 @@ class StreamOverview:
 
 
 def window_figures(rows: Iterable[Mapping[str, Any]], since_ms: int) -> WindowFigures:
-    """One hop's figures from its minute rows at or after ``since_ms``."""
+    """One hop's figures from its minute rows at or after ``since_ms`` (a minute's start)."""
     counts = dict.fromkeys(COUNTED, 0)
     p50s: list[tuple[int, int]] = []
     p95: int | None = None
@@ -158,8 +148,8 @@ def streams_overview(
                         stream=name,
                         hop=hop,
                         hop_kind=kind,
-                        last_hour=window_figures(by_hop.get((name, hop), ()), now_ms - HOUR_MS),
-                        last_day=window_figures(by_hop.get((name, hop), ()), now_ms - DAY_MS),
+                        last_hour=window_figures(by_hop.get((name, hop), ()), window_start_ms(now_ms, HOUR_MS)),
+                        last_day=window_figures(by_hop.get((name, hop), ()), window_start_ms(now_ms, DAY_MS)),
                         series=series(by_hop.get((name, hop), ()), day_start, now_ms, bucket_ms),
                     )
                     for hop, kind in hops

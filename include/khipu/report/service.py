@@ -10,24 +10,35 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from khipu.detector.model import ARCHIVE_QUERY, LOSS_KINDS, VERDICT_QUERY, VerdictKind
+from pyarrow import ArrowException
+
+from khipu.detector.model import ARCHIVE_QUERY, LOSS_KINDS, VERDICT_QUERY, Cause, VerdictKind
+from khipu.detector.supervise import SupervisionConfig
 from khipu.errors import InvalidSetting
 from khipu.offsets.model import PartitionKey
+from khipu.reconcile.window import horizon_from_env
 from khipu.registry.model import Registry, UnknownStreamError
 from khipu.report.message import MessageReport, lay_out
-from khipu.report.overview import DAY_MS, HOUR_MS, StreamOverview, streams_overview
+from khipu.report.overview import DAY_MS, StreamOverview, streams_overview
 from khipu.store import Store
-from khipu.trace.archive import read_traces
+from khipu.trace.archive import HOUR_MS, hours_between, read_traces, read_traces_in_hours
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
+MAX_MINUTES = 366 * 24 * 60  # a year: the longest window a question may ask about
+MAX_ATTRIBUTE_HOURS = 48  # a page's recovery attributes read at most this many archive hours (the newest)
 LOSS_VERDICTS = tuple(sorted(kind.value for kind in LOSS_KINDS))
-TRACE_SLACK_MS = 2 * HOUR_MS  # traces of a message come at most this long before its first verdict
+VERDICT_KINDS = tuple(sorted(kind.value for kind in VerdictKind))
+CAUSES = tuple(sorted(cause.value for cause in Cause))
 
 
 class ReportQueryError(InvalidSetting):
@@ -46,10 +57,15 @@ def check_stream(registry: Registry, stream: str | None) -> None:
 
 
 def check_minutes(minutes: float) -> int:
-    """A window in minutes -> ms; it must be positive."""
-    if not minutes > 0:
-        raise ReportQueryError("minutes", minutes, "a window of more than 0 minutes")
+    """A window in minutes -> ms; it must be more than 0 and at most a year."""
+    if not (math.isfinite(minutes) and 0 < minutes <= MAX_MINUTES):
+        raise ReportQueryError("minutes", minutes, f"a window of more than 0 minutes, at most {MAX_MINUTES} (a year)")
     return int(minutes * 60_000)
+
+
+def trace_slack_ms() -> int:
+    """How long before its first verdict a message's traces may have come: the reconciliation horizon."""
+    return horizon_from_env()
 
 
 def overview(store: Store, registry: Registry, now_ms: int) -> list[StreamOverview]:
@@ -74,10 +90,11 @@ class VerdictQuery:
     cursor: str | None = None  # the page after the one whose ``next_cursor`` this is
 
     def checked(self, registry: Registry) -> VerdictQuery:
-        known = {kind.value for kind in VerdictKind}
         for verdict in self.verdicts:
-            if verdict not in known:
-                raise ReportQueryError("verdict", verdict, f"one of {', '.join(sorted(known))}")
+            if verdict not in VERDICT_KINDS:
+                raise ReportQueryError("verdict", verdict, f"one of {', '.join(VERDICT_KINDS)}")
+        if self.cause is not None and self.cause not in CAUSES:
+            raise ReportQueryError("cause", self.cause, f"one of {', '.join(CAUSES)}")
         check_stream(registry, self.stream)
         if self.hop is not None:
             hops = sorted(
@@ -98,6 +115,7 @@ class VerdictPage:
     rows: list[dict[str, Any]]  # verdict columns + "attributes" (recovery) + "history" (its changes)
     next_cursor: str | None  # None: this was the last page
     query: dict[str, Any] = field(default_factory=dict)
+    attributes_note: str | None = None  # why some recovery attributes are not shown (None: all read)
 
 
 def encode_cursor(row: dict[str, Any]) -> str:
@@ -110,6 +128,8 @@ def decode_cursor(cursor: str | None) -> tuple[int, str, str] | None:
         return None
     try:
         decided_ms, message_id, hop = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if not 0 <= int(decided_ms) < 2**62:
+            raise ValueError(decided_ms)
         return int(decided_ms), str(message_id), str(hop)
     except (ValueError, TypeError):
         raise ReportQueryError("cursor", cursor, "the next_cursor of a previous page") from None
@@ -131,10 +151,9 @@ def verdict_page(store: Store, registry: Registry, archive_dir: Path | None, que
     more, rows = len(rows) > query.limit, rows[: query.limit]
     ids = {str(row["message_id"]) for row in rows}
     histories = store.verdicts.histories(ids)
-    attributes = _attributes(archive_dir, rows)
+    attributes, note = _attributes(archive_dir, rows)
     for row in rows:
-        row["history"] = histories.get(str(row["message_id"]), [])
-        row["history"] = [change for change in row["history"] if change["hop"] == row["hop"]]
+        row["history"] = [c for c in histories.get(str(row["message_id"]), []) if c["hop"] == row["hop"]]
         row["attributes"] = attributes.get(str(row["message_id"]), {})
     return VerdictPage(
         rows=rows,
@@ -148,23 +167,34 @@ def verdict_page(store: Store, registry: Registry, archive_dir: Path | None, que
             "until_ms": query.until_ms,
             "limit": query.limit,
         },
+        attributes_note=note,
     )
 
 
-def _attributes(archive_dir: Path | None, rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, str]]:
+def _attributes(
+    archive_dir: Path | None, rows: Sequence[dict[str, Any]]
+) -> tuple[dict[str, dict[str, str]], str | None]:
+    """The recovery attributes of the rows' messages, from the archive hours each row's traces can be in (at most
+    the newest MAX_ATTRIBUTE_HOURS of them); an archive that cannot be read costs the attributes, not the page."""
     if archive_dir is None or not rows:
-        return {}
-    times = [int(row.get("first_seen_ms") or row["decided_ms"]) for row in rows]
-    traces = read_traces(
-        archive_dir,
-        {str(row["message_id"]) for row in rows},
-        min(times) - TRACE_SLACK_MS,
-        max(int(row["decided_ms"]) for row in rows),
-    )
+        return {}, None
+    slack = trace_slack_ms()
+    hours: set[int] = set()
+    for row in rows:
+        hours.update(hours_between(int(row.get("first_seen_ms") or row["decided_ms"]) - slack, int(row["decided_ms"])))
+    read = sorted(hours)[-MAX_ATTRIBUTE_HOURS:]
+    note = None
+    if len(read) < len(hours):
+        note = f"recovery attributes read from the newest {MAX_ATTRIBUTE_HOURS} of {len(hours)} archive hours"
+    try:
+        traces = read_traces_in_hours(archive_dir, {str(row["message_id"]) for row in rows}, read)
+    except (OSError, ArrowException) as exc:
+        log.warning("recovery attributes not read from the trace archive %s: %s", archive_dir, exc)
+        return {}, f"recovery attributes unavailable: the trace archive could not be read ({type(exc).__name__})"
     found: dict[str, dict[str, str]] = {}
     for trace in traces:
         found.setdefault(trace.message_id, {}).update(trace.attributes)
-    return found
+    return found, note
 
 
 def message_report(
@@ -174,8 +204,9 @@ def message_report(
     verdicts = store.verdicts.read_messages([message_id])
     history = store.verdicts.history(message_id)
     if verdicts:
+        slack = trace_slack_ms()
         seen = [int(row.get("first_seen_ms") or row["decided_ms"]) for row in verdicts]
-        span = (min(seen) - TRACE_SLACK_MS, max(int(row["decided_ms"]) for row in verdicts) + TRACE_SLACK_MS)
+        span = (min(seen) - slack, max(int(row["decided_ms"]) for row in verdicts) + slack)
     else:
         span = (now_ms - DAY_MS, now_ms)
     traces = read_traces(archive_dir, [message_id], *span) if archive_dir is not None else []
@@ -263,13 +294,12 @@ def consumer_report(store: Store, cluster: str, now_ms: int, group: str | None =
             "to_offset": w.to_offset,
             "detected_ms": w.detected_ms,
         }
-        for w in store.health.offset_windows(cluster)
-        if group in (None, w.key.group) and w.detected_ms >= now_ms - DAY_MS
+        for w in store.health.offset_windows(cluster, since_ms=now_ms - DAY_MS)
+        if group in (None, w.key.group)
     ]
     transitions = [
         {k: row[k] for k in ("group_id", "topic", "partition", "from_status", "to_status", "at_ms", "reason")}
-        for row in store.health.transition_rows(cluster, since_ms=now_ms - DAY_MS)
-        if group in (None, row["group_id"])
+        for row in store.health.transition_rows(cluster, since_ms=now_ms - DAY_MS, group=group)
     ]
     return ConsumerReport(cluster, lines, sorted(windows, key=lambda w: -int(w["detected_ms"])), transitions)
 
@@ -285,6 +315,7 @@ class QueryBeat:
     batch_duration_ms: int | None
     state_rows: int | None
     caught_up: bool | None
+    stale: bool  # no heartbeat, or none for longer than the detector-down alert allows
     series: list[dict[str, Any]]  # the last hour: at_ms, input and processed rows/s, batch duration, state rows
 
 
@@ -296,8 +327,16 @@ class KhipuHealth:
     emitters_with_gaps: list[dict[str, Any]]  # per emitter: gaps open, sequence numbers missing
 
 
-def khipu_health(store: Store, now_ms: int, queries: Collection[str] = (VERDICT_QUERY, ARCHIVE_QUERY)) -> KhipuHealth:
-    """Khipu's own health: the detector's heartbeat and rates, and the trace channel's gaps and quarantine."""
+def khipu_health(
+    store: Store,
+    now_ms: int,
+    queries: Collection[str] = (VERDICT_QUERY, ARCHIVE_QUERY),
+    stale_after_ms: int | None = None,
+) -> KhipuHealth:
+    """Khipu's own health: the detector's heartbeat and rates, and the trace channel's gaps and quarantine. A
+    heartbeat older than ``stale_after_ms`` (default: the detector-down alert's, KHIPU_DETECTOR_STALE_AFTER_S)
+    is stale."""
+    stale_ms = SupervisionConfig.from_env().stale_after_ms if stale_after_ms is None else stale_after_ms
     beats = []
     for name in queries:
         latest = store.heartbeat.latest(name)
@@ -319,6 +358,7 @@ def khipu_health(store: Store, now_ms: int, queries: Collection[str] = (VERDICT_
                 batch_duration_ms=None if latest is None else latest["batch_duration_ms"],
                 state_rows=None if latest is None else latest["state_rows"],
                 caught_up=None if latest is None else bool(latest["caught_up"]),
+                stale=latest is None or now_ms - int(latest["at_ms"]) > stale_ms,
                 series=series,
             )
         )

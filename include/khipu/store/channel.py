@@ -163,7 +163,9 @@ class TraceChannelRepository:
             .order_by(table.c.location, table.c.emitter_id)
         )
         with self._engine.begin() as tx:
-            return [dict(row._mapping) for row in tx.execute(query)]
+            return [  # SUM is a Decimal on PostgreSQL: counts come back as ints on every database
+                {**row._mapping, "gaps": int(row.gaps), "missing": int(row.missing or 0)} for row in tx.execute(query)
+            ]
 
     def record_sequences(
         self,

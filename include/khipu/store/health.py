@@ -206,15 +206,16 @@ class HealthRepository:
         with self._engine.begin() as tx:
             return [dict(row._mapping) for row in tx.execute(query)]
 
-    def transition_rows(self, cluster: str, since_ms: int = 0, limit: int = 200) -> list[dict[str, Any]]:
-        """The newest status changes since ``since_ms``, newest first, with their reason and evidence."""
+    def transition_rows(
+        self, cluster: str, since_ms: int = 0, group: str | None = None, limit: int = 200
+    ) -> list[dict[str, Any]]:
+        """The newest status changes since ``since_ms`` (of one group, when given), newest first, with their
+        reason and evidence."""
         table = schema.health_transitions
-        query = (
-            select(table)
-            .where(table.c.cluster == cluster, table.c.at_ms >= since_ms)
-            .order_by(table.c.at_ms.desc(), table.c.id.desc())
-            .limit(limit)
-        )
+        query = select(table).where(table.c.cluster == cluster, table.c.at_ms >= since_ms)
+        if group is not None:
+            query = query.where(table.c.group_id == group)
+        query = query.order_by(table.c.at_ms.desc(), table.c.id.desc()).limit(limit)
         with self._engine.begin() as tx:
             return [dict(row._mapping) for row in tx.execute(query)]
 
@@ -233,11 +234,18 @@ class HealthRepository:
             ]
 
     def offset_windows(
-        self, cluster: str, topic: str | None = None, partition: int | None = None, covering_offset: int | None = None
+        self,
+        cluster: str,
+        topic: str | None = None,
+        partition: int | None = None,
+        covering_offset: int | None = None,
+        since_ms: int | None = None,
     ) -> list[StoredWindow]:
-        """Stored windows, optionally of one partition and containing ``covering_offset``."""
+        """Stored windows, optionally of one partition, containing ``covering_offset``, detected since ``since_ms``."""
         table = schema.offset_windows
         query = select(table).where(table.c.cluster == cluster)
+        if since_ms is not None:
+            query = query.where(table.c.detected_ms >= since_ms)
         if topic is not None:
             query = query.where(table.c.topic == topic)
         if partition is not None:

@@ -157,6 +157,7 @@ verdicts = Table(
     Column("announced_ms", BigInteger),  # a CONFIRMED_LOST: when the confirmed-losses Asset carried it
     Index("ix_verdicts_stream_time", "stream", "decided_ms"),
     Index("ix_verdicts_kind", "verdict", "decided_ms"),
+    Index("ix_verdicts_time", "decided_ms"),
 )
 
 # Every change of a stored verdict: "LOST at 10:02, RETRACTED at 11:00: RECEIVED trace at 10:58".

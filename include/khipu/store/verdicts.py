@@ -300,6 +300,7 @@ class VerdictRepository:
         cause: str | None = None,
         since_ms: int | None = None,
         until_ms: int | None = None,
+        late_evidence: bool | None = None,
         before: tuple[int, str, str] | None = None,
         limit: int = 50,
     ) -> list[dict[str, Any]]:
@@ -316,6 +317,8 @@ class VerdictRepository:
             query = query.where(table.c.decided_ms >= since_ms)
         if until_ms is not None:
             query = query.where(table.c.decided_ms < until_ms)
+        if late_evidence is not None:
+            query = query.where(table.c.late_evidence.is_(late_evidence))
         if before is not None:
             query = query.where(tuple_(table.c.decided_ms, table.c.message_id, table.c.hop) < tuple_(*before))
         query = query.order_by(table.c.decided_ms.desc(), table.c.message_id.desc(), table.c.hop.desc()).limit(limit)

@@ -7,9 +7,9 @@ The view, the API and ``khipu trace`` ask for the traces of a few messages; they
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,19 +50,34 @@ class ArchivedTrace:
     attributes: dict[str, str]
 
 
+def hour_of(ms: int) -> str:
+    """The archive's hour partition of a time (UTC): ``2026-11-23-10``."""
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d-%H")
+
+
 def hour_folder(at_ms: int) -> str:
     """The archive's partition folder name of the UTC hour holding ``at_ms`` (``hour=2026-11-23-16``)."""
-    return "hour=" + time.strftime("%Y-%m-%d-%H", time.gmtime(at_ms // 1000))
+    return f"hour={hour_of(at_ms)}"
+
+
+def hours_between(from_ms: int, to_ms: int) -> range:
+    """The hours (ms // HOUR_MS) from the one holding ``from_ms`` to the one holding ``to_ms``, both included."""
+    return range(from_ms // HOUR_MS, to_ms // HOUR_MS + 1)
 
 
 def read_traces(archive_dir: Path, message_ids: Collection[str], from_ms: int, to_ms: int) -> list[ArchivedTrace]:
     """Every archived trace of these messages in the hours from ``from_ms`` to ``to_ms`` (both included),
     oldest first. An archive or hour that does not exist holds nothing."""
-    if not message_ids or to_ms < from_ms:
+    return read_traces_in_hours(archive_dir, message_ids, hours_between(from_ms, to_ms))
+
+
+def read_traces_in_hours(archive_dir: Path, message_ids: Collection[str], hours: Iterable[int]) -> list[ArchivedTrace]:
+    """Every archived trace of these messages in these hours (ms // HOUR_MS), oldest first."""
+    if not message_ids:
         return []
     folders = [
         archive_dir / hour_folder(hour * HOUR_MS)
-        for hour in range(from_ms // HOUR_MS, to_ms // HOUR_MS + 1)
+        for hour in sorted(set(hours))
         if (archive_dir / hour_folder(hour * HOUR_MS)).is_dir()
     ]
     if not folders:

@@ -14,7 +14,7 @@ gets 401.
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
@@ -29,6 +29,7 @@ from khipu.reconcile.window import parse_time
 from khipu.registry.model import Registry, UnknownStreamError
 from khipu.report import service
 from khipu.report.overview import DAY_MS
+from khipu.report.plain import plain
 from khipu.report.service import ReportQueryError, UnknownMessage, VerdictQuery
 from khipu.store import Store, StoreError
 from khipu_airflow.view.charts import sparkline
@@ -42,7 +43,7 @@ API = "/api/v1"
 class ViewSources:
     """Where the view reads from: the store, the registry, the trace archive, the cluster judged, the clock."""
 
-    open_store: Callable[[], Store]
+    store: Callable[[], Store]  # the store every request reads (one, shared: its engine pools connections)
     load_registry: Callable[[], Registry]
     archive_dir: Path | None
     cluster: str
@@ -84,39 +85,44 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     async def to_login(request: Request, _exc: NotLoggedIn) -> Response:
         return RedirectResponse(login_url(str(request.url)), status_code=303)
 
+    def problem(request: Request, status: int, detail: str) -> Response:
+        """An API call gets ``{"detail": ...}``; a page gets the page frame with the problem in it."""
+        if f"{API}/" in request.url.path:
+            return JSONResponse({"detail": detail}, status_code=status)
+        page = render(request, "problem.html", problem=detail, status=status)
+        page.status_code = status
+        return page
+
     @app.exception_handler(ReportQueryError)
-    async def bad_query(_request: Request, exc: ReportQueryError) -> Response:
-        return JSONResponse({"detail": str(exc)}, status_code=400)
+    async def bad_query(request: Request, exc: ReportQueryError) -> Response:
+        return problem(request, 400, str(exc))
 
     @app.exception_handler(UnknownStreamError)
-    async def unknown_stream(_request: Request, exc: UnknownStreamError) -> Response:
-        return JSONResponse({"detail": str(exc)}, status_code=404)
-
-    @app.exception_handler(StoreError)
-    async def store_error(_request: Request, exc: StoreError) -> Response:
-        return JSONResponse({"detail": str(exc)}, status_code=503)
-
-    @app.exception_handler(SQLAlchemyError)
-    async def store_unreadable(_request: Request, exc: SQLAlchemyError) -> Response:
-        origin = getattr(exc, "orig", None) or exc
-        first_line = str(origin).strip().splitlines()[0] if str(origin).strip() else type(origin).__name__
-        detail = f"the Khipu store could not be read ({type(origin).__name__}: {first_line}); is it migrated and up?"
-        return JSONResponse({"detail": detail}, status_code=503)
+    async def unknown_stream(request: Request, exc: UnknownStreamError) -> Response:
+        return problem(request, 404, str(exc))
 
     @app.exception_handler(UnknownMessage)
-    async def unknown_message(_request: Request, exc: UnknownMessage) -> Response:
-        return JSONResponse({"detail": str(exc)}, status_code=404)
+    async def unknown_message(request: Request, exc: UnknownMessage) -> Response:
+        return problem(request, 404, str(exc))
+
+    @app.exception_handler(StoreError)
+    async def store_error(request: Request, exc: StoreError) -> Response:
+        return problem(request, 503, str(exc))
+
+    @app.exception_handler(SQLAlchemyError)
+    async def store_unreadable(request: Request, exc: SQLAlchemyError) -> Response:
+        origin = getattr(exc, "orig", None) or exc
+        first_line = str(origin).strip().splitlines()[0] if str(origin).strip() else type(origin).__name__
+        return problem(
+            request, 503, f"the Khipu store could not be read ({type(origin).__name__}: {first_line}); is it up?"
+        )
 
     ApiUser = Annotated[Any, Depends(api_user)]
     PageUser = Annotated[Any, Depends(page_user)]
 
     @contextmanager
     def store() -> Iterator[Store]:
-        opened = sources.open_store()
-        try:
-            yield opened
-        finally:
-            opened.close()
+        yield sources.store()  # shared by every request: one engine, one connection pool
 
     def render(request: Request, template: str, **values: Any) -> HTMLResponse:
         base = str(request.scope.get("root_path", "")).rstrip("/")
@@ -132,7 +138,7 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     @app.get(f"{API}/streams", summary="Every stream and hop: the last hour and day, with the day's series")
     def api_streams(_user: ApiUser) -> Any:
         with store() as s:
-            return _plain(service.overview(s, sources.load_registry(), sources.now_ms()))
+            return plain(service.overview(s, sources.load_registry(), sources.now_ms()))
 
     @app.get(f"{API}/streams/{{stream}}/metrics", summary="A stream's per-minute metrics per hop")
     def api_metrics(
@@ -156,24 +162,24 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     ) -> Any:
         query = _verdict_query(verdict, stream, hop, cause, since, until, limit, cursor)
         with store() as s:
-            return _plain(service.verdict_page(s, sources.load_registry(), sources.archive_dir, query))
+            return plain(service.verdict_page(s, sources.load_registry(), sources.archive_dir, query))
 
     @app.get(f"{API}/messages/{{message_id}}", summary="One message along its route: traces, verdicts, history")
     def api_message(message_id: str, _user: ApiUser) -> Any:
         with store() as s:
             registry = sources.load_registry()
             report = service.message_report(s, registry, sources.archive_dir, message_id, sources.now_ms())
-        return _plain(report)
+        return plain(report)
 
     @app.get(f"{API}/health/consumers", summary="Consumer health per group and partition, windows, history")
     def api_consumers(_user: ApiUser, group: str | None = None) -> Any:
         with store() as s:
-            return _plain(service.consumer_report(s, sources.cluster, sources.now_ms(), group))
+            return plain(service.consumer_report(s, sources.cluster, sources.now_ms(), group))
 
     @app.get(f"{API}/health/khipu", summary="Khipu's own health: detector heartbeat and rates, trace channel")
     def api_khipu(_user: ApiUser) -> Any:
         with store() as s:
-            return _plain(service.khipu_health(s, sources.now_ms()))
+            return plain(service.khipu_health(s, sources.now_ms()))
 
     @app.get(f"{API}/alerts", summary="Alerts fired and resolved, newest first, with each notifier's outcome")
     def api_alerts(_user: ApiUser, minutes: float = 24 * 60) -> list[dict[str, Any]]:
@@ -216,7 +222,7 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
         if result is not None and result.next_cursor:
             pairs = [*(("verdict", k) for k in kinds), *shown.items(), ("cursor", result.next_cursor)]
             next_url = "?" + urlencode(pairs)
-        return render(
+        page = render(
             request,
             "lost.html",
             result=result,
@@ -224,21 +230,22 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
             filters=shown,
             kinds=kinds,
             streams=sorted(registry.streams),
-            hops=sorted({h.id for st in registry.streams.values() for h in st.route.hops}),
+            hops={name: [h.id for h in registry.streams[name].route.hops] for name in sorted(registry.streams)},
+            causes=service.CAUSES,
+            verdict_kinds=service.VERDICT_KINDS,
             next_url=next_url,
             quote=quote,
         )
+        page.status_code = 400 if problem else 200
+        return page
 
     @app.get("/messages/{message_id}", response_class=HTMLResponse, include_in_schema=False)
     def message_page(request: Request, message_id: str, _user: PageUser) -> HTMLResponse:
         with store() as s:
-            try:
-                report = service.message_report(
-                    s, sources.load_registry(), sources.archive_dir, message_id, sources.now_ms()
-                )
-            except UnknownMessage as exc:
-                return render(request, "message.html", report=None, problem=str(exc), message_id=message_id)
-        return render(request, "message.html", report=report, problem=None, message_id=message_id)
+            report = service.message_report(
+                s, sources.load_registry(), sources.archive_dir, message_id, sources.now_ms()
+            )
+        return render(request, "message.html", report=report, message_id=message_id)
 
     @app.get("/consumers", response_class=HTMLResponse, include_in_schema=False)
     def consumers_page(request: Request, _user: PageUser, group: str | None = None) -> HTMLResponse:
@@ -290,23 +297,6 @@ def _verdict_query(
         limit=limit,
         cursor=cursor or None,
     )
-
-
-def _plain(value: Any) -> Any:
-    """Dataclasses (and lists of them) as JSON-ready dicts, with the figures their properties compute."""
-    if is_dataclass(value) and not isinstance(value, type):
-        plain = asdict(value)
-        for name in ("verdicts", "loss_rate", "duplicate_rate", "found"):
-            if hasattr(value, name) and name not in plain:
-                plain[name] = getattr(value, name)
-        for key in plain:
-            original = getattr(value, key, None)
-            if is_dataclass(original) or isinstance(original, (list, tuple)):
-                plain[key] = _plain(original)
-        return plain
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value
 
 
 def _when(ms: int | None) -> str:

@@ -19,9 +19,10 @@ from khipu.detector.model import Cause, DetectorConfig, Verdict, VerdictKind
 from khipu.reconcile.book import VerdictBook
 from khipu.reconcile.run import reconcile
 from khipu.reconcile.settle import Change
-from khipu.reconcile.window import HOUR_MS, ReconcileWindow, hour_of
+from khipu.reconcile.window import ReconcileWindow
 from khipu.registry import parse_registry
 from khipu.store import Store
+from khipu.trace.archive import HOUR_MS, hour_of
 
 REGISTRY = parse_registry("""
 version: 1

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from fastapi import HTTPException, Request
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from khipu.registry.loader import load_registry
@@ -39,8 +40,9 @@ def seeded(tmp_path: Path) -> tuple[TestClient, Seeded, Store]:
     store.migrate()
     registry = load_registry(ROOT / "config" / "registry.yaml")
     data = seed(store, tmp_path / "archive", registry, NOW_MS)
+    view_store = Store(url)
     sources = ViewSources(
-        open_store=lambda: Store(url),
+        store=lambda: view_store,
         load_registry=lambda: registry,
         archive_dir=tmp_path / "archive",
         cluster="local",
@@ -51,14 +53,21 @@ def seeded(tmp_path: Path) -> tuple[TestClient, Seeded, Store]:
     return client, data, store
 
 
-def test_without_a_login_the_api_refuses_and_pages_send_to_the_login(seeded: tuple[TestClient, Seeded, Store]) -> None:
-    client, _, _ = seeded
+def test_without_a_login_every_route_is_refused_and_pages_send_to_the_login(
+    seeded: tuple[TestClient, Seeded, Store],
+) -> None:
+    client, data, _ = seeded
     anonymous = TestClient(client.app)
-    for path in ("/api/v1/streams", "/api/v1/verdicts", "/api/v1/alerts", "/api/v1/openapi.json"):
-        assert anonymous.get(path).status_code == 401, path
-    page = anonymous.get("/lost?stream=demo.orders", follow_redirects=False)
-    assert page.status_code == 303
-    assert page.headers["location"].startswith("/auth/login?next=") and "lost" in page.headers["location"]
+    routes = [route for route in client.app.routes if isinstance(route, APIRoute)]
+    assert len(routes) == 14  # 8 API answers (with the OpenAPI description) and 6 pages: each one tried below
+    for route in routes:
+        path = route.path.replace("{stream}", STREAM).replace("{message_id}", data.skipped)
+        answer = anonymous.get(path, follow_redirects=False)
+        if "/api/v1/" in route.path:
+            assert answer.status_code == 401, path
+        else:
+            assert answer.status_code == 303, path
+            assert answer.headers["location"] == f"/auth/login?next=http://testserver{path}"
 
 
 def test_streams_api_sums_the_stored_minutes_per_hop(seeded: tuple[TestClient, Seeded, Store]) -> None:
@@ -98,7 +107,7 @@ def test_verdicts_api_pages_filters_and_carries_history_and_recovery_attributes(
         (data.dropped, "CONFIRMED_LOST"),
     }
     skipped = next(r for r in losses["rows"] if r["message_id"] == data.skipped)
-    assert skipped["attributes"] == {"order_id": data.order_id} and skipped["cause"] == "consumer_skip"
+    assert skipped["attributes"] == {"order_id": data.order_id} and skipped["cause"] == "skipped_by_consumer"
     dropped = next(r for r in losses["rows"] if r["message_id"] == data.dropped)
     assert [h["to_verdict"] for h in dropped["history"]] == ["LOST", "CONFIRMED_LOST"]
 
@@ -117,7 +126,7 @@ def test_verdicts_api_pages_filters_and_carries_history_and_recovery_attributes(
     ordered = sorted(delivered, key=lambda r: (r["decided_ms"], r["message_id"]), reverse=True)
     assert seen == [r["message_id"] for r in ordered]
 
-    by_cause = client.get("/api/v1/verdicts", params={"cause": "processor_drop"}).json()["rows"]
+    by_cause = client.get("/api/v1/verdicts", params={"cause": "dropped_in_processor"}).json()["rows"]
     assert [r["message_id"] for r in by_cause] == [data.dropped]
     early = client.get("/api/v1/verdicts", params={"until": str(data.now_ms - 10 * 60_000)}).json()["rows"]
     assert [r["message_id"] for r in early] == [data.dropped]
@@ -143,7 +152,7 @@ def test_bad_filters_are_refused_naming_what_is_known(
     if "limit" in params:
         return  # the page has a fixed page size
     page = client.get("/lost", params=params)
-    assert page.status_code == 200 and named in html.unescape(page.text)  # the page says what was wrong
+    assert page.status_code == 400 and named in html.unescape(page.text)  # the page says what was wrong
 
 
 def test_message_api_lays_the_message_along_its_route(seeded: tuple[TestClient, Seeded, Store]) -> None:
@@ -201,7 +210,9 @@ def test_openapi_documents_every_endpoint(seeded: tuple[TestClient, Seeded, Stor
 def test_pages_show_what_the_store_holds(seeded: tuple[TestClient, Seeded, Store]) -> None:
     client, data, _ = seeded
     overview = client.get("/").text
-    assert overview.count('class="spark"') == 2 * 5 + 2 * 5  # loss rate and p99 per hop of both streams
+    registry = load_registry(ROOT / "config" / "registry.yaml")
+    hops = sum(len(stream.route.hops) for stream in registry.streams.values())
+    assert overview.count('class="spark"') == 2 * hops  # loss rate and p99 per hop of every stream
     lost = client.get("/lost").text
     assert f"/messages/{data.skipped}" in lost and "order_id=order-4711" in lost and "LOST → CONFIRMED_LOST" in lost
     message = client.get(f"/messages/{data.skipped}").text
@@ -214,7 +225,8 @@ def test_pages_show_what_the_store_holds(seeded: tuple[TestClient, Seeded, Store
 def test_an_unreadable_store_answers_503_saying_so(tmp_path: Path) -> None:
     registry = load_registry(ROOT / "config" / "registry.yaml")
     never_migrated = f"sqlite:///{tmp_path / 'empty.db'}"
-    sources = ViewSources(lambda: Store(never_migrated), lambda: registry, None, "local", lambda: NOW_MS)
+    empty = Store(never_migrated)
+    sources = ViewSources(lambda: empty, lambda: registry, None, "local", lambda: NOW_MS)
     client = TestClient(create_app(sources, token_check, lambda n: n), headers={"Authorization": f"Bearer {TOKEN}"})
     answer = client.get("/api/v1/streams")
     assert answer.status_code == 503

@@ -1,0 +1,84 @@
+"""One message laid out along its route; the page cursor; the archive reader."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from khipu.registry.loader import load_registry
+from khipu.report.message import lay_out
+from khipu.report.service import ReportQueryError, decode_cursor, encode_cursor
+from khipu.trace.archive import HOUR_MS, ArchivedTrace, hour_folder, read_traces
+
+ROOT = Path(__file__).resolve().parents[3]
+STREAM = load_registry(ROOT / "config" / "registry.yaml").stream("demo.orders")
+
+
+def trace(kind: str, location: str, topic: str, group: str | None, at: int, **attributes: str) -> ArchivedTrace:
+    return ArchivedTrace(
+        "m1", "demo.orders", kind, location, "local", topic, 0, 7, group, at, f"{location}-e", at, dict(attributes)
+    )
+
+
+def test_every_route_hop_in_order_with_its_traces_verdict_and_history_then_hops_off_the_route() -> None:
+    traces = [
+        trace("SENT", "demo-producer", "demo.orders", None, 1, order_id="9"),
+        trace("RECEIVED", "demo-enricher", "demo.orders", "demo-enricher", 2),
+        trace("RECEIVED", "stray", "demo.orders", "stray-group", 3),
+    ]
+    verdicts = [{"hop": "demo-producer -> local/demo.orders", "hop_kind": "write", "verdict": "DELIVERED"}]
+    history = [{"hop": "demo-producer -> local/demo.orders", "at_ms": 5, "to_verdict": "DELIVERED"}]
+    report = lay_out("m1", STREAM, verdicts, history, traces)
+    route = [hop.id for hop in STREAM.route.hops]
+    assert [hop.hop for hop in report.hops] == [*route, "local/demo.orders -> stray-group"]
+    assert [hop.on_route for hop in report.hops] == [True] * len(route) + [False]
+    first = report.hops[0]
+    assert (first.verdict or {}).get("verdict") == "DELIVERED" and [t.type for t in first.traces] == ["SENT"]
+    assert [h["to_verdict"] for h in first.history] == ["DELIVERED"]
+    assert report.hops[1].verdict is None and [t.group for t in report.hops[1].traces] == ["demo-enricher"]
+    assert report.attributes == {"order_id": "9"} and report.found
+
+
+def test_nothing_known_is_not_found() -> None:
+    assert not lay_out("m1", STREAM, [], [], []).found
+
+
+def test_a_cursor_round_trips_and_anything_else_is_refused() -> None:
+    row = {"decided_ms": 123, "message_id": "a/b c", "hop": "x -> y"}
+    assert decode_cursor(encode_cursor(row)) == (123, "a/b c", "x -> y")
+    assert decode_cursor(None) is None
+    too_far = base64.urlsafe_b64encode(json.dumps([10**30, "m", "h"]).encode()).decode()
+    for bad in ("%%%", "bm90IGpzb24", too_far):
+        with pytest.raises(ReportQueryError, match="next_cursor of a previous page"):
+            decode_cursor(bad)
+
+
+def test_the_archive_reader_reads_only_the_asked_hours_and_drops_replayed_duplicates(tmp_path: Path) -> None:
+    columns = ("message_id", "stream", "type", "location", "cluster", "topic", "partition", "offset", "group")
+    rows = [
+        dict(zip(columns, ("m1", "s", "SENT", "p", "local", "t", 0, 1, None), strict=True)),
+        dict(zip(columns, ("m2", "s", "SENT", "p", "local", "t", 0, 2, None), strict=True)),
+    ]
+    for batch, hour in ((0, 5), (1, 5), (2, 9)):  # batch 1 replays batch 0's traces; hour 9 is outside
+        folder = tmp_path / hour_folder(hour * HOUR_MS) / f"batch_id={batch}"
+        folder.mkdir(parents=True)
+        table = [
+            {
+                **r,
+                "timestamp_ms": hour * HOUR_MS + i,
+                "emitter_id": "e",
+                "emitter_seq": 10 * hour + i,
+                "attributes": '{"k":"v"}',
+            }
+            for i, r in enumerate(rows)
+        ]
+        pq.write_table(pa.Table.from_pylist(table), folder / "part-0.parquet")
+    found = read_traces(tmp_path, ["m1"], 4 * HOUR_MS, 6 * HOUR_MS)
+    assert [(t.message_id, t.timestamp_ms, t.attributes) for t in found] == [("m1", 5 * HOUR_MS, {"k": "v"})]
+    assert read_traces(tmp_path / "missing", ["m1"], 0, 10 * HOUR_MS) == []
+    assert [t.timestamp_ms for t in read_traces(tmp_path, ["m1"], 0, 10 * HOUR_MS)] == [5 * HOUR_MS, 9 * HOUR_MS]
