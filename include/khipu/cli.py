@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from khipu import __version__
+from khipu.clock import now_ms, utc_text
 from khipu.demo.control import DemoControl
 from khipu.demo.faults import DemoConfigError, FaultRates
 from khipu.demo.ledger import LedgerError, build_truth, read_ledger
@@ -273,7 +274,7 @@ def _health(args: argparse.Namespace, settings: KhipuSettings) -> int:
     store = Store(settings.store_url)
     cluster = args.cluster or settings.cluster
     try:
-        report = consumer_report(store, cluster, _now_ms(), args.group)
+        report = consumer_report(store, cluster, now_ms(), args.group)
     finally:
         store.close()
     if args.json:
@@ -286,7 +287,7 @@ def _health(args: argparse.Namespace, settings: KhipuSettings) -> int:
         time_lag = "-" if p.time_lag_ms is None else f"{p.time_lag_ms / 1000:.0f}s"
         print(
             f"{p.group:24} {p.topic:24} {p.partition:>4} {p.status:11} {'-' if p.lag is None else p.lag:>7} "
-            f"{time_lag:>9}  {_utc(p.since_ms):20} {p.reason}"
+            f"{time_lag:>9}  {utc_text(p.since_ms):20} {p.reason}"
         )
     return 0
 
@@ -297,7 +298,7 @@ def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
 
     if args.stream is not None:
         check_stream(load_registry(settings.registry_path), args.stream)
-    since = _now_ms() - check_minutes(args.minutes)
+    since = now_ms() - check_minutes(args.minutes)
     store = Store(settings.store_url)
     try:
         kinds = store.verdicts.kind_counts(since)
@@ -333,7 +334,7 @@ def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
     if beat is None:
         print("detector: no heartbeat yet (the DAG khipu_detector starts it)")
     else:
-        age = (_now_ms() - int(beat["at_ms"])) / 1000
+        age = (now_ms() - int(beat["at_ms"])) / 1000
         print(
             f"detector: last heartbeat {age:.0f}s ago, batch {beat['batch_id']}, {beat['input_rows_per_s']:.0f} "
             f"rows/s in, state rows {beat['state_rows']}, caught up: {bool(beat['caught_up'])}"
@@ -347,7 +348,7 @@ def _trace(args: argparse.Namespace, settings: KhipuSettings) -> int:
     store = Store(settings.store_url)
     try:
         report = message_report(
-            store, load_registry(settings.registry_path), settings.archive_dir, args.message_id, _now_ms()
+            store, load_registry(settings.registry_path), settings.archive_dir, args.message_id, now_ms()
         )
     except UnknownMessage as exc:
         print(f"khipu: {exc}", file=sys.stderr)
@@ -366,17 +367,16 @@ def _trace(args: argparse.Namespace, settings: KhipuSettings) -> int:
         said = "no verdict yet"
         if verdict is not None:
             said = str(verdict["verdict"]) + (f"/{verdict['cause']}" if verdict["cause"] else "")
-            said += f" at {_utc(verdict['decided_ms'])} by {verdict['decided_by']}"
+            said += f" at {utc_text(verdict['decided_ms'])} by {verdict['decided_by']}"
         print(f"{hop.hop_kind:5} {hop.hop}{'' if hop.on_route else '  (not on the route)'}: {said}")
         for trace in hop.traces:
             where = trace.location + (f" ({trace.group})" if trace.group else "")
-            print(
-                f"        {trace.type:8} {_utc(trace.at_ms)}  {where}  {trace.topic}[{trace.partition}]@{trace.offset}"
-            )
+            position = trace.topic if trace.partition is None else f"{trace.topic}[{trace.partition}]@{trace.offset}"
+            print(f"        {trace.type:8} {utc_text(trace.at_ms)}  {where}  {position}")
         if not hop.traces:
             print("        no trace")
         for change in hop.history:
-            print(f"        {change['from_verdict'] or '-'} -> {change['to_verdict']} at {_utc(change['at_ms'])}")
+            print(f"        {change['from_verdict'] or '-'} -> {change['to_verdict']} at {utc_text(change['at_ms'])}")
         if verdict is not None and verdict["detail"]:
             print(f"        {verdict['detail']}")
     return 0
@@ -420,7 +420,7 @@ def _reason(change: Mapping[str, object]) -> str:
 def _alerts(args: argparse.Namespace, settings: KhipuSettings) -> int:
     from khipu.report.service import alerts_report, check_minutes
 
-    since = _now_ms() - check_minutes(args.minutes)
+    since = now_ms() - check_minutes(args.minutes)
     store = Store(settings.store_url)
     rows = list(reversed(alerts_report(store, since)))  # oldest first: the newest ends up above the prompt
     store.close()
@@ -432,7 +432,7 @@ def _alerts(args: argparse.Namespace, settings: KhipuSettings) -> int:
             if alert["delivered_ms"]
             else "pending"
         )
-        print(f"{_utc(alert['at_ms'])} {alert['state']:8} {alert['severity']:8} {alert['title']}  [{sent}]")
+        print(f"{utc_text(alert['at_ms'])} {alert['state']:8} {alert['severity']:8} {alert['title']}  [{sent}]")
     print(f"{len(rows)} alert(s) in the last {args.minutes:g} minutes")
     return 0
 
@@ -442,14 +442,6 @@ def _exporter(_args: argparse.Namespace, settings: KhipuSettings) -> int:
 
     run_exporter(settings, ExporterConfig.from_env())
     return 0
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _utc(ms: int | None) -> str:
-    return "-" if ms is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(int(ms) / 1000)) + "Z"
 
 
 def _print_json(value: object) -> int:

@@ -46,6 +46,7 @@ from khipu.alerting.thresholds import (
     window_figures,
     window_start_ms,
 )
+from khipu.clock import now_ms
 from khipu.detector.model import ARCHIVE_QUERY, VERDICT_QUERY
 from khipu.errors import InvalidSetting
 from khipu.health.rules import PartitionStatus
@@ -493,10 +494,6 @@ def serve_metrics(
     return MetricsServer(server, thread)
 
 
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def run_exporter(settings: KhipuSettings, config: ExporterConfig, say: Callable[[str], object] = print) -> None:
     """Serve Khipu's metrics of ``settings.cluster`` from ``settings.store_url`` until SIGTERM or SIGINT."""
     probe = Store(settings.store_url)  # parses the URL (a bad one fails here, at start); connects to nothing
@@ -507,7 +504,7 @@ def run_exporter(settings: KhipuSettings, config: ExporterConfig, say: Callable[
         KhipuCollector(
             lambda: Store(settings.store_url),
             settings.cluster,
-            wall_clock_ms,
+            now_ms,
             ExportWindows(verdict_window_ms=config.verdict_window_ms, alert_window_ms=config.alert_window_ms),
             store_name=store_name,
         )

@@ -11,7 +11,6 @@ page asked for without a valid session redirects to Airflow's login and comes ba
 gets 401.
 """
 
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 from sqlalchemy.exc import SQLAlchemyError
 
+from khipu.clock import now_ms, utc_text
 from khipu.reconcile.window import parse_time
 from khipu.registry.model import Registry, UnknownStreamError
 from khipu.report import service
@@ -47,7 +47,7 @@ class ViewSources:
     load_registry: Callable[[], Registry]
     archive_dir: Path | None
     cluster: str
-    now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000
+    now_ms: Callable[[], int] = now_ms
 
 
 class NotLoggedIn(Exception):
@@ -65,7 +65,7 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
         openapi_url=None,
     )
     pages = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
-    pages.filters["when"] = _when
+    pages.filters["when"] = lambda ms: utc_text(ms, missing="\N{EN DASH}")
     pages.filters["pct"] = _pct
     pages.filters["ms"] = _ms
     pages.globals["spark"] = lambda values, **kw: Markup(sparkline(values, **kw))
@@ -297,12 +297,6 @@ def _verdict_query(
         limit=limit,
         cursor=cursor or None,
     )
-
-
-def _when(ms: int | None) -> str:
-    if ms is None:
-        return "\N{EN DASH}"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(int(ms) / 1000)) + "Z"
 
 
 def _pct(rate: float | None) -> str:
