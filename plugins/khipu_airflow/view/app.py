@@ -232,7 +232,7 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
             streams=sorted(registry.streams),
             hops={name: [h.id for h in registry.streams[name].route.hops] for name in sorted(registry.streams)},
             causes=service.CAUSES,
-            verdict_kinds=service.VERDICT_KINDS,
+            verdict_kinds=sorted(service.VERDICT_KINDS, key=lambda k: (k not in service.LOSS_VERDICTS, k)),
             next_url=next_url,
             quote=quote,
         )
