@@ -5,7 +5,9 @@
 Fills a store (a fresh SQLite file by default; ``--store-url`` for PostgreSQL, an empty database)
 with ``--verdicts`` verdicts of ``demo.orders`` spread over the last day (1 % lost, 0.3 % confirmed
 lost, 0.5 % duplicates), their per-minute metrics computed the way the detector computes them,
-their history, consumer health and heartbeats; then asks the view's app (the same FastAPI app
+their history and consumer health, and a trace archive of the same messages (one trace per hop,
+Parquet by hour, as the detector writes it: the lost list reads recovery attributes from it, the
+message page its traces); then asks the view's app (the same FastAPI app
 Airflow mounts, called in-process, so the figures are the app's and the store's, not the network's)
 for each page and API answer ``--requests`` times and prints the median and the slowest.
 """
@@ -22,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from fastapi import HTTPException, Request
 from fastapi.testclient import TestClient
 from sqlalchemy import insert
@@ -33,10 +37,37 @@ from tests.viewdata import GROUP, HOPS, KIND, STREAM, verdict  # noqa: E402
 
 from khipu.registry.loader import load_registry  # noqa: E402
 from khipu.store import Store, schema  # noqa: E402
+from khipu.trace.archive import HOUR_MS, hour_folder  # noqa: E402
 from khipu.verdicts.metrics import minute_metrics, minutes_touched  # noqa: E402
 from khipu_airflow.view.app import ViewSources, create_app  # noqa: E402
 
 CHUNK = 20_000
+
+
+def write_archive(archive: Path, count: int, now_ms: int) -> int:
+    """The trace archive of the same messages, as the detector lays it out: one SENT or RECEIVED trace per hop of
+    each message (with its order_id), Parquet by UTC hour. Returns the traces written."""
+    messages, day = count // len(HOPS), 86_400_000
+    by_hour: dict[int, list[dict[str, Any]]] = {}
+    for n in range(messages):
+        at = now_ms - day + (n * day) // messages - 1_000
+        for i, hop in enumerate(HOPS):
+            source, target = hop.split(" -> ")
+            write = KIND[hop] == "write"
+            by_hour.setdefault((at + i) // HOUR_MS, []).append(
+                {
+                    "message_id": f"bench-{n:08d}", "stream": STREAM, "type": "SENT" if write else "RECEIVED",
+                    "location": source if write else GROUP[hop], "cluster": "local",
+                    "topic": (target if write else source).split("/", 1)[1], "partition": n % 3, "offset": n,
+                    "group": None if write else GROUP[hop], "timestamp_ms": at + i, "emitter_id": f"e-{i}",
+                    "emitter_seq": n, "sampling_percent": 100.0, "attributes": f'{{"order_id": "o-{n}"}}',
+                }
+            )  # fmt: skip
+    for hour, traces in by_hour.items():
+        folder = archive / hour_folder(hour * HOUR_MS) / "batch_id=0"
+        folder.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(traces), folder / "part-0.parquet")
+    return sum(len(traces) for traces in by_hour.values())
 
 
 def fill(store: Store, count: int, now_ms: int, say: Callable[[str], None]) -> list[str]:
@@ -129,7 +160,8 @@ def main() -> int:
     print(f"filling {store.safe_url} with {args.verdicts:,} verdicts over the last day ...")
     started = time.monotonic()
     lost_ids = fill(store, args.verdicts, now_ms, print)
-    print(f"filled in {time.monotonic() - started:.0f} s")
+    traces = write_archive(work / "archive", args.verdicts, now_ms)
+    print(f"filled in {time.monotonic() - started:.0f} s; {traces:,} traces in the archive ({work / 'archive'})")
     store.close()
 
     registry = load_registry(ROOT / "config" / "registry.yaml")
