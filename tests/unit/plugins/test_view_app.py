@@ -183,8 +183,12 @@ def test_health_and_alert_apis_answer_from_the_store(seeded: tuple[TestClient, S
 
     khipu = client.get("/api/v1/health/khipu").json()
     verdict_query = next(q for q in khipu["queries"] if q["query"] == "khipu_verdicts")
-    assert verdict_query["batch_id"] == 105 and verdict_query["age_s"] == pytest.approx(10.0)
-    assert len(verdict_query["series"]) == 6
+    newest = store.heartbeat.latest("khipu_verdicts")
+    assert newest is not None and verdict_query["batch_id"] == newest["batch_id"]
+    assert verdict_query["age_s"] == pytest.approx((NOW_MS - newest["at_ms"]) / 1000) and not verdict_query["stale"]
+    archive_query = next(q for q in khipu["queries"] if q["query"] == "khipu_archive")
+    assert archive_query["at_ms"] is None and archive_query["stale"]  # never reported: stale
+    assert len(verdict_query["series"]) == len(store.heartbeat.series("khipu_verdicts", NOW_MS - 3_600_000))
     assert khipu["quarantined"] == data.quarantined == 3
     assert [(g["emitter_id"], g["missing"]) for g in khipu["emitters_with_gaps"]] == [("demo-enricher-e1", data.gaps)]
 
