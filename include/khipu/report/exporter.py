@@ -50,6 +50,8 @@ from khipu.clock import now_ms
 from khipu.detector.model import ARCHIVE_QUERY, VERDICT_QUERY
 from khipu.errors import InvalidSetting
 from khipu.health.rules import PartitionStatus
+from khipu.registry.loader import load_registry
+from khipu.registry.model import AlertThresholds
 from khipu.settings import KhipuSettings
 from khipu.store import Store, StoreError
 from khipu.trace.archive import HOUR_MS
@@ -355,6 +357,23 @@ def _duration(ms: int) -> str:
     return f"{ms} ms"
 
 
+def threshold_family(thresholds: Mapping[str, AlertThresholds]) -> Metric:
+    """Each stream's registry alert thresholds, so dashboards draw the line the alerts use."""
+    family = GaugeMetricFamily(
+        "khipu_stream_alert_threshold",
+        "The stream's registry alert threshold: metric loss_rate and duplicate_rate (ratios), "
+        "latency_p99_seconds; compare with khipu_hop_loss_rate, khipu_hop_duplicate_rate and the p99 of "
+        "khipu_hop_latency_seconds.",
+        labels=["stream", "metric"],
+    )
+    for stream, limits in sorted(thresholds.items()):
+        family.add_metric([stream, "loss_rate"], limits.loss_rate)
+        family.add_metric([stream, "duplicate_rate"], limits.duplicate_rate)
+        if limits.latency_p99_ms is not None:
+            family.add_metric([stream, "latency_p99_seconds"], limits.latency_p99_ms / 1000)
+    return family
+
+
 class KhipuCollector:
     """A ``prometheus_client`` collector reading the store on each scrape: one Store opened from
     ``open_store`` per scrape and closed after it; ``now_ms`` is the clock of the figures and
@@ -370,6 +389,7 @@ class KhipuCollector:
         store_name: str = "the Khipu store",  # how logs name it: never with a password
         queries: Sequence[str] = (VERDICT_QUERY, ARCHIVE_QUERY),
         elapsed_s: Callable[[], float] = time.perf_counter,
+        thresholds: Mapping[str, AlertThresholds] | None = None,  # each stream's, from the registry
     ) -> None:
         self._open_store = open_store
         self._cluster = cluster
@@ -378,17 +398,26 @@ class KhipuCollector:
         self._store_name = store_name
         self._queries = tuple(queries)
         self._elapsed_s = elapsed_s
+        self._thresholds = dict(thresholds or {})
 
     def describe(self) -> Iterable[Metric]:
         """The families served, without reading the store (the registry checks names with it)."""
-        return [*metric_families(NOTHING_READ, 0, self._windows), *exporter_families(0.0, False)]
+        return [
+            *metric_families(NOTHING_READ, 0, self._windows),
+            threshold_family(self._thresholds),
+            *exporter_families(0.0, False),
+        ]
 
     def collect(self) -> Iterable[Metric]:
         started_s = self._elapsed_s()
         now_ms = self._now_ms()
         reading = self._read(now_ms)
         families = [] if reading is None else metric_families(reading, now_ms, self._windows)
-        return [*families, *exporter_families(self._elapsed_s() - started_s, reading is None)]
+        return [
+            *families,
+            threshold_family(self._thresholds),
+            *exporter_families(self._elapsed_s() - started_s, reading is None),
+        ]
 
     def _read(self, now_ms: int) -> StoreReading | None:
         """The store's reading, or None when it could not be read (logged)."""
@@ -507,6 +536,7 @@ def run_exporter(settings: KhipuSettings, config: ExporterConfig, say: Callable[
             now_ms,
             ExportWindows(verdict_window_ms=config.verdict_window_ms, alert_window_ms=config.alert_window_ms),
             store_name=store_name,
+            thresholds={name: stream.alerts for name, stream in load_registry(settings.registry_path).streams.items()},
         )
     )
     stop = threading.Event()

@@ -18,6 +18,7 @@ from tests.viewdata import Seeded, seed
 ROOT = Path(__file__).resolve().parents[3]
 NOW_MS = 1_795_000_000_000
 CLUSTER = "local"
+REGISTRY = ROOT / "config" / "registry.yaml"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,8 @@ def start_exporter() -> Iterator[StartExporter]:
 
     def start(url: str, token: str | None = None, windows: ExportWindows | None = None) -> MetricsServer:
         registry = CollectorRegistry()
-        registry.register(KhipuCollector(lambda: Store(url), CLUSTER, lambda: NOW_MS, windows))
+        limits = {name: stream.alerts for name, stream in load_registry(REGISTRY).streams.items()}
+        registry.register(KhipuCollector(lambda: Store(url), CLUSTER, lambda: NOW_MS, windows, thresholds=limits))
         server = serve_metrics(registry, "127.0.0.1", free_port(), token)
         servers.append(server)
         return server

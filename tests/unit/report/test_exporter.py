@@ -248,6 +248,7 @@ def test_an_unmigrated_store_answers_200_with_scrape_error_and_no_store_metrics(
     assert {s.name for s in broken.samples()} == {
         "khipu_exporter_scrape_error",
         "khipu_exporter_scrape_duration_seconds",
+        "khipu_stream_alert_threshold",  # from the registry, not the store
     }
     assert {"khipu_verdicts", "khipu_consumer_partition_lag"} <= {s.name for s in healthy.samples()}
     assert "khipu store migrate" in caplog.text  # the StoreError says what to do
@@ -363,3 +364,19 @@ def test_run_exporter_serves_until_sigterm_and_never_prints_the_token(seeded: Se
     assert answers["refused"] == 401 and answers["allowed"].status == 200
     assert answers["allowed"].value("khipu_exporter_scrape_error") == 0
     assert signal.getsignal(signal.SIGTERM) == handler_before  # restored
+
+
+def test_each_streams_registry_thresholds_are_served_for_dashboards(
+    seeded: SeededStore, start_exporter: StartExporter
+) -> None:
+    from khipu.registry.loader import load_registry
+    from tests.unit.report.conftest import REGISTRY
+
+    served = scrape(start_exporter(seeded.url).url).series("khipu_stream_alert_threshold")
+    expected: dict[Labels, float] = {}
+    for name, stream in load_registry(REGISTRY).streams.items():
+        expected[labels_of({"stream": name, "metric": "loss_rate"})] = stream.alerts.loss_rate
+        expected[labels_of({"stream": name, "metric": "duplicate_rate"})] = stream.alerts.duplicate_rate
+        if stream.alerts.latency_p99_ms is not None:
+            expected[labels_of({"stream": name, "metric": "latency_p99_seconds"})] = stream.alerts.latency_p99_ms / 1000
+    assert served == expected and expected
