@@ -28,7 +28,8 @@ from khipu.clock import now_ms, utc_text
 from khipu.reconcile.window import parse_time
 from khipu.registry.model import Registry, UnknownStreamError
 from khipu.report import service
-from khipu.report.overview import DAY_MS
+from khipu.report.message import MessageReport
+from khipu.report.overview import DAY_MS, StreamOverview
 from khipu.report.plain import plain
 from khipu.report.service import ReportQueryError, UnknownMessage, VerdictQuery
 from khipu.store import Store, StoreError
@@ -135,7 +136,12 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     def openapi(_user: ApiUser) -> dict[str, Any]:
         return app.openapi()
 
-    @app.get(f"{API}/streams", summary="Every stream and hop: the last hour and day, with the day's series")
+    @app.get(
+        f"{API}/streams",
+        summary="Every stream and hop: the last hour and day, with the day's series",
+        description="Each window also carries its computed `verdicts`, `loss_rate` and `duplicate_rate`.",
+        responses=_documented(list[StreamOverview], "streams, the busiest first"),
+    )
     def api_streams(_user: ApiUser) -> Any:
         with store() as s:
             return plain(service.overview(s, sources.load_registry(), sources.now_ms()))
@@ -148,7 +154,12 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
         with store() as s:
             return service.metric_rows(s, sources.load_registry(), stream, since)
 
-    @app.get(f"{API}/verdicts", summary="Verdicts, newest first, filtered and paged (default: losses)")
+    @app.get(
+        f"{API}/verdicts",
+        summary="Verdicts, newest first, filtered and paged (default: losses)",
+        description="Each row holds the verdict's columns, its recovery `attributes` and its `history`.",
+        responses=_documented(service.VerdictPage, "one page; next_cursor asks for the next"),
+    )
     def api_verdicts(
         _user: ApiUser,
         verdict: Annotated[list[str] | None, Query(description="verdict kinds (default LOST, CONFIRMED_LOST)")] = None,
@@ -164,19 +175,31 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
         with store() as s:
             return plain(service.verdict_page(s, sources.load_registry(), sources.archive_dir, query))
 
-    @app.get(f"{API}/messages/{{message_id}}", summary="One message along its route: traces, verdicts, history")
+    @app.get(
+        f"{API}/messages/{{message_id}}",
+        summary="One message along its route: traces, verdicts, history",
+        responses=_documented(MessageReport, "every hop of the route in order, then any other hop seen"),
+    )
     def api_message(message_id: str, _user: ApiUser) -> Any:
         with store() as s:
             registry = sources.load_registry()
             report = service.message_report(s, registry, sources.archive_dir, message_id, sources.now_ms())
         return plain(report)
 
-    @app.get(f"{API}/health/consumers", summary="Consumer health per group and partition, windows, history")
+    @app.get(
+        f"{API}/health/consumers",
+        summary="Consumer health per group and partition, windows, history",
+        responses=_documented(service.ConsumerReport, "the cluster's partitions as last judged"),
+    )
     def api_consumers(_user: ApiUser, group: str | None = None) -> Any:
         with store() as s:
             return plain(service.consumer_report(s, sources.cluster, sources.now_ms(), group))
 
-    @app.get(f"{API}/health/khipu", summary="Khipu's own health: detector heartbeat and rates, trace channel")
+    @app.get(
+        f"{API}/health/khipu",
+        summary="Khipu's own health: detector heartbeat and rates, trace channel",
+        responses=_documented(service.KhipuHealth, "the detector's queries and the trace channel"),
+    )
     def api_khipu(_user: ApiUser) -> Any:
         with store() as s:
             return plain(service.khipu_health(s, sources.now_ms()))
@@ -266,6 +289,11 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
         return render(request, "alerts.html", alerts=alerts)
 
     return app
+
+
+def _documented(model: Any, description: str) -> dict[int | str, dict[str, Any]]:
+    """An answer's schema for the OpenAPI description, without filtering what is returned by it."""
+    return {200: {"model": model, "description": description}}
 
 
 def _verdict_query(
