@@ -153,7 +153,11 @@ def verdict_page(store: Store, registry: Registry, archive_dir: Path | None, que
     histories = store.verdicts.histories(ids)
     attributes, note = _attributes(archive_dir, rows)
     for row in rows:
-        row["history"] = [c for c in histories.get(str(row["message_id"]), []) if c["hop"] == row["hop"]]
+        row["history"] = [  # the store's row ids are its own business
+            {k: v for k, v in c.items() if k != "id"}
+            for c in histories.get(str(row["message_id"]), [])
+            if c["hop"] == row["hop"]
+        ]
         row["attributes"] = attributes.get(str(row["message_id"]), {})
     return VerdictPage(
         rows=rows,
