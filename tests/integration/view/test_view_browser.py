@@ -147,7 +147,7 @@ def test_a_viewer_logs_in_and_each_page_shows_what_the_store_holds(
 
         # Airflow's own navigation carries the view, embedded in its UI
         page.goto(f"{server.base}/")
-        page.get_by_role("link", name="Khipu").click()
+        page.get_by_test_id("nav-sidebar").get_by_role("link", name="Khipu", exact=True).click()
         page.wait_for_url("**/plugin/khipu**")
         embedded = page.frame_locator("iframe").first
         embedded.get_by_role("heading", name="Streams").wait_for()
