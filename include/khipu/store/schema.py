@@ -271,3 +271,28 @@ trace_pointers = Table(
     Column("seen_ms", BigInteger, nullable=False),
     Index("ix_trace_pointers_seen", "seen_ms"),
 )
+
+# One row per attempt at resending a confirmed loss (message, hop, attempt): the intent is written before anything is
+# produced, so a task killed at any point finds its attempt here and, by the resend id header, in the destination.
+resend_ledger = Table(
+    "resend_ledger",
+    metadata,
+    Column("resend_id", String(64), primary_key=True),
+    Column("message_id", String(256), nullable=False),
+    Column("hop", String(520), nullable=False),
+    Column("stream", String(NAME), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("state", String(16), nullable=False),  # intended | produced | unrecoverable | failed
+    Column("source_kind", String(8), nullable=False),  # topic | hook | none
+    Column("source_position", String(NAME)),  # cluster/topic[partition]@offset of the original, when a record
+    Column("destination", String(NAME)),  # cluster/topic produced to
+    Column("target_group", String(NAME)),  # a read-hop resend: the only group that takes it
+    Column("reason", Text, nullable=False),
+    Column("intended_ms", BigInteger, nullable=False),
+    Column("updated_ms", BigInteger, nullable=False),
+    Column("produced_partition", Integer),
+    Column("produced_offset", BigInteger),
+    Column("error", Text),
+    UniqueConstraint("message_id", "hop", "attempt", name="uq_resend_attempt"),
+    Index("ix_resend_ledger_state", "state", "updated_ms"),
+)

@@ -9,13 +9,14 @@ from khipu.store.channel import TraceChannelRepository
 from khipu.store.engine import StoreEngine
 from khipu.store.health import HealthRepository
 from khipu.store.heartbeat import HeartbeatRepository
+from khipu.store.resends import ResendRepository
 from khipu.store.snapshots import SnapshotRepository
 from khipu.store.verdicts import VerdictRepository
 
 
 class Store:
     """The Khipu store at ``url``: ``store.snapshots``, ``store.health``, ``store.verdicts``, ``store.channel``,
-    ``store.heartbeat`` and ``store.alerts`` share one engine (``store.engine``)."""
+    ``store.heartbeat``, ``store.alerts`` and ``store.resends`` share one engine (``store.engine``)."""
 
     def __init__(self, url: str, **engine_options: Any) -> None:
         self.engine = StoreEngine(url, **engine_options)
@@ -25,6 +26,7 @@ class Store:
         self.channel = TraceChannelRepository(self.engine)
         self.heartbeat = HeartbeatRepository(self.engine)
         self.alerts = AlertRepository(self.engine)
+        self.resends = ResendRepository(self.engine)
 
     @property
     def url(self) -> str:

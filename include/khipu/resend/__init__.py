@@ -1,0 +1,1 @@
+"""Resending confirmed losses: what, from where, to where (plan), exactly once (the ledger)."""

@@ -1,0 +1,77 @@
+"""``store.resends``: the resend ledger, one row per attempt at resending a confirmed loss.
+
+An attempt is recorded as *intended* before anything is produced (idempotent: the same resend id is
+recorded once), then *produced* with the position it landed at, or *unrecoverable* / *failed* with
+the reason. A task that restarts reads its open intents here and looks for their resend ids in the
+destination topic before producing anything again (:mod:`khipu.resend.ledger`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select, update
+
+from khipu.store import schema
+from khipu.store.engine import StoreEngine, insert_ignoring_duplicate
+
+LEDGER_COLUMNS = (
+    "resend_id",
+    "message_id",
+    "hop",
+    "stream",
+    "attempt",
+    "state",
+    "source_kind",
+    "source_position",
+    "destination",
+    "target_group",
+    "reason",
+)
+
+
+class ResendRepository:
+    def __init__(self, engine: StoreEngine) -> None:
+        self._engine = engine
+
+    def record_intent(self, entry: Mapping[str, Any], at_ms: int) -> bool:
+        """Write an attempt (its ``LEDGER_COLUMNS``) unless its resend id is there already; True when written."""
+        values = {name: entry.get(name) for name in LEDGER_COLUMNS}
+        with self._engine.begin() as tx:
+            return insert_ignoring_duplicate(
+                tx, schema.resend_ledger, {**values, "intended_ms": at_ms, "updated_ms": at_ms}
+            )
+
+    def mark_produced(self, resend_id: str, partition: int, offset: int, at_ms: int) -> None:
+        """The attempt's record is in its destination at (partition, offset)."""
+        self._set(resend_id, at_ms, state="produced", produced_partition=partition, produced_offset=offset, error=None)
+
+    def mark(self, resend_id: str, state: str, at_ms: int, error: str | None = None) -> None:
+        """Another outcome (``unrecoverable``, ``failed``) with what went wrong."""
+        self._set(resend_id, at_ms, state=state, error=error)
+
+    def entry(self, resend_id: str) -> dict[str, Any] | None:
+        table = schema.resend_ledger
+        with self._engine.begin() as tx:
+            row = tx.execute(select(table).where(table.c.resend_id == resend_id)).first()
+        return None if row is None else dict(row._mapping)
+
+    def attempts(self, message_id: str, hop: str) -> list[dict[str, Any]]:
+        """Every attempt for this loss, first first."""
+        table = schema.resend_ledger
+        query = select(table).where(table.c.message_id == message_id, table.c.hop == hop).order_by(table.c.attempt)
+        with self._engine.begin() as tx:
+            return [dict(row._mapping) for row in tx.execute(query)]
+
+    def in_state(self, state: str, limit: int = 1000) -> list[dict[str, Any]]:
+        """Attempts in this state, oldest change first (``intended``: those a crash may have left open)."""
+        table = schema.resend_ledger
+        query = select(table).where(table.c.state == state).order_by(table.c.updated_ms, table.c.resend_id).limit(limit)
+        with self._engine.begin() as tx:
+            return [dict(row._mapping) for row in tx.execute(query)]
+
+    def _set(self, resend_id: str, at_ms: int, **values: Any) -> None:
+        table = schema.resend_ledger
+        with self._engine.begin() as tx:
+            tx.execute(update(table).where(table.c.resend_id == resend_id).values(updated_ms=at_ms, **values))
