@@ -1,19 +1,27 @@
-"""Reading one record back from its log: how reconciliation names a message no trace identifies."""
+"""One record at a time: reading it back from its log (how reconciliation names a message no trace identifies,
+and where a resend finds its original), finding a record by a header, producing one and learning its offset."""
 
 from __future__ import annotations
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from khipu.kafka.connection import KafkaConnection
 
+Headers = list[tuple[str, bytes | None]]
 
-def record_headers(
-    connection: KafkaConnection, topic: str, partition: int, offset: int, timeout_s: float = 10.0
-) -> tuple[dict[str, bytes | None] | None, str | None]:
-    """The headers of the record at (topic, partition, offset): (headers, None), or (None, why not) when the
-    log no longer holds it (retention, truncation) or the cluster cannot be read. Reads without a group:
-    nothing is committed anywhere."""
-    consumer = Consumer(
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+
+
+def _reader(connection: KafkaConnection) -> Any:
+    return Consumer(
         {
             **connection.client_config(),
             "group.id": "khipu-record-reader",  # required by the client; never used to commit
@@ -22,6 +30,20 @@ def record_headers(
             "auto.offset.reset": "error",
         }
     )
+
+
+def _headers(message: Any) -> Headers:
+    headers = message.headers() or []
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    return [(name, value.encode() if isinstance(value, str) else value) for name, value in pairs]
+
+
+def read_record(
+    connection: KafkaConnection, topic: str, partition: int, offset: int, timeout_s: float = 10.0
+) -> tuple[StoredRecord | None, str | None]:
+    """The record at (topic, partition, offset): (record, None), or (None, why not) when the log no longer holds
+    it (retention, truncation) or the cluster cannot be read. Reads without a group: nothing is committed."""
+    consumer = _reader(connection)
     try:
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
         if not low <= offset < high:
@@ -33,10 +55,85 @@ def record_headers(
             return None, f"the record at offset {offset} could not be read: {reason}"
         if message.offset() != offset:
             return None, f"offset {offset} holds no record (the next is {message.offset()}: a compacted log)"
-        headers = message.headers() or []
-        pairs = headers.items() if isinstance(headers, dict) else headers
-        return {name: value.encode() if isinstance(value, str) else value for name, value in pairs}, None
+        return StoredRecord(message.key(), message.value(), _headers(message)), None
     except KafkaException as exc:
         return None, f"cluster {connection.cluster!r} could not be read: {exc.args[0]}"
     finally:
         consumer.close()
+
+
+def end_offset(connection: KafkaConnection, topic: str, partition: int, timeout_s: float = 10.0) -> int:
+    """The partition's high watermark: the offset the next record written to it gets."""
+    consumer = _reader(connection)
+    try:
+        return int(consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)[1])
+    finally:
+        consumer.close()
+
+
+def find_by_header(
+    connection: KafkaConnection,
+    topic: str,
+    partition: int,
+    from_offset: int,
+    header: str,
+    value: bytes,
+    timeout_s: float = 30.0,
+) -> int | None:
+    """The offset of the first record at or after ``from_offset`` whose ``header`` is ``value``, reading up to the
+    partition's current end; None when there is none."""
+    consumer = _reader(connection)
+    try:
+        high = int(consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)[1])
+        if from_offset >= high:
+            return None
+        consumer.assign([TopicPartition(topic, partition, from_offset)])
+        while True:
+            message = consumer.poll(timeout_s)
+            if message is None:
+                raise KafkaException(f"no answer reading {topic}[{partition}] from {from_offset}")
+            if message.error() is not None:
+                if message.error().code() == KafkaError._PARTITION_EOF:  # read to the end: not there
+                    return None
+                raise KafkaException(message.error())
+            if (header, value) in _headers(message):
+                return int(message.offset())
+            if message.offset() + 1 >= high:
+                return None
+    finally:
+        consumer.close()
+
+
+def produce_record(
+    connection: KafkaConnection,
+    topic: str,
+    partition: int,
+    record: StoredRecord,
+    timeout_s: float = 30.0,
+) -> int:
+    """Write ``record`` to (topic, partition), acknowledged by every in-sync replica; its offset."""
+    producer = Producer({**connection.client_config(), "acks": "all", "enable.idempotence": True})
+    landed: list[Any] = []
+    headers: list[tuple[str, str | bytes | None]] = list(record.headers)
+    producer.produce(
+        topic,
+        value=record.value,
+        key=record.key,
+        partition=partition,
+        headers=headers,
+        on_delivery=lambda error, message: landed.append(error or message),
+    )
+    producer.flush(timeout_s)
+    if not landed:
+        raise KafkaException(f"no delivery report for {topic}[{partition}] within {timeout_s:g} s")
+    if not hasattr(landed[0], "offset"):
+        raise KafkaException(landed[0])
+    return int(landed[0].offset())
+
+
+def record_headers(
+    connection: KafkaConnection, topic: str, partition: int, offset: int, timeout_s: float = 10.0
+) -> tuple[dict[str, bytes | None] | None, str | None]:
+    """The headers of the record at (topic, partition, offset), or (None, why not): see :func:`read_record`."""
+    record, why = read_record(connection, topic, partition, offset, timeout_s)
+    return (None, why) if record is None else (dict(record.headers), None)
