@@ -19,6 +19,7 @@ from khipu.resend.plan import ResendPlan
 INTENDED, PRODUCED, UNRECOVERABLE, FAILED = "intended", "produced", "unrecoverable", "failed"
 
 Landed = tuple[int, int]  # (partition, offset) of the resent record in its destination
+Placed = tuple[int, int]  # (partition the copy goes to, that partition's end offset before it is produced)
 
 
 class Step(StrEnum):
@@ -56,7 +57,9 @@ class AttemptOutcome:
     produced_now: bool  # this call produced the record (False: found it there, or nothing to produce)
 
 
-def ledger_entry(plan: ResendPlan) -> dict[str, object]:
+def ledger_entry(plan: ResendPlan, placed: Placed | None = None) -> dict[str, object]:
+    """The ledger row of an attempt; ``placed``: where its copy will go and the offset the search for it starts at,
+    fixed before producing so that a restarted task looks in the same place."""
     return {
         "resend_id": plan.resend_id,
         "message_id": plan.message_id,
@@ -68,6 +71,8 @@ def ledger_entry(plan: ResendPlan) -> dict[str, object]:
         "source_position": None if plan.source_position is None else str(plan.source_position),
         "destination": None if plan.destination is None else str(plan.destination),
         "target_group": plan.target_group,
+        "destination_partition": None if placed is None else placed[0],
+        "scan_from_offset": None if placed is None else placed[1],
         "reason": plan.reason,
     }
 
@@ -75,21 +80,30 @@ def ledger_entry(plan: ResendPlan) -> dict[str, object]:
 def run_attempt(
     plan: ResendPlan,
     ledger: Ledger,
-    find_landed: Callable[[str], Landed | None],
-    produce: Callable[[ResendPlan], Landed],
+    place: Callable[[ResendPlan], Placed],
+    find_landed: Callable[[str, int, int], Landed | None],
+    produce: Callable[[ResendPlan, int], Landed],
     now_ms: Callable[[], int],
 ) -> AttemptOutcome:
-    """Take one attempt to its end, whatever an earlier, killed run of it left behind."""
+    """Take one attempt to its end, whatever an earlier, killed run of it left behind.
+
+    ``place(plan)``: the partition the copy goes to and its end offset now (asked once, when the intent is
+    written); ``find_landed(resend_id, partition, from_offset)``: where a record with this resend id is, at or
+    after ``from_offset``; ``produce(plan, partition)``: write the copy, return where it landed."""
     produced_now = False
     for _ in range(4):  # intent, produce, record: at most three steps, and a DONE
         entry = ledger.entry(plan.resend_id)
         state = None if entry is None else str(entry["state"])
-        landed = find_landed(plan.resend_id) if state == INTENDED and plan.recoverable else None
+        landed = None
+        if entry is not None and state == INTENDED and plan.recoverable:
+            partition, scan_from = int(str(entry["destination_partition"])), int(str(entry["scan_from_offset"]))
+            landed = find_landed(plan.resend_id, partition, scan_from)
         step = next_step(state, plan.recoverable, landed)
         if step is Step.RECORD_INTENT:
-            ledger.record_intent(ledger_entry(plan), now_ms())
+            ledger.record_intent(ledger_entry(plan, place(plan) if plan.recoverable else None), now_ms())
         elif step is Step.PRODUCE:
-            partition, offset = produce(plan)
+            assert entry is not None
+            partition, offset = produce(plan, int(str(entry["destination_partition"])))
             produced_now = True
             ledger.mark_produced(plan.resend_id, partition, offset, now_ms())
         elif step is Step.RECORD_LANDED:

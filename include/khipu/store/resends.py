@@ -27,6 +27,8 @@ LEDGER_COLUMNS = (
     "source_position",
     "destination",
     "target_group",
+    "destination_partition",
+    "scan_from_offset",
     "reason",
 )
 

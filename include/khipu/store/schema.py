@@ -287,6 +287,8 @@ resend_ledger = Table(
     Column("source_position", String(NAME)),  # cluster/topic[partition]@offset of the original, when a record
     Column("destination", String(NAME)),  # cluster/topic produced to
     Column("target_group", String(NAME)),  # a read-hop resend: the only group that takes it
+    Column("destination_partition", Integer),  # where the copy goes
+    Column("scan_from_offset", BigInteger),  # the partition's end when the intent was written: the copy is after it
     Column("reason", Text, nullable=False),
     Column("intended_ms", BigInteger, nullable=False),
     Column("updated_ms", BigInteger, nullable=False),

@@ -42,24 +42,27 @@ def test_a_killed_attempt_run_again_leaves_one_copy_in_the_topic(
     )  # fmt: skip
     store = Store(f"sqlite:///{tmp_path / 'khipu.db'}")
     store.migrate()
-    scan_from = end_offset(connection, topic, 1)
     armed = {"on": kill}
 
-    def produce(p: ResendPlan) -> Landed:
+    def place(p: ResendPlan) -> tuple[int, int]:  # the skipped record's partition, from its end now
+        assert p.source_position is not None
+        return p.source_position.partition, end_offset(connection, topic, p.source_position.partition)
+
+    def produce(p: ResendPlan, partition: int) -> Landed:
         assert p.source_position is not None
         record, why = read_record(
             connection, p.source_position.topic, p.source_position.partition, p.source_position.offset
         )
         assert record is not None, why
         headers = [*record.headers, (RESEND_ID_HEADER, p.resend_id.encode()), (RESEND_TARGET_HEADER, b"sink")]
-        offset = produce_record(connection, topic, 1, StoredRecord(record.key, record.value, headers))
+        offset = produce_record(connection, topic, partition, StoredRecord(record.key, record.value, headers))
         if armed["on"] == "after_produce":
             raise Killed("after producing, before recording")
-        return 1, offset
+        return partition, offset
 
-    def find(rid: str) -> Landed | None:
-        offset = find_by_header(connection, topic, 1, scan_from, RESEND_ID_HEADER, rid.encode())
-        return None if offset is None else (1, offset)
+    def find(rid: str, partition: int, from_offset: int) -> Landed | None:
+        offset = find_by_header(connection, topic, partition, from_offset, RESEND_ID_HEADER, rid.encode())
+        return None if offset is None else (partition, offset)
 
     class Ledger:
         record_intent = staticmethod(store.resends.record_intent)
@@ -74,13 +77,13 @@ def test_a_killed_attempt_run_again_leaves_one_copy_in_the_topic(
 
     if kill != "never":
         with pytest.raises(Killed):
-            run_attempt(plan, Ledger(), find, produce, lambda: 1)
+            run_attempt(plan, Ledger(), place, find, produce, lambda: 1)
     armed["on"] = "never"
-    outcome = run_attempt(plan, Ledger(), find, produce, lambda: 2)
+    outcome = run_attempt(plan, Ledger(), place, find, produce, lambda: 2)
     assert outcome.state == PRODUCED and outcome.produced_now == (kill == "never")
 
     copies = []
-    for offset in range(scan_from, end_offset(connection, topic, 1)):
+    for offset in range(source_offset + 1, end_offset(connection, topic, 1)):
         record, _ = read_record(connection, topic, 1, offset)
         if record is not None and (RESEND_ID_HEADER, plan.resend_id.encode()) in record.headers:
             copies.append((offset, record))

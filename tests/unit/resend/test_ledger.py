@@ -97,28 +97,37 @@ def test_a_run_killed_anywhere_and_run_again_leaves_exactly_one_copy(tmp_path: P
         def entry(self, rid: str) -> dict[str, object] | None:
             return store.resends.entry(rid)
 
-    def produce(p: ResendPlan) -> Landed:
+    topic.append("an earlier record")  # the copy lands after the partition's end at intent time
+    places: list[int] = []
+
+    def place(p: ResendPlan) -> tuple[int, int]:
+        places.append(len(topic))
+        return 0, len(topic)
+
+    def produce(p: ResendPlan, partition: int) -> Landed:
         hit("before_produce")
         topic.append(p.resend_id)
         hit("after_produce")
-        return 0, len(topic) - 1
+        return partition, len(topic) - 1
 
-    def find(rid: str) -> Landed | None:
-        return (0, topic.index(rid)) if rid in topic else None
+    def find(rid: str, partition: int, from_offset: int) -> Landed | None:
+        return next(((partition, at) for at in range(from_offset, len(topic)) if topic[at] == rid), None)
 
     now: Callable[[], int] = lambda: next(clock)  # noqa: E731
     attempt = plan("m1")
     if kill != "never":
         with pytest.raises(Killed):
-            run_attempt(attempt, Ledger(), find, produce, now)
+            run_attempt(attempt, Ledger(), place, find, produce, now)
     kill = "never"  # the restarted task runs to the end
-    outcome = run_attempt(attempt, Ledger(), find, produce, now)
-    again = run_attempt(attempt, Ledger(), find, produce, now)  # and a retry of a finished attempt changes nothing
-    assert topic == [attempt.resend_id]
-    assert (outcome.state, outcome.landed) == (PRODUCED, (0, 0)) and (again.state, again.landed) == (PRODUCED, (0, 0))
-    assert not again.produced_now
+    outcome = run_attempt(attempt, Ledger(), place, find, produce, now)
+    again = run_attempt(attempt, Ledger(), place, find, produce, now)  # a retry of a finished attempt: nothing
+    assert topic == ["an earlier record", attempt.resend_id]
+    assert (outcome.state, outcome.landed) == (PRODUCED, (0, 1)) and (again.state, again.landed) == (PRODUCED, (0, 1))
+    assert not again.produced_now and set(places) == {1}  # placed before the intent, never after it
     entry = store.resends.entry(attempt.resend_id)
-    assert entry is not None and (entry["produced_partition"], entry["produced_offset"]) == (0, 0)
+    assert entry is not None
+    assert (entry["destination_partition"], entry["scan_from_offset"]) == (0, 1)
+    assert (entry["produced_partition"], entry["produced_offset"]) == (0, 1)
 
 
 def test_an_unrecoverable_loss_is_recorded_with_its_reason_and_produces_nothing(tmp_path: Path) -> None:
@@ -126,9 +135,12 @@ def test_an_unrecoverable_loss_is_recorded_with_its_reason_and_produces_nothing(
     store.migrate()
     produced: list[str] = []
     gone = plan("m2", recoverable=False)
-    outcome = run_attempt(
-        gone, store.resends, lambda _: None, lambda p: produced.append(p.resend_id) or (0, 0), lambda: 5
-    )
+
+    def produce(p: ResendPlan, partition: int) -> Landed:
+        produced.append(p.resend_id)
+        return partition, 0
+
+    outcome = run_attempt(gone, store.resends, lambda _: (0, 0), lambda *_: None, produce, lambda: 5)
     assert outcome.state == UNRECOVERABLE and produced == []
     (entry,) = store.resends.attempts("m2", gone.hop)
     assert (entry["state"], entry["error"], entry["source_kind"]) == (UNRECOVERABLE, "UNRECOVERABLE: gone", "none")

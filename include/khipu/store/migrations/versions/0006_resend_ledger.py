@@ -29,6 +29,8 @@ def upgrade() -> None:
         sa.Column("source_position", sa.String(249), nullable=True),
         sa.Column("destination", sa.String(249), nullable=True),
         sa.Column("target_group", sa.String(249), nullable=True),
+        sa.Column("destination_partition", sa.Integer(), nullable=True),
+        sa.Column("scan_from_offset", sa.BigInteger(), nullable=True),
         sa.Column("reason", sa.Text(), nullable=False),
         sa.Column("intended_ms", sa.BigInteger(), nullable=False),
         sa.Column("updated_ms", sa.BigInteger(), nullable=False),
