@@ -33,7 +33,7 @@ from sqlalchemy import insert
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
 
-from tests.viewdata import GROUP, HOPS, KIND, STREAM, verdict  # noqa: E402
+from tests.viewdata import GROUP, HOPS, KIND, STREAM, history_change, verdict  # noqa: E402
 
 from khipu.registry.loader import load_registry  # noqa: E402
 from khipu.store import Store, schema  # noqa: E402
@@ -96,8 +96,16 @@ def fill(store: Store, count: int, now_ms: int, say: Callable[[str], None]) -> l
             rows.append({**row, "group_id": row.pop("group")})
             if kind == "CONFIRMED_LOST":
                 history += [
-                    _change(message_id, hop, None, "LOST", decided),
-                    _change(message_id, hop, "LOST", "CONFIRMED_LOST", decided + 7_200_000),
+                    history_change(message_id, hop, None, "LOST", decided, "detector", "lost"),
+                    history_change(
+                        message_id,
+                        hop,
+                        "LOST",
+                        "CONFIRMED_LOST",
+                        decided + 7_200_000,
+                        "reconciliation",
+                        "confirmed_lost",
+                    ),
                 ]
             if kind == "LOST" and len(lost_ids) < 50:
                 lost_ids.append(message_id)
@@ -130,20 +138,6 @@ def fill(store: Store, count: int, now_ms: int, say: Callable[[str], None]) -> l
             ],
         )  # fmt: skip
     return lost_ids
-
-
-def _change(message_id: str, hop: str, before: str | None, after: str, at_ms: int) -> dict[str, Any]:
-    return {
-        "message_id": message_id,
-        "hop": hop,
-        "stream": STREAM,
-        "at_ms": at_ms,
-        "from_verdict": before,
-        "to_verdict": after,
-        "cause": None,
-        "decided_by": "reconciliation" if before else "detector",
-        "reason": after.lower(),
-    }
 
 
 def main() -> int:

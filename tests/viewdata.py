@@ -112,10 +112,14 @@ def seed(store: Store, archive_dir: Path, registry: Registry, now_ms: int) -> Se
     rows.append(verdict(seeded.duplicated, STORE_READ, "DUPLICATE", at - 3 * minute, cause="rewind_replay", count=2))
     store.verdicts.upsert(rows)
     history = [
-        _change(seeded.dropped, ENRICH_WRITE, None, "LOST", at - minute, "detector", "lost: dropped"),
-        _change(seeded.dropped, ENRICH_WRITE, "LOST", "CONFIRMED_LOST", at - minute + 5, "reconciliation", "confirmed"),
-        _change(seeded.retracted, STORE_READ, None, "LOST", at - 3 * minute, "detector", "lost: no trace"),
-        _change(seeded.retracted, STORE_READ, "LOST", "RETRACTED", at - 2 * minute, "reconciliation", "retracted"),
+        history_change(seeded.dropped, ENRICH_WRITE, None, "LOST", at - minute, "detector", "lost: dropped"),
+        history_change(
+            seeded.dropped, ENRICH_WRITE, "LOST", "CONFIRMED_LOST", at - minute + 5, "reconciliation", "confirmed"
+        ),
+        history_change(seeded.retracted, STORE_READ, None, "LOST", at - 3 * minute, "detector", "lost: no trace"),
+        history_change(
+            seeded.retracted, STORE_READ, "LOST", "RETRACTED", at - 2 * minute, "reconciliation", "retracted"
+        ),
     ]
     with store.engine.begin() as tx:
         tx.execute(insert(schema.verdict_history), history)
@@ -187,9 +191,10 @@ def seed(store: Store, archive_dir: Path, registry: Registry, now_ms: int) -> Se
     return seeded
 
 
-def _change(
+def history_change(
     message_id: str, hop: str, before: str | None, after: str, at_ms: int, by: str, reason: str
 ) -> dict[str, Any]:
+    """A ``verdict_history`` row of ``STREAM`` (the bench writes its history with it too)."""
     return {
         "message_id": message_id,
         "hop": hop,

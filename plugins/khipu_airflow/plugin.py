@@ -9,6 +9,8 @@ archive under ``KHIPU_STATE_DIR/archive`` — the settings the detector and the 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
@@ -16,6 +18,7 @@ from fastapi import Request
 from fastapi.security import HTTPAuthorizationCredentials
 
 from khipu.registry.loader import load_registry
+from khipu.registry.model import Registry
 from khipu.settings import KhipuSettings
 from khipu.store import Store
 from khipu_airflow.view.app import ViewSources, create_app
@@ -38,12 +41,29 @@ def airflow_login_url(next_url: str) -> str:
     return str(get_auth_manager().get_url_login(next_url=next_url))
 
 
+def registry_reader(path: Path) -> Callable[[], Registry]:
+    """The registry at ``path``, parsed again only when the file changed (every page asks for it)."""
+    cached: dict[int, Registry] = {}
+
+    def read() -> Registry:
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError:
+            return load_registry(path)  # says what is wrong with the path
+        if stamp not in cached:
+            cached.clear()
+            cached[stamp] = load_registry(path)
+        return cached[stamp]
+
+    return read
+
+
 def view_sources() -> ViewSources:
     settings = KhipuSettings.from_env()
     shared = functools.cache(lambda: Store(settings.store_url))  # opened at the first request, kept after
     return ViewSources(
         store=shared,
-        load_registry=lambda: load_registry(settings.registry_path),
+        load_registry=registry_reader(settings.registry_path),
         archive_dir=settings.archive_dir,
         cluster=settings.cluster,
     )

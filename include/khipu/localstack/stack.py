@@ -71,10 +71,7 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
             (settings.broker_port, "KHIPU_BROKER_PORT"),
             (settings.controller_port, "KHIPU_BROKER_CONTROLLER_PORT"),
         ):
-            if port_open("127.0.0.1", port):
-                raise StackError(
-                    f"port {port} is taken by a process this stack did not start; stop it or set {variable}"
-                )
+            _require_free(port, variable)
         spec = broker_spec(settings)
         first_start = not (spec.data_dir / "meta.properties").exists()
         say(f"broker: {'formatting storage and ' if first_start else ''}starting Apache Kafka (KRaft) ...")
@@ -111,11 +108,7 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
     if (airflow := table.running(AIRFLOW)) is not None:
         say(f"airflow: already running (pid {airflow.pid})")
     else:
-        if port_open("127.0.0.1", settings.airflow_port):
-            raise StackError(
-                f"port {settings.airflow_port} is taken by a process this stack did not start; "
-                "stop it or set KHIPU_AIRFLOW_PORT"
-            )
+        _require_free(settings.airflow_port, "KHIPU_AIRFLOW_PORT")
         say("airflow: migrating the metadata database and registering connections (first time: ~1 min)")
         prepare_airflow(settings, paths["airflow_home"], env, paths["logs"] / "airflow-setup.log")
         started = table.spawn(
@@ -157,11 +150,7 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
     if (exporter := table.running(EXPORTER)) is not None:
         say(f"exporter: already running (pid {exporter.pid})")
     else:
-        if port_open("127.0.0.1", exporter_config.port):
-            raise StackError(
-                f"port {exporter_config.port} is taken by a process this stack did not start; "
-                "stop it or set KHIPU_EXPORTER_PORT"
-            )
+        _require_free(exporter_config.port, "KHIPU_EXPORTER_PORT")
         started = table.spawn(
             EXPORTER,
             [str(Path(sys.executable).parent / "khipu"), "exporter"],
@@ -173,6 +162,11 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
         say(f"exporter: started (pid {started.pid}), {_metrics_url(exporter_config)}")
     say("")
     status(settings, say)
+
+
+def _require_free(port: int, variable: str) -> None:
+    if port_open("127.0.0.1", port):
+        raise StackError(f"port {port} is taken by a process this stack did not start; stop it or set {variable}")
 
 
 def _metrics_url(config: ExporterConfig) -> str:

@@ -7,26 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from khipu.registry.model import Hop, Stream, TopicRef
+from khipu.store.verdicts import VERDICT_COLUMNS
 from khipu.trace.archive import ArchivedTrace
 
-VERDICT_FIELDS = (
-    "verdict",
-    "cause",
-    "count",
-    "partition",
-    "offset",
-    "group_id",
-    "location",
-    "observed_ms",
-    "latency_ms",
-    "e2e_latency_ms",
-    "decided_ms",
-    "decided_by",
-    "detail",
-    "first_seen_ms",
-    "evidence_kind",
-    "late_evidence",
-)
+VERDICT_FIELDS = tuple(c for c in VERDICT_COLUMNS if c not in ("stream", "hop_kind", "topic"))  # the hop names those
 HISTORY_FIELDS = ("at_ms", "from_verdict", "to_verdict", "cause", "decided_by", "reason")
 
 

@@ -95,19 +95,7 @@ def plan_resend(
     message_id, hop_id = str(loss["message_id"]), str(loss["hop"])
     if loss["verdict"] != VerdictKind.CONFIRMED_LOST.value:
         raise NotConfirmedLost(message_id, hop_id, str(loss["verdict"]))
-    hop = next((h for h in stream.route.hops if h.id == hop_id), None)
-    if hop is None:
-        return _nowhere(loss, stream, attempt, f"hop {hop_id} is not on {stream.name}'s route any more")
-    if attempt > stream.resend.max_attempts:
-        reason = f"{attempt - 1} attempts made, max_attempts is {stream.resend.max_attempts}"
-        return _nowhere(loss, stream, attempt, reason)
-    if hop.kind is HopKind.READ:
-        where, target = _position(loss, hop.topic.cluster), hop.group
-        looked = f"the skipped record {where}" if where else "the skipped record (its position is not known)"
-    else:
-        where, target = _input_position(hop.location, message_verdicts, stream), None
-        looked = f"the processor's input record {where}" if where else "no upstream record (a source's write)"
-    plan = ResendPlan(
+    nowhere = ResendPlan(
         message_id=message_id,
         stream=stream.name,
         hop=hop_id,
@@ -115,10 +103,23 @@ def plan_resend(
         resend_id=resend_id(message_id, hop_id, attempt),
         source=SourceKind.NONE,
         source_position=None,
-        destination=hop.topic,
-        target_group=target,
+        destination=None,
+        target_group=None,
         reason="",
     )
+    hop = next((h for h in stream.route.hops if h.id == hop_id), None)
+    if hop is None:
+        return replace(nowhere, reason=f"UNRECOVERABLE: hop {hop_id} is not on {stream.name}'s route any more")
+    if attempt > stream.resend.max_attempts:
+        reason = f"{attempt - 1} attempts made, max_attempts is {stream.resend.max_attempts}"
+        return replace(nowhere, reason=f"UNRECOVERABLE: {reason}")
+    if hop.kind is HopKind.READ:
+        where, target = _position(loss, hop.topic.cluster), hop.group
+        looked = f"the skipped record {where}" if where else "the skipped record (its position is not known)"
+    else:
+        where, target = _input_position(hop.location, message_verdicts, stream), None
+        looked = f"the processor's input record {where}" if where else "no upstream record (a source's write)"
+    plan = replace(nowhere, destination=hop.topic, target_group=target)
     if where is not None:
         first = log_start(where.cluster, where.topic, where.partition)
         if first is not None and first <= where.offset:
@@ -127,7 +128,7 @@ def plan_resend(
         looked += " has left the log" + (f" (it starts at {first})" if first is not None else "")
     if hook is not None:
         return replace(plan, source=SourceKind.HOOK, reason=f"{looked}; recovery hook {hook}")
-    return _nowhere(loss, stream, attempt, f"{looked}, and {stream.name} names no recovery hook")
+    return replace(nowhere, reason=f"UNRECOVERABLE: {looked}, and {stream.name} names no recovery hook")
 
 
 def _position(row: Mapping[str, Any], cluster: str) -> Position | None:
@@ -147,19 +148,3 @@ def _input_position(location: str | None, verdicts: Sequence[Mapping[str, Any]],
         if topic is not None and row["verdict"] in (VerdictKind.DELIVERED.value, VerdictKind.DUPLICATE.value):
             return _position(row, topic.cluster)
     return None
-
-
-def _nowhere(loss: Mapping[str, Any], stream: Stream, attempt: int, reason: str) -> ResendPlan:
-    message_id, hop = str(loss["message_id"]), str(loss["hop"])
-    return ResendPlan(
-        message_id=message_id,
-        stream=stream.name,
-        hop=hop,
-        attempt=attempt,
-        resend_id=resend_id(message_id, hop, attempt),
-        source=SourceKind.NONE,
-        source_position=None,
-        destination=None,
-        target_group=None,
-        reason=f"UNRECOVERABLE: {reason}",
-    )

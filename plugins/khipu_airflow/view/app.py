@@ -94,21 +94,14 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
         page.status_code = status
         return page
 
-    @app.exception_handler(ReportQueryError)
-    async def bad_query(request: Request, exc: ReportQueryError) -> Response:
-        return problem(request, 400, str(exc))
+    def answer_with(status: int) -> Callable[[Request, Exception], Awaitable[Response]]:
+        async def handler(request: Request, exc: Exception) -> Response:
+            return problem(request, status, str(exc))
 
-    @app.exception_handler(UnknownStreamError)
-    async def unknown_stream(request: Request, exc: UnknownStreamError) -> Response:
-        return problem(request, 404, str(exc))
+        return handler
 
-    @app.exception_handler(UnknownMessage)
-    async def unknown_message(request: Request, exc: UnknownMessage) -> Response:
-        return problem(request, 404, str(exc))
-
-    @app.exception_handler(StoreError)
-    async def store_error(request: Request, exc: StoreError) -> Response:
-        return problem(request, 503, str(exc))
+    for error, status in ((ReportQueryError, 400), (UnknownStreamError, 404), (UnknownMessage, 404), (StoreError, 503)):
+        app.add_exception_handler(error, answer_with(status))
 
     @app.exception_handler(SQLAlchemyError)
     async def store_unreadable(request: Request, exc: SQLAlchemyError) -> Response:
