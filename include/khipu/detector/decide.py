@@ -27,6 +27,13 @@ The rules (:data:`READ_RULES`, :data:`WRITE_RULES`, :data:`IMPLIED_READ_RULES`, 
 processor's :func:`dropped_in_processor`) say what a settled hop's verdict is. Hops past a loss
 get no verdict: the message never got there. Still undecided ``max_wait_ms`` after the first
 trace: PENDING for what is open, and done.
+
+**A resent record** (Khipu's resend of a confirmed loss; its RECEIVED traces carry the resend id and
+the lost hop as attributes) is evidence of its own kind. Resent for one group's read hop, its position
+is that group's alone: the other groups reading the topic pass over it and are not judged on it.
+Resent for a write hop, it is an ordinary record on the topic for every reader. Once the hop the
+resend names is settled on it, its verdict is RESENT (not DELIVERED, not a duplicate of the original);
+hops past it are judged as usual (a processor given the resent record that drops it again: LOST).
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from khipu.detector.model import (
 )
 from khipu.registry.model import ConsumerSpec, Hop, HopKind, Stream, TopicRef
 from khipu.trace.model import Trace, TraceType
+from khipu.tracing.headers import ATTRIBUTE_RESEND_HOP, ATTRIBUTE_RESEND_ID
 
 Position = tuple[int, int]  # (partition, offset)
 
@@ -81,26 +89,60 @@ class Evidence:
     sent: Mapping[Hop, tuple[Trace, ...]]
     received: Mapping[Hop, tuple[Trace, ...]]
     positions: Mapping[TopicRef, Mapping[Position, int | None]]  # position -> when written (None: not seen)
+    targeted: Mapping[Hop, Mapping[Position, int | None]] = field(default_factory=dict)  # resent for one group
+    resent: Mapping[str, tuple[Trace, ...]] = field(default_factory=dict)  # lost hop id -> its resend's traces
+    resent_at: Mapping[TopicRef, frozenset[Position]] = field(default_factory=dict)  # positions of resent records
+
+    def written_on(self, topic: TopicRef) -> bool:
+        """The message is on ``topic`` at a position its route wrote (not only as Khipu's resend)."""
+        resent = self.resent_at.get(topic, frozenset())
+        return any(position not in resent for position in self.positions.get(topic, {}))
+
+    def positions_for(self, hop: Hop) -> Mapping[Position, int | None]:
+        """The message's positions a read hop is judged on: the topic's, and a resend meant for its group."""
+        targeted = self.targeted.get(hop)
+        shared = self.positions.get(hop.topic, {})
+        return {**shared, **targeted} if targeted else shared
+
+    def topics(self) -> set[TopicRef]:
+        return {*self.positions, *(hop.topic for hop in self.targeted)}
+
+
+def resend_of(trace: Trace) -> tuple[str, str] | None:
+    """(resend id, lost hop id) of a resent record's RECEIVED trace; None for any other trace."""
+    resend_id, hop = trace.attributes.get(ATTRIBUTE_RESEND_ID), trace.attributes.get(ATTRIBUTE_RESEND_HOP)
+    return (resend_id, hop) if resend_id and hop and trace.type is TraceType.RECEIVED else None
 
 
 def gather(traces: Sequence[Trace]) -> Evidence:
     sent: dict[Hop, list[Trace]] = {}
     received: dict[Hop, list[Trace]] = {}
     positions: dict[TopicRef, dict[Position, int | None]] = {}
+    targeted: dict[Hop, dict[Position, int | None]] = {}
+    resent: dict[str, list[Trace]] = {}
+    resent_at: dict[TopicRef, set[Position]] = {}
     for trace in sorted(traces, key=lambda t: (t.timestamp_ms, t.emitter_id, t.emitter_seq)):
         hop = Hop.of_trace(trace)
-        at = positions.setdefault(hop.topic, {})
         position = (trace.partition, trace.offset)
         if trace.type is TraceType.SENT:
+            at = positions.setdefault(hop.topic, {})
             sent.setdefault(hop, []).append(trace)
             at[position] = trace.timestamp_ms if at.get(position) is None else at[position]
-        else:
-            received.setdefault(hop, []).append(trace)
-            at.setdefault(position, None)
+            continue
+        received.setdefault(hop, []).append(trace)
+        resend = resend_of(trace)
+        if resend is not None:
+            resent.setdefault(resend[1], []).append(trace)
+            resent_at.setdefault(hop.topic, set()).add(position)
+        mine_only = resend is not None and resend[1] == hop.id  # resent for this group's read hop alone
+        (targeted.setdefault(hop, {}) if mine_only else positions.setdefault(hop.topic, {})).setdefault(position, None)
     return Evidence(
         {hop: tuple(ts) for hop, ts in sent.items()},
         {hop: tuple(ts) for hop, ts in received.items()},
         positions,
+        targeted,
+        {hop: tuple(ts) for hop, ts in resent.items()},
+        {topic: frozenset(at) for topic, at in resent_at.items()},
     )
 
 
@@ -198,14 +240,16 @@ def implied_topics(stream: Stream, evidence: Evidence) -> tuple[TopicRef, ...]:
         if Hop.write(processor.location, out) in evidence.sent:
             return True
         only_writer = writers_of(stream, out) == [Hop.write(processor.location, out)]
-        return only_writer and (out in evidence.positions or out in implied)
+        return only_writer and (evidence.written_on(out) or out in implied)
 
     changed = True
     while changed:
         changed = False
         for processor in (c for c in stream.route.consumers if c.is_processor and len(c.reads) == 1):
             source = processor.reads[0]
-            if source in evidence.positions or source in implied:
+            if source in evidence.positions or Hop.read(source, processor.group) in evidence.targeted:
+                continue
+            if source in implied:
                 continue
             if any(wrote_on(processor, out) for out in processor.writes):
                 implied.append(source)
@@ -248,7 +292,7 @@ def read_progress(moment: Moment, hop: Hop, memo: Mapping[str, int]) -> ReadProg
     checks: list[int] = []
     removals: dict[Position, Removal] = {}
     passed_at: dict[str, int] = {}
-    for partition, offset in sorted(moment.evidence.positions.get(hop.topic, {})):
+    for partition, offset in sorted(moment.evidence.positions_for(hop)):
         committed = lookups.committed(hop.topic.cluster, hop.group, hop.topic.topic, partition)
         passed = committed is not None and committed > offset
         # a record the group has not reached is asked after (it may have left the log) only once the message
@@ -291,7 +335,7 @@ class ReadFacts:
 
 def read_facts(moment: Moment, hop: Hop, progress: ReadProgress) -> ReadFacts:
     assert hop.group is not None
-    positions = moment.evidence.positions.get(hop.topic, {})
+    positions = moment.evidence.positions_for(hop)
     receives = moment.evidence.received.get(hop, ())
     at = (receives[0].partition, receives[0].offset) if receives else min(positions)
     arrived = arrived_past(moment, hop)
@@ -610,6 +654,22 @@ def pending(moment: Moment, hop: Hop) -> Verdict:
     )
 
 
+def resent(moment: Moment, hop: Hop, arrivals: Sequence[Trace]) -> Verdict:
+    """RESENT: the resent copy of a confirmed loss arrived at the hop (its group received it, or, for a write
+    hop, a reader of the topic did)."""
+    first = arrivals[0]
+    attempts = sorted({t.attributes[ATTRIBUTE_RESEND_ID] for t in arrivals})
+    return verdict(
+        moment,
+        hop,
+        kind=VerdictKind.RESENT,
+        count=len(attempts),
+        at=(first.partition, first.offset),
+        trace=first,
+        detail=f"resent as {', '.join(attempts)}: {first.group} received it at offset {first.offset}",
+    )
+
+
 # -- the whole message ------------------------------------------------------------------------------------
 
 
@@ -655,11 +715,13 @@ def decide(
     memo: ChainMap[str, int] = ChainMap({}, cast(MutableMapping[str, int], passed_at))
     read_settled: dict[Hop, bool] = {}
 
-    reached_topics = sorted([*evidence.positions, *moment.implied], key=str)
+    reached_topics = sorted({*evidence.topics(), *moment.implied}, key=str)
     for topic in reached_topics:
         for reader in stream.route.readers_of(topic):
             hop = Hop.read(topic, reader.group)
-            if topic not in evidence.positions:  # implied: no trace says where the message sat there
+            if topic not in evidence.positions and hop not in evidence.targeted and topic not in moment.implied:
+                continue  # only a resend meant for another group is there: nothing this group should get
+            if not evidence.positions_for(hop):  # implied: no trace says where the message sat there
                 read_settled[hop] = implied_read_settled(moment, hop)
                 if read_settled[hop]:
                     judged[hop] = _trace_lost_implied(moment, hop)
@@ -678,6 +740,8 @@ def decide(
                 checks.extend(progress.next_check_ms)
 
     for topic in reached_topics:
+        if topic not in evidence.positions and topic not in moment.implied:
+            continue  # only a resend for one group was read there: no one wrote the message to it again
         writers = writers_of(stream, topic)
         with_evidence = [h for h in writers if h in evidence.sent]
         for hop in with_evidence or (writers if len(writers) == 1 else []):
@@ -688,7 +752,7 @@ def decide(
 
     reached = {hop for hop, v in judged.items() if hop.kind is HopKind.READ and v.kind in RECEIPT_KINDS}
     for processor in (c for c in stream.route.consumers if c.is_processor):
-        inputs = [Hop.read(t, processor.group) for t in processor.reads if t in evidence.positions]
+        inputs = [h for h in (Hop.read(t, processor.group) for t in processor.reads) if evidence.positions_for(h)]
         missing = [out for out in processor.writes if out not in evidence.positions and out not in moment.implied]
         if any(h in open_hops for h in inputs):  # not yet known whether it got there: wait with it
             open_hops.extend(Hop.write(processor.location, out) for out in missing)
@@ -697,6 +761,12 @@ def decide(
             dropped = dropped_in_processor(moment, processor, output, reached)
             if dropped is not None:
                 judged[Hop.write(processor.location, output)] = dropped
+
+    route_hops = {h.id: h for h in stream.route.hops}
+    for hop_id, arrivals in evidence.resent.items():
+        lost_hop = route_hops.get(hop_id)
+        if lost_hop is not None and lost_hop not in open_hops:  # settled on the resent record: it arrived
+            judged[lost_hop] = resent(moment, lost_hop, arrivals)
 
     if open_hops and moment.timed_out:
         judged.update((hop, pending(moment, hop)) for hop in open_hops)

@@ -20,9 +20,12 @@ class VerdictKind(StrEnum):
     TRACE_LOST = "TRACE_LOST"  # the message evidently passed the hop; its trace did not arrive
     CONFIRMED_LOST = "CONFIRMED_LOST"  # final: LOST, and still missing past the reconciliation horizon
     RETRACTED = "RETRACTED"  # final: a LOST that later evidence contradicts (it says what the hop really got)
+    RESENT = "RESENT"  # a confirmed loss Khipu resent, and the detector saw the resent copy arrive at the hop
+    UNRECOVERABLE = "UNRECOVERABLE"  # a confirmed loss with no original left, or past resend.max_attempts
 
 
-FINAL_KINDS = frozenset({VerdictKind.CONFIRMED_LOST, VerdictKind.RETRACTED})
+RESEND_KINDS = frozenset({VerdictKind.RESENT, VerdictKind.UNRECOVERABLE})  # the last states of a confirmed loss
+FINAL_KINDS = frozenset({VerdictKind.CONFIRMED_LOST, VerdictKind.RETRACTED, *RESEND_KINDS})
 LOSS_KINDS = frozenset({VerdictKind.LOST, VerdictKind.CONFIRMED_LOST})
 RECEIPT_KINDS = frozenset({VerdictKind.DELIVERED, VerdictKind.DUPLICATE, VerdictKind.TRACE_LOST})
 
@@ -58,7 +61,7 @@ class Verdict:
     decided_ms: int
     detail: str
     first_seen_ms: int | None = None  # when the judge first saw the message (a detector state, or its first trace)
-    decided_by: str = "detector"  # detector | reconciliation
+    decided_by: str = "detector"  # detector | reconciliation | resend
     evidence_kind: VerdictKind | None = None  # a RETRACTED verdict: what the hop really got (DELIVERED, ...)
     late_evidence: bool = False  # traces came after it was decided: reconciliation re-decides it
 

@@ -71,6 +71,31 @@ def end_offset(connection: KafkaConnection, topic: str, partition: int, timeout_
         consumer.close()
 
 
+def log_start_offset(connection: KafkaConnection, topic: str, partition: int, timeout_s: float = 10.0) -> int | None:
+    """The first offset the partition's log still holds; None when the partition cannot be asked (no such
+    topic or partition, or the cluster does not answer)."""
+    consumer = _reader(connection)
+    try:
+        return int(consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)[0])
+    except KafkaException:
+        return None
+    finally:
+        consumer.close()
+
+
+def partition_count(connection: KafkaConnection, topic: str, timeout_s: float = 10.0) -> int:
+    """How many partitions ``topic`` has (KafkaException when the topic does not exist)."""
+    consumer = _reader(connection)
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if metadata is None or metadata.error is not None or not metadata.partitions:
+            reason = "no answer" if metadata is None else str(metadata.error or "no partitions")
+            raise KafkaException(f"topic {topic!r} on cluster {connection.cluster!r}: {reason}")
+        return len(metadata.partitions)
+    finally:
+        consumer.close()
+
+
 def find_by_header(
     connection: KafkaConnection,
     topic: str,

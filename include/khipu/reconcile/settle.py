@@ -19,6 +19,10 @@ a DELIVERED write hop turned into a false TRACE_LOST, a duplicate never reported
   it). Never worse either: a PENDING never replaces a decided verdict, and a stored receipt (or a
   duplicate's count) is never turned into less by a read that lacks a trace the stored one saw.
 
+- **A resend closes a confirmed loss.** The detector's RESENT (the resent copy arrived) replaces a loss or
+  an UNRECOVERABLE; the resend task's UNRECOVERABLE replaces a CONFIRMED_LOST. Reconciliation never
+  turns either back into a loss: its window's traces predate the resend.
+
 A changed verdict keeps the time it was first decided (its metrics minute); the history records
 when and why it changed.
 
@@ -35,12 +39,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from khipu.detector.model import FINAL_KINDS, LOSS_KINDS, RECEIPT_KINDS, Cause, Verdict, VerdictKind
+from khipu.detector.model import FINAL_KINDS, LOSS_KINDS, RECEIPT_KINDS, RESEND_KINDS, Cause, Verdict, VerdictKind
 
 
 class Judge(StrEnum):
     DETECTOR = "detector"
     RECONCILIATION = "reconciliation"
+    RESEND = "resend"  # the resend task: a confirmed loss it cannot recover is UNRECOVERABLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +97,20 @@ def same_state(stored: Verdict | None, judged: Verdict) -> bool:
 
 def loss_contradicted(stored: Verdict | None, judged: Verdict) -> bool:
     return stored is not None and stored.kind in LOSS_KINDS and judged.kind in RECEIPT_KINDS
+
+
+def resend_arrived(stored: Verdict | None, judged: Verdict) -> bool:
+    return (
+        judged.kind is VerdictKind.RESENT
+        and stored is not None
+        and (stored.kind in LOSS_KINDS or stored.kind is VerdictKind.UNRECOVERABLE)
+    )
+
+
+def _take_resent(stored: Verdict | None, judged: Verdict) -> Change | None:
+    assert stored is not None  # keeps the cause: why it was lost stays known after it is recovered
+    resent = dataclasses.replace(_in_first_minute(stored, judged), cause=stored.cause, late_evidence=False)
+    return Change(resent, f"resent: {judged.detail}")
 
 
 def stored_is_final(stored: Verdict | None, judged: Verdict) -> bool:
@@ -186,6 +205,7 @@ def _read_again(stored: Verdict | None, judged: Verdict) -> Change | None:
 DETECTOR_RULES: tuple[Rule, ...] = (
     (nothing_stored, _take),
     (same_state, _take_replay),
+    (resend_arrived, _take_resent),
     (loss_contradicted, _retract),
     (stored_is_final, _keep_with_late_evidence),
     (pending_received, _decide_pending),
@@ -195,6 +215,10 @@ DETECTOR_RULES: tuple[Rule, ...] = (
 
 
 # -- reconciliation's judgements (all the traces) ----------------------------------------------------------
+
+
+def resend_settled(stored: Verdict | None, judged: Verdict) -> bool:
+    return stored is not None and stored.kind in RESEND_KINDS
 
 
 def judged_pending_over_decided(stored: Verdict | None, judged: Verdict) -> bool:
@@ -240,6 +264,7 @@ def _confirm(stored: Verdict | None, judged: Verdict) -> Change | None:
 
 # A reconciliation judgement: the first rule that holds gives what to store.
 RECONCILIATION_RULES: tuple[Rule, ...] = (
+    (resend_settled, _keep_decided),
     (judged_pending_over_decided, _keep_decided),
     (fewer_receipts_than_stored, _keep_decided),
     (still_missing, _confirm),
@@ -248,10 +273,34 @@ RECONCILIATION_RULES: tuple[Rule, ...] = (
 )
 
 
+# -- the resend task's judgements ---------------------------------------------------------------------------
+
+
+def gives_up_on_confirmed_loss(stored: Verdict | None, judged: Verdict) -> bool:
+    return judged.kind is VerdictKind.UNRECOVERABLE and stored is not None and stored.kind is VerdictKind.CONFIRMED_LOST
+
+
+def _give_up(stored: Verdict | None, judged: Verdict) -> Change | None:
+    assert stored is not None
+    unrecoverable = dataclasses.replace(
+        stored, kind=VerdictKind.UNRECOVERABLE, decided_by=Judge.RESEND.value, detail=judged.detail
+    )
+    return Change(unrecoverable, judged.detail)
+
+
+# The resend task's judgement: only a confirmed loss becomes UNRECOVERABLE (a RESENT or a retraction that came
+# first stands).
+RESEND_RULES: tuple[Rule, ...] = (
+    (gives_up_on_confirmed_loss, _give_up),
+    (lambda stored, judged: True, lambda stored, judged: None),
+)
+JUDGES = {Judge.DETECTOR: DETECTOR_RULES, Judge.RECONCILIATION: RECONCILIATION_RULES, Judge.RESEND: RESEND_RULES}
+
+
 def settle(stored: Verdict | None, judged: Verdict) -> Change | None:
     """What to store for the hop given what is stored and a new judgement (``judged.decided_by`` says whose):
     ``None`` when nothing changes."""
-    rules = RECONCILIATION_RULES if judged.decided_by == Judge.RECONCILIATION else DETECTOR_RULES
+    rules = JUDGES[Judge(judged.decided_by)]
     change = next(build(stored, judged) for holds, build in rules if holds(stored, judged))
     return None if change is None else dataclasses.replace(change, previous=stored)
 

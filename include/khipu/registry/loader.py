@@ -35,7 +35,8 @@ NAME_RULE = "1-249 characters of letters, digits, '.', '_' or '-'"
 _TOP_KEYS = ("version", "clusters", "streams")
 _CLUSTER_KEYS = ("connection_id",)
 _STREAM_KEYS = ("owner", "sampling_percent", "recovery_attributes", "resend", "alerts", "route")
-_RESEND_KEYS = ("mode", "max_attempts")
+_RESEND_KEYS = ("mode", "max_attempts", "hook")
+_HOOK = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _ALERT_KEYS = ("loss_rate", "duplicate_rate", "latency_p99_ms")
 _ROUTE_KEYS = ("producers", "consumers")
 _PRODUCER_KEYS = ("location", "writes")
@@ -244,7 +245,11 @@ class _Checker:
             self.fail("resend.mode", mode_value, "one of: " + ", ".join(m.value for m in ResendMode))
             mode = default.mode
         attempts = self.positive_int(body.get("max_attempts", default.max_attempts), "resend.max_attempts")
-        return ResendPolicy(mode=mode, max_attempts=attempts or default.max_attempts)
+        hook = body.get("hook")
+        if hook is not None and (not isinstance(hook, str) or not _HOOK.match(hook)):
+            self.fail("resend.hook", hook, "'module:function', a Python callable importable by the resend task")
+            hook = None
+        return ResendPolicy(mode=mode, max_attempts=attempts or default.max_attempts, hook=hook)
 
     def alerts(self, value: Any) -> AlertThresholds:
         default = AlertThresholds()

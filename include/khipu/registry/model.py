@@ -145,6 +145,7 @@ class ResendMode(StrEnum):
 class ResendPolicy:
     mode: ResendMode = ResendMode.MANUAL
     max_attempts: int = 3
+    hook: str | None = None  # "module:function" given (message id, recovery attributes), returning the payload
 
 
 @dataclass(frozen=True, slots=True)

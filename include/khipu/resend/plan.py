@@ -28,9 +28,6 @@ from typing import Any
 from khipu.detector.model import VerdictKind
 from khipu.registry.model import HopKind, Stream, TopicRef
 
-RESEND_ID_HEADER = "khipu-resend-id"
-RESEND_TARGET_HEADER = "khipu-resend-target"  # a read-hop resend: the one group that should take it
-
 
 class SourceKind(StrEnum):
     TOPIC = "topic"  # a record still in the log

@@ -12,6 +12,7 @@ pending traces before committing offsets (Inca lost traces on restarts without t
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,6 +29,7 @@ from khipu.tracing.headers import (
     Headers,
     HeaderValue,
     TraceContext,
+    resend_mark,
     trace_context,
 )
 
@@ -196,6 +198,12 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
     """A ``confluent_kafka.Consumer`` that emits RECEIVED traces for traced records.
 
     ``group.id`` is required: a RECEIVED trace says which group received the record.
+
+    A record Khipu resent for a confirmed loss at one group's read hop (header ``khipu-resend-target``)
+    reaches that group only: the others' ``poll``/``consume`` pass over it silently and trace nothing
+    (they had the message). Its RECEIVED trace carries the resend id and lost hop as attributes, which is
+    how the detector tells the resend from a duplicate. An untraced consumer sees the resent record like
+    any other (see docs/resend.md).
     With ``enable.auto.commit`` the commit runs in librdkafka's background and cannot wait
     for the traces; the detector's grace period covers that, but explicit commits are safer.
     """
@@ -213,18 +221,22 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
     def group_id(self) -> str:
         return self._group
 
-    def poll(self, *args: Any, **kwargs: Any) -> Message | None:
-        msg = super().poll(*args, **kwargs)
-        if msg is not None and msg.error() is None:
-            self._trace(msg)
-        return msg
+    def poll(self, timeout: float | None = None) -> Message | None:
+        """Like ``Consumer.poll``; a record Khipu resent for another group is passed over (see the class doc)."""
+        wait = -1.0 if timeout is None or timeout < 0 else float(timeout)
+        deadline = time.monotonic() + wait
+        while True:
+            msg = super().poll(wait)
+            if msg is None or msg.error() is not None or self._take(msg):
+                return msg
+            if wait >= 0:
+                wait = max(0.0, deadline - time.monotonic())
+                if wait == 0.0:
+                    return None
 
-    def consume(self, *args: Any, **kwargs: Any) -> list[Message]:
-        messages = super().consume(*args, **kwargs)
-        for msg in messages:
-            if msg.error() is None:
-                self._trace(msg)
-        return messages
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        """Like ``Consumer.consume``, without the records Khipu resent for other groups."""
+        return [msg for msg in super().consume(num_messages, timeout) if msg.error() is not None or self._take(msg)]
 
     def commit(self, *args: Any, **kwargs: Any) -> Any:
         """Flush pending traces (bounded), then commit as ``Consumer.commit`` does."""
@@ -235,8 +247,16 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
         self._emitter.flush_before_commit()
         super().close()
 
-    def _trace(self, msg: Message) -> None:
-        context = trace_context(msg.headers())
+    def _take(self, msg: Message) -> bool:
+        """Trace a record this group takes; False for a record resent only for another group (no trace: the
+        group never had it)."""
+        headers = msg.headers()
+        mark = resend_mark(headers) if headers else None
+        if mark is not None and mark.target_group is not None and mark.target_group != self._group:
+            return False
+        context = trace_context(headers) if headers else None
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
         if context is not None and topic is not None and partition is not None and offset is not None:
-            self._emitter.emit_received(context, self._cluster, topic, partition, offset, self._group)
+            attributes = mark.as_attributes() if mark is not None else None
+            self._emitter.emit_received(context, self._cluster, topic, partition, offset, self._group, attributes)
+        return True

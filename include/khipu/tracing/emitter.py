@@ -108,10 +108,17 @@ class TraceEmitter:
         self._emit(context, TraceType.SENT, cluster, topic, partition, offset, None, attributes)
 
     def emit_received(
-        self, context: TraceContext, cluster: str, topic: str, partition: int, offset: int, group: str
+        self,
+        context: TraceContext,
+        cluster: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        group: str,
+        attributes: Mapping[str, str] | None = None,
     ) -> None:
-        """Record that consumer group ``group`` received a traced record."""
-        self._emit(context, TraceType.RECEIVED, cluster, topic, partition, offset, group, None)
+        """Record that consumer group ``group`` received a traced record (``attributes``: a resent record's mark)."""
+        self._emit(context, TraceType.RECEIVED, cluster, topic, partition, offset, group, attributes)
 
     def flush_before_commit(self) -> None:
         """Give pending traces a bounded chance to be delivered before offsets are committed.

@@ -15,6 +15,15 @@ HEADER_STREAM = "khipu-stream"
 HEADER_SAMPLING = "khipu-sampling"
 TRACE_HEADERS = (HEADER_MESSAGE_ID, HEADER_STREAM, HEADER_SAMPLING)
 
+# A record Khipu resent for a confirmed loss (never copied on by processors: what they write is not a resend).
+HEADER_RESEND_ID = "khipu-resend-id"  # the attempt's stable id
+HEADER_RESEND_HOP = "khipu-resend-hop"  # the hop the message was lost at
+HEADER_RESEND_TARGET = "khipu-resend-target"  # a read-hop loss: the one group that should take it
+RESEND_HEADERS = (HEADER_RESEND_ID, HEADER_RESEND_HOP, HEADER_RESEND_TARGET)
+# the RECEIVED trace of a resent record carries its resend id and hop in these attributes
+ATTRIBUTE_RESEND_ID = "khipu.resend_id"
+ATTRIBUTE_RESEND_HOP = "khipu.resend_hop"
+
 HeaderValue = str | bytes | None
 Headers = Sequence[tuple[str, HeaderValue]] | Mapping[str, HeaderValue]
 
@@ -71,14 +80,46 @@ def trace_context(headers: Headers | None) -> TraceContext | None:
     return TraceContext(message_id, stream, sampling)
 
 
+class ResendMark(NamedTuple):
+    """What a resent record's headers say: which attempt, for which lost hop, and for which group only."""
+
+    resend_id: str
+    hop: str
+    target_group: str | None  # None: every reader (a write-hop loss)
+
+    def as_headers(self) -> list[tuple[str, bytes]]:
+        headers = [(HEADER_RESEND_ID, self.resend_id.encode()), (HEADER_RESEND_HOP, self.hop.encode())]
+        if self.target_group is not None:
+            headers.append((HEADER_RESEND_TARGET, self.target_group.encode()))
+        return headers
+
+    def as_attributes(self) -> dict[str, str]:
+        return {ATTRIBUTE_RESEND_ID: self.resend_id, ATTRIBUTE_RESEND_HOP: self.hop}
+
+
+def resend_mark(headers: Headers | None) -> ResendMark | None:
+    """The resend mark in a record's headers, or ``None`` for a record Khipu did not resend (or whose mark is
+    incomplete: treated as an ordinary record)."""
+    if not headers:
+        return None
+    pairs: Any = headers.items() if isinstance(headers, Mapping) else headers
+    found = {name: _text(value) for name, value in pairs if name in RESEND_HEADERS}
+    resend_id, hop = found.get(HEADER_RESEND_ID), found.get(HEADER_RESEND_HOP)
+    if not resend_id or not hop:
+        return None
+    return ResendMark(resend_id, hop, found.get(HEADER_RESEND_TARGET) or None)
+
+
 def carry_trace_headers(
     source_headers: Headers | None, headers: Headers | None = None
 ) -> list[tuple[str, HeaderValue]]:
     """Headers for a record derived from an input record: ``headers`` plus the input's trace headers.
 
     Use it in processors: ``out.produce(topic, value, headers=carry_trace_headers(msg.headers()))``.
+    A resend mark is never carried on: what a processor writes from a resent record is an ordinary record.
     """
-    result: list[tuple[str, HeaderValue]] = list(headers.items() if isinstance(headers, Mapping) else headers or [])
+    given = headers.items() if isinstance(headers, Mapping) else headers or []
+    result: list[tuple[str, HeaderValue]] = [(n, v) for n, v in given if n not in RESEND_HEADERS]
     context = trace_context(source_headers)
     if context is not None:
         result = [(n, v) for n, v in result if n not in TRACE_HEADERS]

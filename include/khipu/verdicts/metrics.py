@@ -24,6 +24,8 @@ COUNTED = (
     VerdictKind.CONFIRMED_LOST,
     VerdictKind.RETRACTED,
 )  # every kind a stored verdict has; the rates are shares of these
+# a resent or unrecoverable loss was a confirmed loss all the same: its minute's loss rate does not change
+COUNTED_AS = {VerdictKind.RESENT: VerdictKind.CONFIRMED_LOST, VerdictKind.UNRECOVERABLE: VerdictKind.CONFIRMED_LOST}
 
 
 class Outcome(Protocol):
@@ -78,7 +80,10 @@ def minutes_touched(rows: Iterable[Mapping[str, Any]]) -> list[MinuteKey]:
 def minute_metrics(key: MinuteKey, outcomes: Iterable[Outcome]) -> MinuteMetrics:
     """The metrics of one minute of a stream's hop from every verdict stored for it."""
     seen = list(outcomes)
-    counts = {kind: sum(1 for o in seen if o.verdict == kind) for kind in COUNTED}
+    counts = dict.fromkeys(COUNTED, 0)
+    for outcome in seen:
+        kind = VerdictKind(outcome.verdict)
+        counts[COUNTED_AS.get(kind, kind)] += 1
     judged = sum(counts.values()) or 1
     said_lost = counts[VerdictKind.LOST] + counts[VerdictKind.CONFIRMED_LOST] + counts[VerdictKind.RETRACTED]
     latencies = [int(o.latency_ms) for o in seen if o.latency_ms is not None]

@@ -16,8 +16,10 @@ from khipu.kafka.records import StoredRecord, end_offset, find_by_header, produc
 from khipu.localstack.broker import BrokerProcess
 from khipu.registry.model import TopicRef
 from khipu.resend.ledger import PRODUCED, Landed, run_attempt
-from khipu.resend.plan import RESEND_ID_HEADER, RESEND_TARGET_HEADER, Position, ResendPlan, SourceKind, resend_id
+from khipu.resend.plan import Position, ResendPlan, SourceKind, resend_id
 from khipu.store import Store
+from khipu.tracing.headers import HEADER_RESEND_ID as RESEND_ID_HEADER
+from khipu.tracing.headers import HEADER_RESEND_TARGET as RESEND_TARGET_HEADER
 
 pytestmark = pytest.mark.integration
 

@@ -16,6 +16,7 @@ from khipu.detector.decide import decide
 from khipu.detector.model import Cause, DetectorConfig, Removal, VerdictKind
 from khipu.registry import parse_registry
 from khipu.trace.model import Trace, TraceType
+from khipu.tracing.headers import ATTRIBUTE_RESEND_HOP, ATTRIBUTE_RESEND_ID
 
 STREAM = parse_registry("""
 version: 1
@@ -33,12 +34,13 @@ streams:
 CONFIG = DetectorConfig(grace_ms=30_000, max_wait_ms=900_000, recheck_ms=5_000)
 SRC, PROC_IN, PROC_OUT = "p -> local/in", "local/in -> proc", "proc -> local/out"
 S1, S2 = "local/out -> s1", "local/out -> s2"
-D, L, DUP, TL, P = (
+D, L, DUP, TL, P, RS = (
     VerdictKind.DELIVERED,
     VerdictKind.LOST,
     VerdictKind.DUPLICATE,
     VerdictKind.TRACE_LOST,
     VerdictKind.PENDING,
+    VerdictKind.RESENT,
 )
 _seq = iter(range(10_000))
 
@@ -77,6 +79,12 @@ def recv(group: str, topic: str, offset: int, ts: int, partition: int = 0) -> Tr
         next(_seq),
         100.0,
     )
+
+
+def resent_recv(group: str, topic: str, offset: int, ts: int, lost_hop: str, attempt: int = 1) -> Trace:
+    """The RECEIVED trace of a record Khipu resent for the loss at ``lost_hop`` (the traced consumer's attributes)."""
+    marked = {ATTRIBUTE_RESEND_ID: f"r{attempt}-{lost_hop}", ATTRIBUTE_RESEND_HOP: lost_hop}
+    return recv(group, topic, offset, ts)._replace(attributes=marked)
 
 
 def clean(*, skip: set[str] = frozenset()) -> list[Trace]:  # type: ignore[assignment]
@@ -231,6 +239,35 @@ CASES = [
          "gone a minute after it was written, but the topic also has a retention.bytes: a full partition "
          "loses its oldest records whatever their age, so retention explains it",
          removed={("s1", "out"): SIZE_BOUND}),
+    # A resent record (the detector dropped the message's state long ago: its traces start a fresh state)
+    Case(28, [resent_recv("s1", "out", 20, 2_000, S1)], {("s1", "out"): 21, ("s2", "out"): 21}, 60_000,
+         70_000, {S1: (RS, None, 1)}, True,
+         "resent for s1's skip, s1 received it and committed past it: RESENT; s2 passed over it (its traced "
+         "consumer skips a resend for another group) and is not judged on it, nor is the write into out"),
+    Case(29, [resent_recv("s1", "out", 20, 2_000, S1)], {("s1", "out"): 20, ("s2", "out"): 21}, None,
+         70_000, {}, False, "s1 received the resent record but has not committed past it: not settled yet"),
+    Case(30, [resent_recv("proc", "in", 40, 2_000, PROC_IN), sent("proc", "out", 41, 2_100),
+              recv("s1", "out", 41, 2_200), recv("s2", "out", 41, 2_300)],
+         {("proc", "in"): 41, ("s1", "out"): 42, ("s2", "out"): 42}, 60_000, 70_000,
+         {PROC_IN: (RS, None, 1), PROC_OUT: (D, None, 1), S1: (D, None, 1), S2: (D, None, 1)}, True,
+         "resent for proc's skip: proc got it and wrote it on, so the hops past the loss, never judged before, "
+         "are delivered; the source's write into in is not judged again"),
+    Case(31, [resent_recv("proc", "in", 40, 2_000, PROC_IN)], {("proc", "in"): 41}, 60_000, 70_000,
+         {PROC_IN: (RS, None, 1), PROC_OUT: (L, Cause.DROPPED_IN_PROCESSOR, 0)}, True,
+         "proc got the resent record and dropped it again: the resend arrived, and the new loss is reported"),
+    Case(32, [resent_recv("s1", "out", 50, 2_000, PROC_OUT), resent_recv("s2", "out", 50, 2_100, PROC_OUT)],
+         {("s1", "out"): 51, ("s2", "out"): 51}, 60_000, 70_000,
+         {PROC_OUT: (RS, None, 1), S1: (D, None, 1), S2: (D, None, 1)}, True,
+         "resent into out for proc's drop: every reader of out gets it; the write hop is RESENT, not TRACE_LOST "
+         "for want of a SENT trace"),
+    Case(33, [resent_recv("s1", "out", 50, 2_000, PROC_OUT)], {("s1", "out"): 51, ("s2", "out"): 51}, 60_000,
+         70_000, {PROC_OUT: (RS, None, 1), S1: (D, None, 1), S2: (L, Cause.SKIPPED_BY_CONSUMER, 0)}, True,
+         "resent into out, and s2 committed past it without receiving it: the resend arrived, s2 lost it"),
+    Case(34, [*clean(skip={S1}), resent_recv("s1", "out", 20, 90_000, S1)],
+         {**PAST, ("s1", "out"): 21}, 60_000, 200_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (RS, None, 1), S2: (D, None, 1)},
+         True, "the original's traces and the resend's in one state: s1's hop is RESENT, not a duplicate read at "
+         "two offsets, and s2 is not lost at the resend's offset"),
 ]
 # fmt: on
 

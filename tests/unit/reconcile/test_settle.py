@@ -21,7 +21,7 @@ D, L, DUP, TL, P = (
     VerdictKind.TRACE_LOST,
     VerdictKind.PENDING,
 )
-CL, R = VerdictKind.CONFIRMED_LOST, VerdictKind.RETRACTED
+CL, R, RS, UN = VerdictKind.CONFIRMED_LOST, VerdictKind.RETRACTED, VerdictKind.RESENT, VerdictKind.UNRECOVERABLE
 FIRST, FRESH = 1_000, 500_000
 
 
@@ -44,7 +44,7 @@ def hop(
         hop_kind=hop_kind,
         kind=kind,
         cause=cause,
-        count=count if kind in (D, DUP, R) else 0,
+        count=count if kind in (D, DUP, R, RS) else 0,
         topic="out",
         partition=0 if offset is not None else None,
         offset=offset,
@@ -125,6 +125,20 @@ CASES = [
          "reconciliation sees one read where the stored duplicate counted two: the duplicate stays"),
     Case(23, hop(R, by=Judge.RECONCILIATION, evidence=D), hop(L, cause=SKIP, by=Judge.RECONCILIATION), None,
          "a retraction is never undone into a loss by a read that misses the retracting trace"),
+    Case(25, hop(CL, cause=SKIP, count=0, by=Judge.RECONCILIATION, evidence=L), hop(RS, seen=FRESH, offset=20),
+         (RS, SKIP, 1, False), "the resent copy arrived at a confirmed loss: RESENT, keeping why it was lost"),
+    Case(26, hop(L, cause=SKIP, count=0), hop(RS, seen=FRESH, offset=20), (RS, SKIP, 1, False),
+         "a resend that arrives while the loss is still provisional closes it too"),
+    Case(27, hop(UN, cause=SKIP, count=0, by=Judge.RESEND), hop(RS, seen=FRESH, offset=20), (RS, SKIP, 1, False),
+         "the copy of an attempt given up on arrived after all: what happened wins"),
+    Case(28, hop(RS, cause=SKIP, offset=20, seen=FRESH), hop(L, cause=SKIP, by=Judge.RECONCILIATION), None,
+         "reconciling the loss's hour again (its traces predate the resend) never turns RESENT back into a loss"),
+    Case(29, hop(RS, cause=SKIP, offset=20, seen=FRESH), hop(D, seen=3 * FRESH), (RS, SKIP, 1, True),
+         "a later trace after RESENT is kept as late evidence, as for any final verdict"),
+    Case(30, hop(CL, cause=SKIP, count=0, by=Judge.RECONCILIATION, evidence=L), hop(UN, by=Judge.RESEND, count=0),
+         (UN, SKIP, 0, False), "the resend task gives up on a confirmed loss: UNRECOVERABLE, keeping the cause"),
+    Case(31, hop(RS, cause=SKIP, offset=20, seen=FRESH), hop(UN, by=Judge.RESEND, count=0), None,
+         "a loss already RESENT is never made UNRECOVERABLE by a late give-up"),
 ]
 # fmt: on
 

@@ -30,7 +30,7 @@ VALID = dedent("""
         owner: team-orders
         sampling_percent: 10
         recovery_attributes: [row_id]
-        resend: {mode: auto, max_attempts: 5}
+        resend: {mode: auto, max_attempts: 5, hook: "orders_db.recovery:order_row"}
         alerts: {loss_rate: 0.001, duplicate_rate: 0.02, latency_p99_ms: 60000}
         route:
           producers:
@@ -50,6 +50,7 @@ def test_valid_registry_becomes_typed_streams_with_defaults() -> None:
     assert stream.sampling_percent == 10.0
     assert stream.recovery_attributes == ("row_id",)
     assert stream.resend.mode is ResendMode.AUTO and stream.resend.max_attempts == 5
+    assert stream.resend.hook == "orders_db.recovery:order_row"
     assert stream.alerts.latency_p99_ms == 60000
     assert registry.clusters["a"].connection_id == "kafka_a"
     assert registry.clusters["b"].connection_id == "khipu_kafka_b"  # default connection id per cluster
@@ -141,6 +142,12 @@ BAD_REGISTRIES = [
     (
         stream_doc(f"owner: t\nresend: {{max_attempts: 0}}\n{OK_ROUTE}"),
         "stream 's1': field 'resend.max_attempts': got 0; expected an integer >= 1",
+    ),
+    # 9b. a recovery hook that is not module:function
+    (
+        stream_doc(f"owner: t\nresend: {{hook: orders_db.recovery.order_row}}\n{OK_ROUTE}"),
+        "stream 's1': field 'resend.hook': got 'orders_db.recovery.order_row'; expected 'module:function', "
+        "a Python callable importable by the resend task",
     ),
     # 10. a loss-rate threshold above 1
     (

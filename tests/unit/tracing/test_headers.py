@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from khipu.tracing import HEADER_MESSAGE_ID, HEADER_SAMPLING, HEADER_STREAM, TraceContext, carry_trace_headers
-from khipu.tracing.headers import trace_context
+from khipu.tracing.headers import HEADER_RESEND_HOP, HEADER_RESEND_ID, ResendMark, resend_mark, trace_context
 
 TRACED = [(HEADER_MESSAGE_ID, b"m-1"), (HEADER_STREAM, b"orders"), (HEADER_SAMPLING, b"12.5"), ("other", b"x")]
 
@@ -39,3 +39,20 @@ def test_untraced_input_adds_nothing() -> None:
 def test_context_round_trips_through_headers() -> None:
     context = TraceContext("id-7", "payments", 0.5)
     assert trace_context(context.as_headers()) == context
+
+
+def test_a_resend_mark_round_trips_and_is_never_carried_on_by_a_processor() -> None:
+    mark = ResendMark("r1-ab", "local/out -> s1", "s1")
+    resent = [*TRACED, *mark.as_headers()]
+    assert resend_mark(resent) == mark
+    assert resend_mark(ResendMark("r2-cd", "proc -> local/out", None).as_headers()) == ResendMark(
+        "r2-cd", "proc -> local/out", None
+    )
+    out = carry_trace_headers(resent, resent)  # a processor copying its input's headers whole
+    assert resend_mark(out) is None and trace_context(out) == trace_context(TRACED)
+
+
+def test_an_incomplete_resend_mark_is_an_ordinary_record() -> None:
+    assert resend_mark([(HEADER_RESEND_ID, b"r1-ab")]) is None
+    assert resend_mark([(HEADER_RESEND_HOP, b"local/out -> s1")]) is None
+    assert resend_mark(None) is None

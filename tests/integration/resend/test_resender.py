@@ -1,0 +1,287 @@
+"""A resend run against the real broker and a real store: what is resent, from where, to whom, once.
+
+Route: producer p writes in; processor proc reads in and writes out (2 partitions); sinks s1 and s2
+read out. The confirmed losses are stored as reconciliation leaves them; the originals are real records.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from khipu.detector.model import Cause, Verdict, VerdictKind
+from khipu.kafka.records import StoredRecord, produce_record
+from khipu.localstack.broker import BrokerProcess
+from khipu.reconcile.book import verdict_row
+from khipu.registry import parse_registry
+from khipu.registry.model import Registry, ResendMode
+from khipu.resend.run import Resender, ResendRequestError, ResendSelection
+from khipu.store import Store
+from khipu.trace.topic import read_trace_topic
+from khipu.tracing import TracedConsumer, TraceEmitter, TraceEmitterConfig
+from khipu.tracing.headers import (
+    ATTRIBUTE_RESEND_ID,
+    HEADER_RESEND_HOP,
+    HEADER_RESEND_ID,
+    HEADER_RESEND_TARGET,
+    TraceContext,
+    resend_mark,
+)
+from tests.integration.helpers import consumer_config
+
+pytestmark = pytest.mark.integration
+NOW = 1_790_000_000_000
+
+
+@dataclass
+class Pipeline:
+    broker: BrokerProcess
+    store: Store
+    registry: Registry
+    inp: str
+    out: str
+
+    @property
+    def hops(self) -> dict[str, str]:
+        return {
+            "read_in": f"local/{self.inp} -> proc",
+            "write_out": f"proc -> local/{self.out}",
+            "s1": f"local/{self.out} -> s1",
+            "s2": f"local/{self.out} -> s2",
+        }
+
+    def resender(self, wait_ms: int = 600_000, now: int = NOW) -> Resender:
+        connections = {"local": self.broker.connection()}
+        return Resender(self.store, self.registry, connections, lambda: now, wait_ms=wait_ms)
+
+    def write(self, topic: str, partition: int, message_id: str, value: bytes) -> int:
+        headers = list(TraceContext(message_id, "orders", 100.0).as_headers())
+        return produce_record(self.broker.connection(), topic, partition, StoredRecord(b"k-" + value, value, headers))
+
+    def verdict(self, message_id: str, hop: str, kind: VerdictKind, **extra: Any) -> None:
+        read = " -> local/" not in hop
+        topic = hop.split(" -> ")[0].split("/", 1)[1] if read else hop.split("/", 1)[1]
+        row = verdict_row(
+            Verdict(
+                message_id=message_id, stream="orders", hop=hop, hop_kind="read" if read else "write", kind=kind,
+                cause=extra.pop("cause", None), count=0, topic=topic, partition=extra.pop("partition", None),
+                offset=extra.pop("offset", None), group=hop.split(" -> ")[1] if read else None,
+                location=None if read else hop.split(" -> ")[0], observed_ms=None, latency_ms=None,
+                e2e_latency_ms=None, decided_ms=NOW - 3_600_000, detail=f"{kind.value} at {hop}",
+                first_seen_ms=NOW - 3_700_000, decided_by="reconciliation",
+            )
+        )  # fmt: skip
+        self.store.verdicts.upsert([row])
+
+    def records(self, topic: str) -> list[Any]:
+        """Every record of the topic, read from the start without a group."""
+        reader = Consumer(
+            {**self.broker.connection().client_config(), "group.id": "t-reader", "enable.partition.eof": True}
+        )
+        partitions = len(reader.list_topics(topic, timeout=10).topics[topic].partitions)
+        reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        found, ended = [], 0
+        deadline = time.monotonic() + 20
+        while ended < partitions and time.monotonic() < deadline:
+            msg = reader.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                ended += 1
+                continue
+            found.append(msg)
+        reader.close()
+        return found
+
+
+def registry(inp: str, out: str, hook: str | None = None, mode: str = "auto") -> Registry:
+    hook_line = f"\n      hook: {hook}" if hook else ""
+    return parse_registry(f"""
+version: 1
+clusters: {{local: {{}}}}
+streams:
+  orders:
+    owner: t
+    resend:
+      mode: {mode}
+      max_attempts: 2{hook_line}
+    route:
+      producers: [{{location: p, writes: [local/{inp}]}}]
+      consumers:
+        - {{group: proc, location: proc, reads: [local/{inp}], writes: [local/{out}]}}
+        - {{group: s1, reads: [local/{out}]}}
+        - {{group: s2, reads: [local/{out}]}}
+""")
+
+
+@pytest.fixture
+def pipeline(broker: BrokerProcess, tmp_path: Path) -> Iterator[Pipeline]:
+    suffix = secrets.token_hex(3)
+    inp, out = f"in-{suffix}", f"out-{suffix}"
+    broker.admin().ensure_topics({inp: 1, out: 2})
+    store = Store(f"sqlite:///{tmp_path / 'khipu.db'}")
+    store.migrate()
+    yield Pipeline(broker, store, registry(inp, out), inp, out)
+    store.close()
+
+
+def resent_copies(pipeline: Pipeline) -> list[Any]:
+    return [m for m in pipeline.records(pipeline.out) if resend_mark(m.headers()) is not None]
+
+
+def test_a_run_resends_each_confirmed_loss_once_to_those_who_missed_it_and_gives_up_on_what_is_gone(
+    pipeline: Pipeline, tmp_path: Path
+) -> None:
+    hops = pipeline.hops
+    # m-drop: proc read it (at in[0]) and wrote nothing on; m-skip: s1 committed past out[1]; m-gone: truncated
+    at_in = pipeline.write(pipeline.inp, 0, "m-drop", b"order-1")
+    pipeline.verdict("m-drop", hops["read_in"], VerdictKind.DELIVERED, partition=0, offset=at_in)
+    pipeline.verdict("m-drop", hops["write_out"], VerdictKind.CONFIRMED_LOST, cause=Cause.DROPPED_IN_PROCESSOR)
+    at_out = pipeline.write(pipeline.out, 1, "m-skip", b"order-2")
+    pipeline.verdict(
+        "m-skip", hops["s1"], VerdictKind.CONFIRMED_LOST, cause=Cause.SKIPPED_BY_CONSUMER, partition=1, offset=at_out
+    )
+    pipeline.verdict("m-skip", hops["s2"], VerdictKind.DELIVERED, partition=1, offset=at_out)
+    gone_at = pipeline.write(pipeline.out, 0, "m-gone", b"order-3")
+    pipeline.broker.admin().delete_records({(pipeline.out, 0): gone_at + 1})
+    pipeline.verdict(
+        "m-gone", hops["s2"], VerdictKind.CONFIRMED_LOST, cause=Cause.TRUNCATED, partition=0, offset=gone_at
+    )
+    pipeline.verdict("m-fine", hops["s2"], VerdictKind.DELIVERED, partition=0, offset=0)
+
+    dry = pipeline.resender().run(ResendSelection(dry_run=True))
+    assert dry.counts() == {"would_give_up": 1, "would_resend": 2}, dry.as_dict()
+    assert pipeline.store.resends.attempts("m-skip", hops["s1"]) == [] and resent_copies(pipeline) == []
+    said = {o.message_id: o for o in dry.outcomes}
+    assert said["m-skip"].destination == f"local/{pipeline.out} for s1 only"
+    assert said["m-drop"].source == f"local/{pipeline.inp}[0]@{at_in}"
+
+    run = pipeline.resender().run(ResendSelection())
+    assert run.counts() == {"produced": 2, "unrecoverable": 1}, run.as_dict()
+    copies = resent_copies(pipeline)
+    assert len(copies) == 2
+    by_id = {dict(m.headers())["khipu-id"]: m for m in copies}
+    skip_copy, drop_copy = by_id[b"m-skip"], by_id[b"m-drop"]
+    assert (skip_copy.partition(), skip_copy.value()) == (1, b"order-2")  # the skipped record's partition and payload
+    assert dict(skip_copy.headers())[HEADER_RESEND_TARGET] == b"s1"
+    assert dict(skip_copy.headers())[HEADER_RESEND_HOP] == hops["s1"].encode()
+    assert drop_copy.value() == b"order-1" and HEADER_RESEND_TARGET not in dict(drop_copy.headers())  # every reader
+    ledger = pipeline.store.resends.attempts("m-skip", hops["s1"])
+    assert [(e["state"], e["produced_partition"], e["produced_offset"]) for e in ledger] == [
+        ("produced", 1, skip_copy.offset())
+    ]
+    gone = {r["hop"]: r for r in pipeline.store.verdicts.read_messages(["m-gone"])}[hops["s2"]]
+    assert gone["verdict"] == "UNRECOVERABLE" and "has left the log" in gone["detail"], gone
+    history = pipeline.store.verdicts.history("m-gone")
+    assert [(h["from_verdict"], h["to_verdict"], h["decided_by"]) for h in history] == [
+        ("CONFIRMED_LOST", "UNRECOVERABLE", "resend")
+    ]
+
+    again = pipeline.resender().run(ResendSelection())  # within the wait: nothing produced again
+    assert again.counts() == {"waiting": 2}, again.as_dict()
+    assert len(resent_copies(pipeline)) == 2
+
+    # the groups: s1 gets both copies, s2 only the write-hop one (it passes over s1's silently, untraced)
+    trace_topic = f"traces-{secrets.token_hex(3)}"
+    pipeline.broker.admin().ensure_topics({trace_topic: 1})
+    seen: dict[str, list[bytes]] = {}
+    config = TraceEmitterConfig(
+        bootstrap_servers=pipeline.broker.bootstrap_servers, location="sinks", cluster="local", topic=trace_topic
+    )
+    expected = {"s1": [b"m-drop", b"m-skip", b"m-skip"], "s2": [b"m-drop", b"m-skip"]}  # the originals and copies
+    with TraceEmitter(config) as emitter:
+        for group, wanted in expected.items():
+            consumer = TracedConsumer(consumer_config(pipeline.broker, group), emitter=emitter)
+            consumer.subscribe([pipeline.out])
+            got: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and len(got) < len(wanted):
+                msg = consumer.poll(0.5)
+                if msg is not None and msg.error() is None:
+                    got.append(dict(msg.headers())["khipu-id"])
+            settle_until = time.monotonic() + 2  # nothing more arrives
+            while time.monotonic() < settle_until:
+                msg = consumer.poll(0.2)
+                if msg is not None and msg.error() is None:
+                    got.append(dict(msg.headers())["khipu-id"])
+            consumer.close()
+            seen[group] = sorted(got)
+    assert seen == expected
+    traces = [t for t in read_trace_topic(pipeline.broker.bootstrap_servers, trace_topic) if hasattr(t, "group")]
+    marked = sorted((t.group, t.message_id) for t in traces if ATTRIBUTE_RESEND_ID in t.attributes)
+    assert marked == [("s1", "m-drop"), ("s1", "m-skip"), ("s2", "m-drop")]
+
+
+def test_a_resend_asked_for_what_cannot_be_resent_is_refused_and_writes_nothing(pipeline: Pipeline) -> None:
+    hops = pipeline.hops
+    pipeline.verdict("m-fine", hops["s2"], VerdictKind.DELIVERED, partition=0, offset=0)
+    resender = pipeline.resender()
+    manual = frozenset({ResendMode.AUTO, ResendMode.MANUAL})
+    refusals = {
+        "unknown stream": ResendSelection(manual, streams=("payments",)),
+        "unknown hop": ResendSelection(manual, hop="local/nowhere -> s9"),
+        "not confirmed lost": ResendSelection(manual, message_ids=("m-fine",)),
+        "no verdict": ResendSelection(manual, message_ids=("m-none",)),
+    }
+    said = {}
+    for name, selection in refusals.items():
+        with pytest.raises(ResendRequestError) as refused:
+            resender.run(selection)
+        said[name] = str(refused.value)
+    assert "payments" in said["unknown stream"] and "orders" in said["unknown stream"]
+    assert "local/nowhere -> s9" in said["unknown hop"] and hops["s1"] in said["unknown hop"]
+    assert "not confirmed lost" in said["not confirmed lost"] and "DELIVERED" in said["not confirmed lost"]
+    assert "m-none" in said["no verdict"]
+    assert pipeline.store.resends.in_state("intended") == [] and resent_copies(pipeline) == []
+
+
+def test_the_recovery_hook_gives_the_payload_when_the_log_has_lost_it_and_a_failing_hook_fails_only_its_loss(
+    pipeline: Pipeline,
+) -> None:
+    hops = pipeline.hops
+    for message_id in ("m-a", "m-b"):
+        at = pipeline.write(pipeline.out, 0, message_id, message_id.encode())
+        pipeline.broker.admin().delete_records({(pipeline.out, 0): at + 1})
+        pipeline.verdict(
+            message_id, hops["s2"], VerdictKind.CONFIRMED_LOST, cause=Cause.TRUNCATED, partition=0, offset=at
+        )
+
+    pipeline.registry = registry(pipeline.inp, pipeline.out, hook="tests.integration.resend.hooks:row_is_gone")
+    failed = pipeline.resender().run(ResendSelection())
+    assert failed.counts() == {"failed": 2}
+    assert all("row_is_gone raised LookupError: no row for" in o.detail for o in failed.outcomes)
+    kinds = {r["message_id"]: r["verdict"] for r in pipeline.store.verdicts.read_messages(["m-a", "m-b"])}
+    assert kinds == {"m-a": "CONFIRMED_LOST", "m-b": "CONFIRMED_LOST"}  # the loss stays, the error is recorded
+    assert [e["state"] for e in pipeline.store.resends.attempts("m-a", hops["s2"])] == ["failed"]
+
+    pipeline.registry = registry(pipeline.inp, pipeline.out, hook="tests.integration.resend.no_such_module:f")
+    missing = pipeline.resender().run(ResendSelection())
+    assert {o.state for o in missing.outcomes} == {"failed"}
+    assert "cannot be imported: ModuleNotFoundError" in missing.outcomes[0].detail
+
+    pipeline.registry = registry(pipeline.inp, pipeline.out, hook="tests.integration.resend.hooks:order_from_database")
+    last = pipeline.resender().run(ResendSelection())  # attempt 3 > max_attempts 2: given up
+    assert last.counts() == {"unrecoverable": 2}
+    assert "2 attempts made, max_attempts is 2" in last.outcomes[0].detail
+
+
+def test_the_recovery_hook_payload_is_resent_with_the_messages_trace_headers(pipeline: Pipeline) -> None:
+    hops = pipeline.hops
+    at = pipeline.write(pipeline.out, 1, "m-h", b"m-h")
+    pipeline.broker.admin().delete_records({(pipeline.out, 1): at + 1})
+    pipeline.verdict("m-h", hops["s1"], VerdictKind.CONFIRMED_LOST, cause=Cause.TRUNCATED, partition=1, offset=at)
+    pipeline.registry = registry(pipeline.inp, pipeline.out, hook="tests.integration.resend.hooks:order_from_database")
+    run = pipeline.resender().run(ResendSelection())
+    assert run.counts() == {"produced": 1}, run.as_dict()
+    (copy,) = resent_copies(pipeline)
+    headers = dict(copy.headers())
+    assert copy.value() == b'{"order_id": null, "rebuilt_for": "m-h"}'
+    assert (headers["khipu-id"], headers["khipu-stream"], headers[HEADER_RESEND_TARGET]) == (b"m-h", b"orders", b"s1")
+    assert headers[HEADER_RESEND_ID] == run.outcomes[0].resend_id.encode()
