@@ -35,6 +35,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
+from khipu.alerting.model import Alert, AlertState, Severity
 from khipu.detector.model import VerdictKind
 from khipu.errors import InvalidSetting
 from khipu.kafka.connection import KafkaConnection
@@ -421,3 +422,42 @@ class Resender:
         for trace in read_traces_in_hours(self.archive_dir, [plan.message_id], hours):
             found.update((k, v) for k, v in trace.attributes.items() if not k.startswith("khipu."))
         return found
+
+
+RUN_ALERT_KIND, UNRECOVERABLE_ALERT_KIND = "resend_run", "resend_unrecoverable"
+
+
+def run_alerts(run: ResendRun, run_id: str, at_ms: int) -> list[Alert]:
+    """What the notifiers are told of a run: one message with its counts (when it considered any loss), and one
+    per loss given up on (keyed by the loss: a retried task never tells it twice). A dry run tells nothing."""
+    if run.dry_run or not run.outcomes:
+        return []
+    troubled = any(o.state in ("failed", "unrecoverable") for o in run.outcomes)
+    alerts = [
+        Alert(
+            key=f"resend:{run_id}",
+            subject="resend",
+            kind=RUN_ALERT_KIND,
+            state=AlertState.FIRING,
+            severity=Severity.WARNING if troubled else Severity.INFO,
+            title=f"Khipu resend run {run_id}: {run.summary()}",
+            at_ms=at_ms,
+            details={"run_id": run_id, "counts": run.counts()},
+        )
+    ]
+    for outcome in run.outcomes:
+        if outcome.state == "unrecoverable":
+            alerts.append(
+                Alert(
+                    key=f"unrecoverable:{outcome.message_id}:{outcome.hop}",
+                    subject=f"{outcome.stream}: {outcome.hop}",
+                    kind=UNRECOVERABLE_ALERT_KIND,
+                    state=AlertState.FIRING,
+                    severity=Severity.WARNING,
+                    title=f"{outcome.stream}: message {outcome.message_id} lost at {outcome.hop} is UNRECOVERABLE: "
+                    f"{outcome.detail}",
+                    at_ms=at_ms,
+                    details=dataclasses.asdict(outcome),
+                )
+            )
+    return alerts
