@@ -131,6 +131,7 @@ def test_the_manual_dag_refuses_what_cannot_be_resent_with_its_reason_and_writes
     captured = capfd.readouterr()
     assert reason in captured.out + captured.err
     assert resent_copies(pipeline) == [] and pipeline.store.resends.in_state("intended") == []
+    assert received == []  # whoever triggered it reads the reason in the task log
 
 
 def test_the_auto_dag_resends_only_auto_streams(resend_env: tuple[Pipeline, Path, list[dict[str, Any]]]) -> None:
