@@ -161,6 +161,20 @@ def _parser() -> argparse.ArgumentParser:
     alerts.set_defaults(handler=_alerts)
     for reader in (health, verdicts, trace, history, alerts):
         reader.add_argument("--json", action="store_true", help="print JSON instead of text")
+    resend = commands.add_parser(
+        "resend",
+        help="resend confirmed losses (streams whose resend.mode is auto or manual), each exactly once",
+        description="Resend confirmed losses now, as the khipu_resend_manual DAG does; --dry-run writes nothing. "
+        "Uses the trace cluster's connection ($KHIPU_BOOTSTRAP_SERVERS, KHIPU_KAFKA_*).",
+    )
+    resend.add_argument("--stream", action="append", default=[], help="a stream (repeatable; default: all)")
+    resend.add_argument("--hop", help="one hop id, e.g. 'local/demo.orders -> demo-enricher'")
+    resend.add_argument("--message-id", action="append", default=[], help="one message (repeatable)")
+    resend.add_argument("--since", help="losses decided at or after this ISO time")
+    resend.add_argument("--until", help="losses decided before this ISO time")
+    resend.add_argument("--dry-run", action="store_true", help="say what would be resent, write nothing")
+    resend.add_argument("--json", action="store_true", help="print the run as JSON")
+    resend.set_defaults(handler=_resend)
     exporter = commands.add_parser(
         "exporter",
         help="serve Prometheus metrics on /metrics (KHIPU_EXPORTER_HOST/PORT, optional KHIPU_EXPORTER_TOKEN)",
@@ -258,6 +272,38 @@ def _demo_faults(args: argparse.Namespace, settings: KhipuSettings) -> int:
     shown = ", ".join(f"{name}={rate:g}" for name, rate in sorted(now.items())) or "none (the rates it started with)"
     print(f"demo fault rates changed now: {shown}; the running demo applies them within a second")
     return 0
+
+
+def _resend(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    from khipu.reconcile.window import parse_time
+    from khipu.registry.model import ResendMode
+    from khipu.resend.run import Resender, ResendRequestError, ResendSelection, wait_from_env
+
+    selection = ResendSelection(
+        modes=frozenset({ResendMode.AUTO, ResendMode.MANUAL}),
+        streams=tuple(args.stream),
+        hop=args.hop,
+        message_ids=tuple(args.message_id),
+        since_ms=parse_time(args.since) if args.since else None,
+        until_ms=parse_time(args.until) if args.until else None,
+        dry_run=args.dry_run,
+    )
+    registry = load_registry(settings.registry_path)
+    store = Store(settings.store_url)
+    try:
+        resender = Resender(
+            store, registry, {settings.cluster: settings.kafka()}, now_ms, settings.archive_dir, wait_from_env()
+        )
+        try:
+            run = resender.run(selection, progress=(lambda line: None) if args.json else print)
+        except ResendRequestError as exc:
+            print(f"khipu: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    finally:
+        store.close()
+    if args.json:
+        _print_json(run.as_dict())
+    return EXIT_FAILED if any(o.state == "failed" for o in run.outcomes) else 0
 
 
 def _store_migrate(_args: argparse.Namespace, settings: KhipuSettings) -> int:

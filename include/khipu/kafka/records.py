@@ -71,14 +71,12 @@ def end_offset(connection: KafkaConnection, topic: str, partition: int, timeout_
         consumer.close()
 
 
-def log_start_offset(connection: KafkaConnection, topic: str, partition: int, timeout_s: float = 10.0) -> int | None:
-    """The first offset the partition's log still holds; None when the partition cannot be asked (no such
-    topic or partition, or the cluster does not answer)."""
+def log_start_offset(connection: KafkaConnection, topic: str, partition: int, timeout_s: float = 10.0) -> int:
+    """The first offset the partition's log still holds (KafkaException when the cluster does not answer: an
+    outage must never pass for a record that left the log)."""
     consumer = _reader(connection)
     try:
         return int(consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)[0])
-    except KafkaException:
-        return None
     finally:
         consumer.close()
 
@@ -129,15 +127,23 @@ def find_by_header(
         consumer.close()
 
 
+def record_producer(connection: KafkaConnection) -> Any:
+    """A producer for :func:`produce_record`: idempotent, acknowledged by every in-sync replica. Reusing one
+    saves its start-up (about half a second here) on every record."""
+    return Producer({**connection.client_config(), "acks": "all", "enable.idempotence": True, "linger.ms": 0})
+
+
 def produce_record(
     connection: KafkaConnection,
     topic: str,
     partition: int,
     record: StoredRecord,
     timeout_s: float = 30.0,
+    producer: Any = None,
 ) -> int:
-    """Write ``record`` to (topic, partition), acknowledged by every in-sync replica; its offset."""
-    producer = Producer({**connection.client_config(), "acks": "all", "enable.idempotence": True})
+    """Write ``record`` to (topic, partition), acknowledged by every in-sync replica; its offset. Waits for the
+    acknowledgement (``producer``: one from :func:`record_producer` to reuse; default: a new one)."""
+    producer = producer or record_producer(connection)
     landed: list[Any] = []
     headers: list[tuple[str, str | bytes | None]] = list(record.headers)
     producer.produce(

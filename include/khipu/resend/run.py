@@ -47,6 +47,7 @@ from khipu.kafka.records import (
     partition_count,
     produce_record,
     read_record,
+    record_producer,
 )
 from khipu.reconcile.book import VerdictBook, verdict_of
 from khipu.reconcile.settle import Judge, settle
@@ -183,6 +184,8 @@ class Resender:
         self.store, self.registry, self.connections = store, registry, connections
         self.now_ms, self.archive_dir, self.wait_ms = now_ms, archive_dir, wait_ms
         self.book = VerdictBook(store.verdicts)
+        self._producers: dict[str, Any] = {}  # cluster -> one producer for the run's records
+        self._partitions: dict[tuple[str, str], int] = {}  # (cluster, topic) -> partition count
 
     # -- what to resend ---------------------------------------------------------------------------------------
 
@@ -286,7 +289,16 @@ class Resender:
                 )
             if last["state"] in (PRODUCED, FAILED):
                 attempt += 1
-        plan = plan_resend(loss, message_verdicts, stream, self._log_start, attempt, stream.resend.hook)
+        missing = sorted({hop.topic.cluster for hop in stream.route.hops} - set(self.connections))
+        if missing:
+            known = ", ".join(self.connections)
+            why = f"no connection for cluster {', '.join(missing)}: nothing written (known: {known})"
+            return self._outcome(loss, attempt, "", "failed", last, why)
+        try:
+            plan = plan_resend(loss, message_verdicts, stream, self._log_start, attempt, stream.resend.hook)
+        except KafkaException as exc:  # an outage must not pass for a record that left the log
+            why = f"the cluster did not answer where the original is: {exc.args[0] if exc.args else exc}"
+            return self._outcome(loss, attempt, "", "failed", last, why)
         if dry_run:
             state = "would_resend" if plan.recoverable else "would_give_up"
             return self._outcome(loss, attempt, plan.resend_id, state, None, plan.reason, plan)
@@ -361,15 +373,17 @@ class Resender:
         return connection
 
     def _log_start(self, cluster: str, topic: str, partition: int) -> int | None:
-        connection = self.connections.get(cluster)
-        return None if connection is None else log_start_offset(connection, topic, partition)
+        return log_start_offset(self._connection(cluster), topic, partition)
 
     def _place(self, plan: ResendPlan) -> Placed:
         """The copy's partition: the original's, where the destination has it (the same key keeps its order),
         else a stable hash of the message id; and that partition's end now, where the search for it starts."""
         assert plan.destination is not None
         connection = self._connection(plan.destination.cluster)
-        partitions = partition_count(connection, plan.destination.topic)
+        key = (plan.destination.cluster, plan.destination.topic)
+        partitions = self._partitions.get(key) or self._partitions.setdefault(
+            key, partition_count(connection, plan.destination.topic)
+        )
         source = plan.source_position
         if source is not None and source.partition < partitions:
             partition = source.partition
@@ -392,8 +406,10 @@ class Resender:
         mark = ResendMark(plan.resend_id, plan.hop, plan.target_group)
         headers = [(n, v) for n, v in record.headers if n not in RESEND_HEADERS] + list(mark.as_headers())
         resent = StoredRecord(record.key, record.value, headers)
-        offset = produce_record(self._connection(plan.destination.cluster), plan.destination.topic, partition, resent)
-        return partition, offset
+        cluster = plan.destination.cluster
+        connection = self._connection(cluster)
+        producer = self._producers.get(cluster) or self._producers.setdefault(cluster, record_producer(connection))
+        return partition, produce_record(connection, plan.destination.topic, partition, resent, producer=producer)
 
     def _original(self, plan: ResendPlan) -> StoredRecord:
         stream = self.registry.streams[plan.stream]

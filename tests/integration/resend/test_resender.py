@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from khipu.detector.model import Cause, VerdictKind
-from khipu.localstack.broker import BrokerProcess
 from khipu.registry.model import ResendMode
 from khipu.resend.run import ResendRequestError, ResendSelection
-from khipu.store import Store
 from khipu.trace.topic import read_trace_topic
 from khipu.tracing import TracedConsumer, TraceEmitter, TraceEmitterConfig
 from khipu.tracing.headers import (
@@ -29,17 +26,6 @@ from tests.integration.helpers import consumer_config
 from tests.integration.resend.pipeline import Pipeline, registry, resent_copies
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def pipeline(broker: BrokerProcess, tmp_path: Path) -> Iterator[Pipeline]:
-    suffix = secrets.token_hex(3)
-    inp, out = f"in-{suffix}", f"out-{suffix}"
-    broker.admin().ensure_topics({inp: 1, out: 2})
-    store = Store(f"sqlite:///{tmp_path / 'khipu.db'}")
-    store.migrate()
-    yield Pipeline(broker, store, registry(inp, out), inp, out)
-    store.close()
 
 
 def test_a_run_resends_each_confirmed_loss_once_to_those_who_missed_it_and_gives_up_on_what_is_gone(
