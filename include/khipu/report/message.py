@@ -42,6 +42,7 @@ class MessageReport:
     stream: str | None
     attributes: dict[str, str]  # recovery attributes, from its traces
     hops: tuple[HopLine, ...]
+    resends: list[dict[str, Any]] = field(default_factory=list)  # the resend ledger's attempts for its losses
 
     @property
     def found(self) -> bool:

@@ -9,6 +9,7 @@ answer; a message with no verdict and no trace raises :class:`UnknownMessage`.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import math
@@ -19,7 +20,7 @@ from typing import Any
 
 from pyarrow import ArrowException
 
-from khipu.detector.model import ARCHIVE_QUERY, LOSS_KINDS, VERDICT_QUERY, Cause, VerdictKind
+from khipu.detector.model import ARCHIVE_QUERY, LOSS_KINDS, RESEND_KINDS, VERDICT_QUERY, Cause, VerdictKind
 from khipu.detector.supervise import SupervisionConfig
 from khipu.errors import InvalidSetting
 from khipu.offsets.model import PartitionKey
@@ -36,7 +37,7 @@ DEFAULT_PAGE = 50
 MAX_PAGE = 500
 MAX_MINUTES = 366 * 24 * 60  # a year: the longest window a question may ask about
 MAX_ATTRIBUTE_HOURS = 48  # a page's recovery attributes read at most this many archive hours (the newest)
-LOSS_VERDICTS = tuple(sorted(kind.value for kind in LOSS_KINDS))
+LOSS_VERDICTS = tuple(sorted(kind.value for kind in LOSS_KINDS | RESEND_KINDS))  # losses, and how they ended
 VERDICT_KINDS = tuple(sorted(kind.value for kind in VerdictKind))
 CAUSES = tuple(sorted(cause.value for cause in Cause))
 
@@ -112,7 +113,7 @@ class VerdictQuery:
 
 @dataclass(frozen=True, slots=True)
 class VerdictPage:
-    rows: list[dict[str, Any]]  # verdict columns + "attributes" (recovery) + "history" (its changes)
+    rows: list[dict[str, Any]]  # verdict columns + "attributes" (recovery) + "history" (its changes) + "resends"
     next_cursor: str | None  # None: this was the last page
     query: dict[str, Any] = field(default_factory=dict)
     attributes_note: str | None = None  # why some recovery attributes are not shown (None: all read)
@@ -151,6 +152,7 @@ def verdict_page(store: Store, registry: Registry, archive_dir: Path | None, que
     more, rows = len(rows) > query.limit, rows[: query.limit]
     ids = {str(row["message_id"]) for row in rows}
     histories = store.verdicts.histories(ids)
+    resends = store.resends.of_messages(ids)
     attributes, note = _attributes(archive_dir, rows)
     for row in rows:
         row["history"] = [  # the store's row ids are its own business
@@ -159,6 +161,7 @@ def verdict_page(store: Store, registry: Registry, archive_dir: Path | None, que
             if c["hop"] == row["hop"]
         ]
         row["attributes"] = attributes.get(str(row["message_id"]), {})
+        row["resends"] = resends.get((str(row["message_id"]), str(row["hop"])), [])  # the resend ledger, by attempt
     return VerdictPage(
         rows=rows,
         next_cursor=encode_cursor(rows[-1]) if more else None,
@@ -207,16 +210,18 @@ def message_report(
     """Everything known of one message, along its route. Raises UnknownMessage when nothing is."""
     verdicts = store.verdicts.read_messages([message_id])
     history = store.verdicts.history(message_id)
+    resends = [entry for entries in store.resends.of_messages([message_id]).values() for entry in entries]
     if verdicts:
         slack = trace_slack_ms()
         seen = [int(row.get("first_seen_ms") or row["decided_ms"]) for row in verdicts]
-        span = (min(seen) - slack, max(int(row["decided_ms"]) for row in verdicts) + slack)
+        last = [int(row["decided_ms"]) for row in verdicts] + [int(e["updated_ms"]) for e in resends]
+        span = (min(seen) - slack, max(last) + slack)  # a resent copy's traces come when it was produced
     else:
         span = (now_ms - DAY_MS, now_ms)
     traces = read_traces(archive_dir, [message_id], *span) if archive_dir is not None else []
     names = {str(row["stream"]) for row in verdicts} | {trace.stream for trace in traces}
     stream = next((registry.streams[name] for name in sorted(names) if name in registry.streams), None)
-    report = lay_out(message_id, stream, verdicts, history, traces)
+    report = dataclasses.replace(lay_out(message_id, stream, verdicts, history, traces), resends=resends)
     if not verdicts and not traces:
         raise UnknownMessage(message_id)
     return report

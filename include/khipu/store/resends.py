@@ -8,13 +8,15 @@ destination topic before producing anything again (:mod:`khipu.resend.ledger`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from sqlalchemy import select, update
 
 from khipu.store import schema
 from khipu.store.engine import StoreEngine, insert_ignoring_duplicate
+
+CHUNK = 500  # ids per IN (...) query
 
 LEDGER_COLUMNS = (
     "resend_id",
@@ -65,6 +67,22 @@ class ResendRepository:
         query = select(table).where(table.c.message_id == message_id, table.c.hop == hop).order_by(table.c.attempt)
         with self._engine.begin() as tx:
             return [dict(row._mapping) for row in tx.execute(query)]
+
+    def of_messages(self, message_ids: Collection[str]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        """Every attempt for these messages, by (message id, hop), first attempt first."""
+        table, ids = schema.resend_ledger, sorted(set(message_ids))
+        found: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        with self._engine.begin() as tx:
+            for start in range(0, len(ids), CHUNK):
+                query = (
+                    select(table)
+                    .where(table.c.message_id.in_(ids[start : start + CHUNK]))
+                    .order_by(table.c.message_id, table.c.hop, table.c.attempt)
+                )
+                for row in tx.execute(query):
+                    entry = dict(row._mapping)
+                    found.setdefault((entry["message_id"], entry["hop"]), []).append(entry)
+        return found
 
     def in_state(self, state: str, limit: int = 1000) -> list[dict[str, Any]]:
         """Attempts in this state, oldest change first (``intended``: those a crash may have left open)."""

@@ -240,3 +240,48 @@ def test_an_unreadable_store_answers_503_saying_so(tmp_path: Path) -> None:
     answer = client.get("/api/v1/streams")
     assert answer.status_code == 503
     assert "never migrated" in answer.json()["detail"] and "khipu store migrate" in answer.json()["detail"]
+
+
+def test_each_confirmed_loss_shows_its_resend_state_and_ledger(seeded: tuple[TestClient, Seeded, Store]) -> None:
+    """The resend task's ledger as the view shows it: the lost page's last attempt, the message's every attempt."""
+    from khipu.registry.model import TopicRef
+    from khipu.resend.ledger import ledger_entry
+    from khipu.resend.plan import Position, ResendPlan, SourceKind, resend_id
+    from tests.viewdata import verdict
+
+    client, _, store = seeded
+    at = NOW_MS - 5 * 60_000
+    store.verdicts.upsert(
+        [
+            verdict("view-resent-1", AUDIT_READ, "RESENT", at, cause="skipped_by_consumer", decided_by="detector"),
+            verdict("view-gone-1", AUDIT_READ, "UNRECOVERABLE", at + 1, cause="expired", decided_by="resend"),
+        ]
+    )
+    enriched = TopicRef("local", "demo.orders-enriched")
+    for attempt, (landed, error) in enumerate([(None, "recovery hook raised"), ((1, 42), None)], 1):
+        plan = ResendPlan(
+            "view-resent-1", STREAM, AUDIT_READ, attempt, resend_id("view-resent-1", AUDIT_READ, attempt),
+            SourceKind.TOPIC, Position("local", "demo.orders-enriched", 1, 7), enriched, "demo-sink-audit",
+            "the skipped record -> demo.orders-enriched for demo-sink-audit only",
+        )  # fmt: skip
+        store.resends.record_intent(ledger_entry(plan, (1, 40)), at + attempt)
+        if landed:
+            store.resends.mark_produced(plan.resend_id, *landed, at + 10)
+        else:
+            store.resends.mark(plan.resend_id, "failed", at + 5, error)
+
+    rows = client.get("/api/v1/verdicts", params={"stream": STREAM}).json()["rows"]
+    resent = next(r for r in rows if r["message_id"] == "view-resent-1")  # listed with the losses by default
+    assert [(e["attempt"], e["state"]) for e in resent["resends"]] == [(1, "failed"), (2, "produced")]
+    assert {r["message_id"]: r["verdict"] for r in rows}["view-gone-1"] == "UNRECOVERABLE"
+
+    lost = html.unescape(client.get("/lost").text)
+    cell = re.search(r'data-message="view-resent-1".*?data-field="resend">(.*?)</td>', lost, re.S)
+    assert cell is not None
+    assert "attempt 2: produced → local/demo.orders-enriched[1]@42 for demo-sink-audit" in cell.group(1)
+
+    page = html.unescape(client.get("/messages/view-resent-1").text)
+    states = re.findall(r'data-field="state"[^>]*>(\w+)<', page)
+    assert states == ["failed", "produced"] and "recovery hook raised" in page and "for demo-sink-audit only" in page
+    api = client.get("/api/v1/messages/view-resent-1").json()
+    assert [e["state"] for e in api["resends"]] == ["failed", "produced"]
