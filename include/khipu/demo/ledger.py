@@ -89,6 +89,9 @@ class MessageTruth:
 @dataclass(frozen=True, slots=True)
 class GroundTruth:
     messages: Mapping[str, MessageTruth]
+    # (message id, read hop) -> receipts of records Khipu resent: what the resend delivered, apart from the
+    # hop's original truth (which stays what happened to the message the first time)
+    resent_receipts: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
     def rows(self) -> Iterator[HopTruth]:
         for message in self.messages.values():
@@ -128,6 +131,7 @@ def build_truth(events: Iterable[Mapping[str, Any]]) -> GroundTruth:
     faults: dict[tuple[str, str], set[str]] = {}
     lost_traces: Counter[tuple[str, str]] = Counter()
     at_offset: dict[tuple[str, int, int], str] = {}  # (topic, partition, offset) -> message id
+    resent: Counter[tuple[str, str]] = Counter()
 
     for event in events:
         if event["event"] == "written":
@@ -142,7 +146,9 @@ def build_truth(events: Iterable[Mapping[str, Any]]) -> GroundTruth:
 
     for event in events:
         kind = event["event"]
-        if kind == "received":
+        if kind == "received" and event.get("resend_id"):
+            resent[(event["message_id"], event["hop"])] += 1
+        elif kind == "received":
             key = (event["message_id"], event["hop"])
             counts[key] += 1
             kinds[key] = HopKind.READ
@@ -177,4 +183,7 @@ def build_truth(events: Iterable[Mapping[str, Any]]) -> GroundTruth:
             faults=frozenset(hop_faults),
             traces=max(0, traced - lost_traces[key]),
         )
-    return GroundTruth({mid: MessageTruth(mid, sampled[mid], rows.get(mid, {})) for mid in sampled})
+    return GroundTruth(
+        {mid: MessageTruth(mid, sampled[mid], rows.get(mid, {})) for mid in sampled},
+        {key: n for key, n in resent.items() if key[0] in sampled},
+    )

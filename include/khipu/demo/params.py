@@ -22,11 +22,14 @@ def demo_config_from_params(
     except TypeError:
         known = ", ".join(FaultRates().as_dict())
         raise DemoConfigError("faults", sorted(faults), f"fault names among: {known}") from None
+    count = params.get("count", 500)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise DemoConfigError("count", count, "an integer >= 1")  # a burst produces something
     return DemoConfig(
         bootstrap_servers=bootstrap_servers,
         trace_topic=trace_topic,
         ledger_path=ledger_dir / f"burst-{run_id}.jsonl",
-        count=int(params.get("count", 500)),
+        count=count,
         rate_per_s=float(params.get("rate_per_s", 100.0)),
         sampling_percent=params.get("sampling_percent"),
         faults=rates,

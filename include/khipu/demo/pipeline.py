@@ -6,7 +6,12 @@ written to the ground-truth ledger as they happen (see :mod:`khipu.demo.ledger`)
 
 Fault placement: producer_retry at the source; processor_drop, rebalance_drop and delay in the
 processor; consumer_skip in the first sink group; offset_rewind in the last sink group;
-trace_loss in every component's trace channel.
+trace_loss in every component's trace channel. A record Khipu resent for a confirmed loss is handled
+without faults (the demo's faults pick messages by id: the same id must not be struck twice), and its
+receipt is recorded with its resend id (the ground truth of what the resend delivered, and to whom).
+
+``count=0`` produces nothing and runs the consumers until they have read their topics to the end: how
+resent records are delivered after a finished run.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from khipu.trace.sampling import is_sampled
 from khipu.tracing.clients import TracedConsumer, TracedProducer
 from khipu.tracing.config import DEFAULT_TRACE_TOPIC, TraceEmitterConfig
 from khipu.tracing.emitter import EmitterStats, TraceEmitter
-from khipu.tracing.headers import carry_trace_headers
+from khipu.tracing.headers import ATTRIBUTE_RESEND_ID, carry_trace_headers, resend_mark
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +78,10 @@ class DemoConfig:
     progress_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.count is not None and (isinstance(self.count, bool) or self.count < 1):
-            raise DemoConfigError("count", self.count, "an integer >= 1, or none to run until stopped")
+        if self.count is not None and (isinstance(self.count, bool) or self.count < 0):
+            raise DemoConfigError(
+                "count", self.count, "an integer >= 0 (0: only consume what is there), or none to run until stopped"
+            )
         if self.duration_s is not None and self.duration_s <= 0:
             raise DemoConfigError("duration_s", self.duration_s, "a number of seconds > 0")
         if not 0 < self.rate_per_s <= 1_000_000:
@@ -126,6 +133,7 @@ class _Record(NamedTuple):
     partition: int
     offset: int
     message_id: str | None  # None: a record the demo did not write
+    resend_id: str | None = None  # a record Khipu resent: never struck by a fault
 
 
 def _position(msg: Message) -> tuple[str, int, int]:
@@ -144,7 +152,8 @@ class _FaultyTraceEmitter(TraceEmitter):
         self._ledger = ledger
 
     def _publish(self, trace: Trace) -> str:
-        if self._plan.injects(Fault.TRACE_LOSS, f"{trace.emitter_id}:{trace.emitter_seq}"):
+        resent = ATTRIBUTE_RESEND_ID in trace.attributes
+        if not resent and self._plan.injects(Fault.TRACE_LOSS, f"{trace.emitter_id}:{trace.emitter_seq}"):
             self._ledger.append(
                 "trace_dropped",
                 message_id=trace.message_id,
@@ -315,7 +324,8 @@ class _ConsumerComponent(_Component):
 
     def record_received(self, msg: Message) -> _Record:
         topic, partition, offset = _position(msg)
-        record = _Record(msg, topic, partition, offset, business_id(msg))
+        mark = resend_mark(msg.headers())
+        record = _Record(msg, topic, partition, offset, business_id(msg), mark.resend_id if mark else None)
         with self._lock:
             self.received += 1
             self.next_offsets[partition] = offset + 1
@@ -331,6 +341,7 @@ class _ConsumerComponent(_Component):
                 topic=topic,
                 partition=partition,
                 offset=offset,
+                **({"resend_id": record.resend_id} if record.resend_id else {}),
             )
         return record
 
@@ -429,7 +440,9 @@ class _Processor(_ConsumerComponent):
         if message_id is None:
             return
         position = (record.partition, record.offset)
-        if plan.injects(Fault.REBALANCE_DROP, message_id) and position not in self._triggered:
+        if record.resend_id is not None:
+            self.buffer(record)
+        elif plan.injects(Fault.REBALANCE_DROP, message_id) and position not in self._triggered:
             self._triggered.add(position)
             self.buffer(record)
             self.rebalance_and_drop()
@@ -536,7 +549,7 @@ class _Sink(_ConsumerComponent):
     def handle(self, record: _Record) -> None:
         plan, config = self.demo.plan, self.demo.config
         position = (record.partition, record.offset)
-        if record.message_id is None or position in self._triggered:
+        if record.message_id is None or record.resend_id is not None or position in self._triggered:
             return
         if self.skips and plan.injects(Fault.CONSUMER_SKIP, record.message_id):
             self._triggered.add(position)
@@ -708,6 +721,9 @@ def _wait_until_settled(
         _, processor_position = processor.progress()
         processor_done = processor.idle() and _caught_up(processor_position, produced_end)
         sinks_done = processor_done and all(_caught_up(s.progress()[1], processor.output_end()) for s in sinks)
+        if config.count == 0:  # nothing produced: every group has committed to its topic's end (resends among it)
+            processor_done = processor.idle() and committed_to_end(demo, processor.spec.group, output=False)
+            sinks_done = processor_done and all(committed_to_end(demo, s.spec.group, output=True) for s in sinks)
         if sinks_done:
             progress(_progress_line(source, processor, sinks) + " — settled")
             return
@@ -718,6 +734,17 @@ def _wait_until_settled(
                 else next(s.spec.group for s in sinks if not _caught_up(s.progress()[1], processor.output_end()))
             )
             raise DemoError(f"demo did not settle within {config.settle_timeout_s:.0f}s: {behind} is behind")
+
+
+def committed_to_end(demo: _Demo, group: str, output: bool) -> bool:
+    """Whether ``group`` has committed the source (or output) topic up to its end, as the broker says now."""
+    topic = (demo.topology.output_topic if output else demo.topology.source_topic).topic
+    admin = KafkaAdmin(KafkaConnection(demo.config.bootstrap_servers, cluster=demo.topology.source_topic.cluster))
+    answer = admin.watermarks((topic, partition) for partition in range(demo.config.partitions))
+    if answer.errors:
+        raise DemoError(f"the end of {topic} is not known: {'; '.join(answer.errors)}")
+    committed = admin.committed_offsets(group)
+    return all((committed.get(position) or 0) >= end for position, (_, end) in answer.found.items())
 
 
 def _caught_up(position: dict[int, int], end: dict[int, int]) -> bool:

@@ -9,7 +9,10 @@ The expected verdict is what the evidence that really reached the trace topic al
 - two or more traces arrived: DUPLICATE, rewind/replay when the offset was re-read there
   (offset_rewind), producer retry otherwise (the id sits at several offsets).
 
-Hops the message never reached (downstream of a loss) have no row, and expect no verdict.
+Hops the message never reached (downstream of a loss) have no row, and expect no verdict; once Khipu
+resent it, a hop only the resent record reached once expects DELIVERED. A RESENT or UNRECOVERABLE loss
+says LOST, with its cause, as the CONFIRMED_LOST before it did (how it was recovered is scored by
+:mod:`khipu.demo.recovery`).
 
 A sampled message none of whose traces reached the topic (every one lost, e.g. its SENT and
 RECEIVED traces both lost and then the processor dropped it) is invisible to the streaming
@@ -26,7 +29,7 @@ from typing import Any
 
 from khipu.demo.ledger import GroundTruth, HopTruth
 
-_LOSS_CAUSES = {
+LOSS_CAUSES = {
     "consumer_skip": "skipped_by_consumer",
     "processor_drop": "dropped_in_processor",
     "rebalance_drop": "dropped_in_processor",
@@ -37,7 +40,7 @@ Expected = tuple[str, str | None]  # (verdict, cause)
 
 def expected_verdict(row: HopTruth) -> Expected:
     if row.count == 0:
-        cause = next((_LOSS_CAUSES[f] for f in sorted(row.faults) if f in _LOSS_CAUSES), None)
+        cause = next((LOSS_CAUSES[f] for f in sorted(row.faults) if f in LOSS_CAUSES), None)
         return "LOST", cause
     if row.traces == 0:
         return "TRACE_LOST", None
@@ -60,7 +63,13 @@ def observable_messages(truth: GroundTruth) -> frozenset[str]:
 
 def expected_verdicts(truth: GroundTruth) -> dict[tuple[str, str], Expected]:
     observable = observable_messages(truth)
-    return {(row.message_id, row.hop): expected_verdict(row) for row in truth.rows() if row.message_id in observable}
+    expected = {
+        (row.message_id, row.hop): expected_verdict(row) for row in truth.rows() if row.message_id in observable
+    }
+    for (message_id, hop), receipts in truth.resent_receipts.items():
+        if message_id in observable and (message_id, hop) not in expected:  # reached only by the resent record
+            expected[(message_id, hop)] = ("DELIVERED", None) if receipts == 1 else ("DUPLICATE", "rewind_replay")
+    return expected
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +90,7 @@ def said(row: Mapping[str, Any]) -> Expected:
     """What a stored verdict row says of its hop: a final verdict by what its evidence says (a CONFIRMED_LOST
     is a LOST; a RETRACTED one is what the hop really got: its ``evidence_kind``)."""
     verdict = row["verdict"]
-    if verdict == "CONFIRMED_LOST":
+    if verdict in ("CONFIRMED_LOST", "RESENT", "UNRECOVERABLE"):
         return "LOST", row["cause"]
     if verdict == "RETRACTED":
         return row.get("evidence_kind") or "DELIVERED", row["cause"]

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from khipu.trace.sampling import SAMPLING_BUCKETS, MessageIds, sampling_bucket, sampling_threshold
 from khipu.tracing.config import TracingConfigError
@@ -216,6 +216,9 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
         self._emitter = emitter
         self._group = group
         self._cluster = cluster or emitter.config.cluster
+        # per partition: the offsets passed over since the last record handed to the application [from, to)
+        self._passed: dict[tuple[str, int], tuple[int, int]] = {}
+        self._committed_to: dict[tuple[str, int], int] = {}  # per partition: the application's last explicit commit
 
     @property
     def group_id(self) -> str:
@@ -239,9 +242,26 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
         return [msg for msg in super().consume(num_messages, timeout) if msg.error() is not None or self._take(msg)]
 
     def commit(self, *args: Any, **kwargs: Any) -> Any:
-        """Flush pending traces (bounded), then commit as ``Consumer.commit`` does."""
+        """Flush pending traces (bounded), then commit as ``Consumer.commit`` does. An explicit commit up to a run
+        of records passed over (resent for other groups) commits past them, so that the group's lag does not
+        stay at one after the last record of a quiet partition was such a resend."""
         self._emitter.flush_before_commit()
+        message = kwargs.pop("message", None)
+        if message is None and args and isinstance(args[0], Message):  # commit(msg): the message, positionally
+            message, args = args[0], args[1:]
+        if message is not None:
+            kwargs["offsets"] = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
+        if self._passed and kwargs.get("offsets"):
+            kwargs["offsets"] = [self._past_passed(tp) for tp in kwargs["offsets"]]
+        for tp in kwargs.get("offsets") or ():
+            self._committed_to[(tp.topic, tp.partition)] = tp.offset
         return super().commit(*args, **kwargs)
+
+    def _past_passed(self, tp: TopicPartition) -> TopicPartition:
+        passed = self._passed.get((tp.topic, tp.partition))
+        if passed is not None and tp.offset == passed[0]:
+            return TopicPartition(tp.topic, tp.partition, passed[1])
+        return tp
 
     def close(self) -> None:
         self._emitter.flush_before_commit()
@@ -252,10 +272,19 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
         group never had it)."""
         headers = msg.headers()
         mark = resend_mark(headers) if headers else None
-        if mark is not None and mark.target_group is not None and mark.target_group != self._group:
-            return False
-        context = trace_context(headers) if headers else None
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        if mark is not None and mark.target_group is not None and mark.target_group != self._group:
+            if topic is not None and partition is not None and offset is not None:
+                passed = self._passed.get((topic, partition))
+                start = passed[0] if passed and passed[1] == offset else offset
+                self._passed[(topic, partition)] = (start, offset + 1)
+                if self._committed_to.get((topic, partition)) == start:  # the application committed up to it
+                    super().commit(offsets=[TopicPartition(topic, partition, offset + 1)], asynchronous=True)
+                    self._committed_to[(topic, partition)] = offset + 1
+            return False
+        if self._passed and topic is not None and partition is not None:
+            self._passed.pop((topic, partition), None)
+        context = trace_context(headers) if headers else None
         if context is not None and topic is not None and partition is not None and offset is not None:
             attributes = mark.as_attributes() if mark is not None else None
             self._emitter.emit_received(context, self._cluster, topic, partition, offset, self._group, attributes)

@@ -10,8 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka import TopicPartition
 
 from khipu.detector.model import Cause, VerdictKind
+from khipu.kafka.records import end_offset
 from khipu.registry.model import ResendMode
 from khipu.resend.run import ResendRequestError, ResendSelection
 from khipu.trace.topic import read_trace_topic
@@ -88,24 +90,32 @@ def test_a_run_resends_each_confirmed_loss_once_to_those_who_missed_it_and_gives
         bootstrap_servers=pipeline.broker.bootstrap_servers, location="sinks", cluster="local", topic=trace_topic
     )
     expected = {"s1": [b"m-drop", b"m-skip", b"m-skip"], "s2": [b"m-drop", b"m-skip"]}  # the originals and copies
+    ends_of_out = [TopicPartition(pipeline.out, p) for p in (0, 1)]
+    ends = {
+        tp.partition: consumer_end
+        for tp in ends_of_out
+        if (consumer_end := end_offset(pipeline.broker.connection(), tp.topic, tp.partition))
+    }
+    committed: dict[str, dict[int, int]] = {}
     with TraceEmitter(config) as emitter:
         for group, wanted in expected.items():
             consumer = TracedConsumer(consumer_config(pipeline.broker, group), emitter=emitter)
             consumer.subscribe([pipeline.out])
             got: list[bytes] = []
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and len(got) < len(wanted):
-                msg = consumer.poll(0.5)
-                if msg is not None and msg.error() is None:
-                    got.append(dict(msg.headers())["khipu-id"])
-            settle_until = time.monotonic() + 2  # nothing more arrives
-            while time.monotonic() < settle_until:
+            while time.monotonic() < deadline:  # until the wanted arrived, then 2 s more: nothing else comes
                 msg = consumer.poll(0.2)
                 if msg is not None and msg.error() is None:
                     got.append(dict(msg.headers())["khipu-id"])
+                    consumer.commit(message=msg, asynchronous=False)  # as an application commits what it did
+                if len(got) >= len(wanted):
+                    deadline = min(deadline, time.monotonic() + 2)
+            committed[group] = {tp.partition: tp.offset for tp in consumer.committed(ends_of_out, timeout=10)}
             consumer.close()
             seen[group] = sorted(got)
     assert seen == expected
+    # s2's last record on out[1] is the copy it passed over: its commit of the record before goes past it too
+    assert committed == {"s1": ends, "s2": ends}
     traces = [t for t in read_trace_topic(pipeline.broker.bootstrap_servers, trace_topic) if hasattr(t, "group")]
     marked = sorted((t.group, t.message_id) for t in traces if ATTRIBUTE_RESEND_ID in t.attributes)
     assert marked == [("s1", "m-drop"), ("s1", "m-skip"), ("s2", "m-drop")]
