@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -121,6 +122,14 @@ def _parser() -> argparse.ArgumentParser:
     truth.add_argument("ledger", type=Path)
     truth.add_argument("--run-id", help="only this run")
     truth.set_defaults(handler=_demo_truth)
+
+    recovery = demo.add_parser(
+        "recovery",
+        help="did the resends recover what the demo lost? the ground truth, the verdicts and the topics compared",
+    )
+    recovery.add_argument("--ledger", type=Path, help="ground-truth ledger (default <state>/demo/ledger.jsonl)")
+    recovery.add_argument("--stream", default="demo.orders", help="the demo's stream (default demo.orders)")
+    recovery.set_defaults(handler=_demo_recovery)
 
     registry = commands.add_parser("registry", help="the stream registry").add_subparsers(metavar="ACTION")
     check = registry.add_parser("check", help="validate the registry and list streams and hops")
@@ -497,6 +506,28 @@ def _print_json(value: object) -> int:
 
     print(json.dumps(plain(value), indent=2, sort_keys=True))
     return 0
+
+
+def _demo_recovery(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    from khipu.demo.recovery import recovery_report
+    from khipu.resend.copies import count_resent
+
+    stream = load_registry(settings.registry_path).stream(args.stream)
+    truth = build_truth(read_ledger(args.ledger or settings.state_dir / "demo" / "ledger.jsonl"))
+    store = Store(settings.store_url)
+    try:
+        verdicts = [r for r in store.verdicts.read(stream=stream.name) if r["message_id"] in truth.messages]
+    finally:
+        store.close()
+    topics = sorted({hop.topic.topic for hop in stream.route.hops if hop.topic.cluster == settings.cluster})
+    copies = {m: n for m, n in count_resent(settings.kafka(), topics).items() if m in truth.messages}
+    report = recovery_report(truth, verdicts, stream, copies)
+    for line in report.lines():
+        print(line)
+    waiting = Counter(v for v in report.not_resent.values())
+    if waiting:
+        print("not resent yet, by verdict: " + ", ".join(f"{kind} {n}" for kind, n in sorted(waiting.items())))
+    return 0 if report.exact else EXIT_FAILED
 
 
 def _demo_truth(args: argparse.Namespace, _settings: KhipuSettings) -> int:
