@@ -6,7 +6,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from khipu.kafka.connection import KafkaConnection
 from khipu.tracing.headers import HEADER_MESSAGE_ID, resend_mark
@@ -42,8 +42,11 @@ def count_resent(connection: KafkaConnection, topics: Iterable[str], timeout_s: 
             message = reader.poll(1.0)
             if message is None:
                 continue
-            if message.error() is not None:
-                open_partitions.discard((message.topic(), message.partition()))  # end of the partition
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(error)
+                open_partitions.discard((message.topic(), message.partition()))  # read to its end
                 continue
             raw = message.headers() or []
             headers = list(raw.items()) if isinstance(raw, dict) else list(raw)

@@ -3,8 +3,8 @@
 Pure: the loss, the message's other verdicts, the stream's route and what the log still holds (a
 ``log_start`` lookup) come in as arguments. The rules, in order:
 
-- Only a CONFIRMED_LOST verdict is resent; an attempt past the stream's ``resend.max_attempts`` is
-  UNRECOVERABLE.
+- Only a CONFIRMED_LOST verdict is resent; once ``resend.max_attempts`` copies were produced without
+  arriving, the loss is UNRECOVERABLE (an attempt that produced nothing, e.g. a failing hook, does not count).
 - **The original** comes from the first place that still holds it: the record at its known position
   in the lost hop's topic (a read-hop loss: the group skipped a record that is still in the log), or
   upstream of it (a write-hop loss in a processor: the processor's input record, at the position its
@@ -87,8 +87,10 @@ def plan_resend(
     log_start: LogStart,
     attempt: int,
     hook: str | None = None,
+    produced_before: int | None = None,
 ) -> ResendPlan:
-    """The plan for one attempt at resending a confirmed loss (see the module's rules)."""
+    """The plan for one attempt at resending a confirmed loss (see the module's rules); ``produced_before``: how
+    many earlier attempts produced a copy (default: every earlier attempt)."""
     message_id, hop_id = str(loss["message_id"]), str(loss["hop"])
     if loss["verdict"] != VerdictKind.CONFIRMED_LOST.value:
         raise NotConfirmedLost(message_id, hop_id, str(loss["verdict"]))
@@ -107,8 +109,9 @@ def plan_resend(
     hop = next((h for h in stream.route.hops if h.id == hop_id), None)
     if hop is None:
         return replace(nowhere, reason=f"UNRECOVERABLE: hop {hop_id} is not on {stream.name}'s route any more")
-    if attempt > stream.resend.max_attempts:
-        reason = f"{attempt - 1} attempts made, max_attempts is {stream.resend.max_attempts}"
+    made = attempt - 1 if produced_before is None else produced_before
+    if made >= stream.resend.max_attempts:
+        reason = f"{made} copies produced without arriving, max_attempts is {stream.resend.max_attempts}"
         return replace(nowhere, reason=f"UNRECOVERABLE: {reason}")
     if hop.kind is HopKind.READ:
         where, target = _position(loss, hop.topic.cluster), hop.group

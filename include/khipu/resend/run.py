@@ -26,6 +26,7 @@ import dataclasses
 import importlib
 import logging
 import os
+import secrets
 import zlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -38,7 +39,8 @@ from confluent_kafka import KafkaException
 from khipu.alerting.model import Alert, AlertState, Severity
 from khipu.detector.model import VerdictKind
 from khipu.errors import InvalidSetting
-from khipu.kafka.connection import KafkaConnection
+from khipu.kafka.admin import KafkaAdmin
+from khipu.kafka.connection import KafkaConnection, KafkaUnavailable
 from khipu.kafka.records import (
     StoredRecord,
     end_offset,
@@ -51,8 +53,8 @@ from khipu.kafka.records import (
 )
 from khipu.reconcile.book import VerdictBook, verdict_of
 from khipu.reconcile.settle import Judge, settle
-from khipu.registry.model import Registry, ResendMode, Stream, UnknownStreamError
-from khipu.resend.ledger import FAILED, PRODUCED, UNRECOVERABLE, Landed, Placed, run_attempt
+from khipu.registry.model import Registry, ResendMode, Stream, TopicRef, UnknownStreamError
+from khipu.resend.ledger import BUSY, FAILED, PRODUCED, UNRECOVERABLE, Landed, Placed, run_attempt
 from khipu.resend.plan import ResendPlan, SourceKind, plan_resend
 from khipu.store import Store
 from khipu.trace.archive import HOUR_MS, hours_between, read_traces_in_hours
@@ -112,7 +114,7 @@ class ResendOutcome:
     hop: str
     attempt: int
     resend_id: str
-    state: str  # produced | unrecoverable | failed | waiting | would_resend | would_give_up | skipped
+    state: str  # produced | unrecoverable | failed | waiting | busy | would_resend | would_give_up | skipped
     source: str
     destination: str
     detail: str
@@ -186,12 +188,14 @@ class Resender:
         self.book = VerdictBook(store.verdicts)
         self._producers: dict[str, Any] = {}  # cluster -> one producer for the run's records
         self._partitions: dict[tuple[str, str], int] = {}  # (cluster, topic) -> partition count
+        self.owner = f"resend-{os.getpid()}-{secrets.token_hex(4)}"  # this run, as the ledger's claims name it
 
     # -- what to resend ---------------------------------------------------------------------------------------
 
     def losses(self, selection: ResendSelection) -> list[dict[str, Any]]:
-        """The confirmed losses the selection names, oldest first; ResendRequestError (nothing written) for an
-        unknown stream or hop, or a message id that is not a confirmed loss there."""
+        """The confirmed losses the selection names (at most MAX_LOSSES_PER_RUN per stream, the newest: those
+        resent leave the list, the next run takes older ones), oldest first; ResendRequestError (nothing
+        written) for an unknown stream or hop, or a message id that is not a confirmed loss there."""
         streams = self._streams(selection)
         if selection.hop is not None and not any(selection.hop in {h.id for h in s.route.hops} for s in streams):
             known = sorted({h.id for s in streams for h in s.route.hops})
@@ -274,28 +278,24 @@ class Resender:
         stream = self.registry.streams[str(loss["stream"])]
         attempts = self.store.resends.attempts(str(loss["message_id"]), str(loss["hop"]))
         last = attempts[-1] if attempts else None
-        attempt = 1
-        if last is not None:
-            attempt = int(last["attempt"])
-            if last["state"] == PRODUCED and self.now_ms() - int(last["updated_ms"]) < self.wait_ms:
-                where = f"{last['destination']}[{last['produced_partition']}]@{last['produced_offset']}"
-                return self._outcome(
-                    loss,
-                    attempt,
-                    str(last["resend_id"]),
-                    "waiting",
-                    last,
-                    f"produced to {where}, waiting for its traces",
-                )
-            if last["state"] in (PRODUCED, FAILED):
-                attempt += 1
+        produced_before = sum(1 for a in attempts if a["state"] == PRODUCED)
         missing = sorted({hop.topic.cluster for hop in stream.route.hops} - set(self.connections))
         if missing:
             known = ", ".join(self.connections)
             why = f"no connection for cluster {', '.join(missing)}: nothing written (known: {known})"
-            return self._outcome(loss, attempt, "", "failed", last, why)
+            return self._outcome(loss, last["attempt"] if last else 1, "", "failed", last, why)
+        attempt = 1
+        if last is not None:
+            attempt = int(last["attempt"])
+            waiting = self._still_waiting(stream, last)
+            if waiting is not None:
+                return self._outcome(loss, attempt, str(last["resend_id"]), "waiting", last, waiting)
+            if last["state"] in (PRODUCED, FAILED):
+                attempt += 1
         try:
-            plan = plan_resend(loss, message_verdicts, stream, self._log_start, attempt, stream.resend.hook)
+            plan = plan_resend(
+                loss, message_verdicts, stream, self._log_start, attempt, stream.resend.hook, produced_before
+            )
         except KafkaException as exc:  # an outage must not pass for a record that left the log
             why = f"the cluster did not answer where the original is: {exc.args[0] if exc.args else exc}"
             return self._outcome(loss, attempt, "", "failed", last, why)
@@ -303,16 +303,22 @@ class Resender:
             state = "would_resend" if plan.recoverable else "would_give_up"
             return self._outcome(loss, attempt, plan.resend_id, state, None, plan.reason, plan)
         try:
-            done = run_attempt(plan, self.store.resends, self._place, self._find_landed, self._produce, self.now_ms)
-        except (HookFailed, SourceGone) as exc:
+            done = run_attempt(
+                plan, self.store.resends, self._place, self._find_landed, self._produce, self.now_ms, self.owner
+            )
+        except (HookFailed, SourceGone) as exc:  # nothing produced: the next run tries again (not counted)
             self.store.resends.mark(plan.resend_id, FAILED, self.now_ms(), str(exc))
             return self._outcome(loss, attempt, plan.resend_id, "failed", None, str(exc), plan)
         except KafkaException as exc:  # whether it landed is not known: the intent stays, the next run finds out
             why = f"left intended, the cluster did not answer: {exc.args[0] if exc.args else exc}"
             return self._outcome(loss, attempt, plan.resend_id, "failed", None, why, plan)
+        if done.state == BUSY:
+            return self._outcome(loss, attempt, plan.resend_id, "busy", None, "another run holds this attempt", plan)
         if done.state == UNRECOVERABLE:
             reason = str((self.store.resends.entry(plan.resend_id) or {}).get("error") or plan.reason)
-            self._give_up(loss, reason)
+            stored = self._give_up(loss, reason)
+            if stored != VerdictKind.UNRECOVERABLE:  # the detector saw a copy arrive meanwhile: that stands
+                return self._outcome(loss, attempt, plan.resend_id, "skipped", None, f"the verdict is {stored} now")
             return self._outcome(loss, attempt, plan.resend_id, "unrecoverable", None, reason, plan)
         if done.state == PRODUCED and done.landed is not None:
             again = "" if done.produced_now else " (found there: an earlier run produced it)"
@@ -322,6 +328,32 @@ class Resender:
         return self._outcome(
             loss, attempt, plan.resend_id, str(done.state), entry, str(entry.get("error") or plan.reason), plan
         )
+
+    def _still_waiting(self, stream: Stream, last: Mapping[str, Any]) -> str | None:
+        """Why the next attempt must wait, or None: a produced copy has ``wait_ms`` to arrive, and is never
+        followed by another while a group it is for has not read past it (a second copy would reach it too);
+        a failed attempt (nothing produced) is tried again after ``wait_ms``."""
+        young = self.now_ms() - int(last["updated_ms"]) < self.wait_ms
+        if last["state"] == FAILED:
+            return f"the last attempt failed ({last['error']}); tried again after the wait" if young else None
+        if last["state"] != PRODUCED:
+            return None
+        cluster, _, topic = str(last["destination"]).partition("/")
+        partition, offset = int(last["produced_partition"]), int(last["produced_offset"])
+        where = f"{last['destination']}[{partition}]@{offset}"
+        if young:
+            return f"produced to {where}, waiting for its traces"
+        groups = [str(last["target_group"])] if last["target_group"] else []
+        if not groups:
+            groups = [c.group for c in stream.route.readers_of(TopicRef(cluster, topic))]
+        try:
+            admin = KafkaAdmin(self._connection(cluster))
+            behind = [g for g in groups if (admin.committed_offsets(g).get((topic, partition)) or 0) <= offset]
+        except (KafkaException, KafkaUnavailable) as exc:
+            return f"produced to {where}; whether {', '.join(groups)} read it is not known ({exc}): no second copy"
+        if behind:
+            return f"produced to {where}; {', '.join(behind)} has not read past it yet, so no second copy"
+        return None
 
     def _outcome(
         self,
@@ -353,14 +385,17 @@ class Resender:
             detail,
         )
 
-    def _give_up(self, loss: Mapping[str, Any], reason: str) -> None:
+    def _give_up(self, loss: Mapping[str, Any], reason: str) -> VerdictKind:
+        """The loss's verdict UNRECOVERABLE (with its history), unless it changed meanwhile: the verdict stored."""
         stored = verdict_of(loss)
         judged = dataclasses.replace(
             stored, kind=VerdictKind.UNRECOVERABLE, decided_by=Judge.RESEND.value, detail=reason
         )
         change = settle(stored, judged)
-        if change is not None:
-            self.book.apply([change], self.now_ms())
+        if change is not None and not self.book.apply([change], self.now_ms()):
+            return VerdictKind.UNRECOVERABLE
+        now = self.book.stored_verdicts([stored.message_id]).get(stored.message_id, {}).get(stored.hop)
+        return now.kind if now is not None else stored.kind
 
     # -- Kafka ------------------------------------------------------------------------------------------------
 
@@ -376,8 +411,10 @@ class Resender:
         return log_start_offset(self._connection(cluster), topic, partition)
 
     def _place(self, plan: ResendPlan) -> Placed:
-        """The copy's partition: the original's, where the destination has it (the same key keeps its order),
-        else a stable hash of the message id; and that partition's end now, where the search for it starts."""
+        """The copy's partition: the original's partition number, where the destination has it (for a read hop
+        the very partition it was skipped in; for a processor drop the input's partition number, which keeps
+        a key's order when both topics are partitioned alike), else a stable hash of the message id; and that
+        partition's end now, where the search for it starts."""
         assert plan.destination is not None
         connection = self._connection(plan.destination.cluster)
         key = (plan.destination.cluster, plan.destination.topic)
@@ -402,6 +439,11 @@ class Resender:
 
     def _produce(self, plan: ResendPlan, partition: int) -> Landed:
         assert plan.destination is not None
+        intended = (self.store.resends.entry(plan.resend_id) or {}).get("destination")
+        if intended != str(plan.destination):  # the route changed since a killed run wrote the intent
+            raise SourceGone(
+                f"the intent names {intended}, the route now {plan.destination}: the next attempt plans again"
+            )
         record = self._original(plan)
         mark = ResendMark(plan.resend_id, plan.hop, plan.target_group)
         headers = [(n, v) for n, v in record.headers if n not in RESEND_HEADERS] + list(mark.as_headers())
@@ -416,11 +458,14 @@ class Resender:
         if plan.source is SourceKind.TOPIC:
             assert plan.source_position is not None
             where = plan.source_position
-            record, why = read_record(self._connection(where.cluster), where.topic, where.partition, where.offset)
+            connection = self._connection(where.cluster)
+            record, why = read_record(connection, where.topic, where.partition, where.offset)
             if record is not None:
                 return record
+            if log_start_offset(connection, where.topic, where.partition) <= where.offset:  # still there: unreadable
+                raise KafkaException(f"the original at {where} could not be read: {why}")
             if stream.resend.hook is None:
-                raise SourceGone(f"the original at {where} could not be read: {why}")
+                raise SourceGone(f"the original at {where} left the log since it was planned: {why}")
         assert stream.resend.hook is not None
         payload = hook_payload(stream.resend.hook, plan.message_id, self._attributes(plan))
         return StoredRecord(
@@ -446,8 +491,8 @@ RUN_ALERT_KIND, UNRECOVERABLE_ALERT_KIND = "resend_run", "resend_unrecoverable"
 def run_alerts(run: ResendRun, run_id: str, at_ms: int) -> list[Alert]:
     """What the notifiers are told of a run: one message with its counts (when it considered any loss), and one
     per loss given up on (keyed by the loss: a retried task never tells it twice). A dry run tells nothing."""
-    if run.dry_run or not run.outcomes:
-        return []
+    if run.dry_run or all(o.state in ("waiting", "busy") for o in run.outcomes):
+        return []  # nothing happened worth a message
     troubled = any(o.state in ("failed", "unrecoverable") for o in run.outcomes)
     alerts = [
         Alert(

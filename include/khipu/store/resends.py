@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 
 from khipu.store import schema
 from khipu.store.engine import StoreEngine, insert_ignoring_duplicate
@@ -32,6 +32,8 @@ LEDGER_COLUMNS = (
     "destination_partition",
     "scan_from_offset",
     "reason",
+    "claimed_by",
+    "claimed_until_ms",
 )
 
 
@@ -46,6 +48,26 @@ class ResendRepository:
             return insert_ignoring_duplicate(
                 tx, schema.resend_ledger, {**values, "intended_ms": at_ms, "updated_ms": at_ms}
             )
+
+    def claim(self, resend_id: str, owner: str, now_ms: int, lease_ms: int) -> bool:
+        """Take (or keep) an open attempt for ``owner`` until ``now_ms + lease_ms``, unless another run holds it
+        still; True when ``owner`` holds it now."""
+        table = schema.resend_ledger
+        free = or_(table.c.claimed_by.is_(None), table.c.claimed_by == owner, table.c.claimed_until_ms < now_ms)
+        with self._engine.begin() as tx:
+            result = tx.execute(
+                update(table)
+                .where(table.c.resend_id == resend_id, table.c.state == "intended", free)
+                .values(claimed_by=owner, claimed_until_ms=now_ms + lease_ms)
+            )
+            return bool(result.rowcount == 1)
+
+    def set_placement(self, resend_id: str, entry: Mapping[str, Any], at_ms: int) -> None:
+        """An open attempt written without a placement (planned unrecoverable) now has an original: its source,
+        destination and placement (``entry``: its ledger row as now planned), fixed before producing."""
+        moved = ("source_kind", "source_position", "destination", "target_group", "destination_partition")
+        values = {name: entry.get(name) for name in (*moved, "scan_from_offset", "reason")}
+        self._set(resend_id, at_ms, **values)
 
     def mark_produced(self, resend_id: str, partition: int, offset: int, at_ms: int) -> None:
         """The attempt's record is in its destination at (partition, offset)."""

@@ -295,6 +295,8 @@ resend_ledger = Table(
     Column("produced_partition", Integer),
     Column("produced_offset", BigInteger),
     Column("error", Text),
+    Column("claimed_by", String(64)),  # the run working on an open attempt (no other run touches it) ...
+    Column("claimed_until_ms", BigInteger),  # ... until then: a killed run's claim lapses
     UniqueConstraint("message_id", "hop", "attempt", name="uq_resend_attempt"),
     Index("ix_resend_ledger_state", "state", "updated_ms"),
 )

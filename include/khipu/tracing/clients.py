@@ -25,6 +25,7 @@ from khipu.tracing.headers import (
     HEADER_MESSAGE_ID,
     HEADER_SAMPLING,
     HEADER_STREAM,
+    RESEND_HEADERS,
     TRACE_HEADERS,
     Headers,
     HeaderValue,
@@ -107,6 +108,8 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
                 self._ids.with_bucket(int(draw * SAMPLING_BUCKETS)), self._stream, self._sampling_percent
             )
             return self._produce_traced(topic, value, key, -1, on_delivery, 0, None, drawn, True, attributes)
+        if headers:
+            headers = _without_resend_marks(headers)  # an application forwarding a resent record's headers whole
         carried = trace_context(headers) if headers else None
         context = carried or self._source_context(message_id)
         if context is None:
@@ -182,6 +185,14 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
         return on_delivery
 
 
+def _without_resend_marks(headers: Headers) -> Headers:
+    """The headers without Khipu's resend mark: what an application writes is never itself a resend."""
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    if not any(name in RESEND_HEADERS for name, _ in pairs):
+        return headers
+    return [(name, value) for name, value in pairs if name not in RESEND_HEADERS]
+
+
 def _as_client_headers(headers: Headers | None) -> dict[str, HeaderValue] | list[tuple[str, HeaderValue]] | None:
     """The header shapes confluent-kafka accepts: a dict or a list of pairs."""
     if headers is None or isinstance(headers, (dict, list)):
@@ -246,11 +257,19 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
         of records passed over (resent for other groups) commits past them, so that the group's lag does not
         stay at one after the last record of a quiet partition was such a resend."""
         self._emitter.flush_before_commit()
-        message = kwargs.pop("message", None)
-        if message is None and args and isinstance(args[0], Message):  # commit(msg): the message, positionally
-            message, args = args[0], args[1:]
+        message = kwargs.get("message") or (args[0] if args and isinstance(args[0], Message) else None)
         if message is not None:
-            kwargs["offsets"] = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            if topic is None or partition is None or offset is None:  # not a record: let the client say so
+                return super().commit(*args, **kwargs)
+            where, next_offset = (topic, partition), offset + 1
+            self._committed_to[where] = next_offset
+            passed = self._passed.get(where)
+            if passed is None or passed[0] != next_offset:
+                return super().commit(*args, **kwargs)  # as it was asked (the message's leader epoch included)
+            kwargs.pop("message", None)
+            args = args[1:] if args and args[0] is message else args
+            kwargs["offsets"] = [TopicPartition(where[0], where[1], next_offset)]
         if self._passed and kwargs.get("offsets"):
             kwargs["offsets"] = [self._past_passed(tp) for tp in kwargs["offsets"]]
         for tp in kwargs.get("offsets") or ():

@@ -88,7 +88,7 @@ def test_the_manual_dag_dry_runs_then_resends_and_tells_the_notifiers_once(
     assert said["dry_run"] is True and said["counts"] == {"would_give_up": 1, "would_resend": 1}
     skip = next(o for o in said["outcomes"] if o["message_id"] == "m-skip")
     assert skip["destination"] == f"local/{pipeline.out} for s1 only" and skip["source"].endswith("[1]@0")
-    assert resent_copies(pipeline) == [] and pipeline.store.resends.in_state("intended") == []
+    assert resent_copies(pipeline) == [] and pipeline.store.resends.of_messages(["m-skip", "m-gone"]) == {}
     assert received == []  # a dry run tells no one
 
     real = trigger("khipu_resend_manual", {"streams": ["orders"], "dry_run": False})
@@ -130,7 +130,8 @@ def test_the_manual_dag_refuses_what_cannot_be_resent_with_its_reason_and_writes
     assert run.state == DagRunState.FAILED
     captured = capfd.readouterr()
     assert reason in captured.out + captured.err
-    assert resent_copies(pipeline) == [] and pipeline.store.resends.in_state("intended") == []
+    assert resent_copies(pipeline) == [] and pipeline.store.resends.of_messages(["m-skip", "m-gone"]) == {}
+    assert sorted(r["verdict"] for r in pipeline.store.verdicts.rows()) == ["CONFIRMED_LOST", "CONFIRMED_LOST"]
     assert received == []  # whoever triggered it reads the reason in the task log
 
 

@@ -20,6 +20,7 @@ from confluent_kafka import Producer
 
 from khipu.detector.model import Cause, VerdictKind
 from khipu.registry.model import ResendMode
+from khipu.resend.ledger import LEASE_MS
 from khipu.resend.run import ResendSelection
 from khipu.tracing.headers import HEADER_RESEND_ID, TraceContext
 from tests.integration.resend import killable
@@ -98,7 +99,7 @@ def test_a_resend_task_killed_at_random_points_leaves_exactly_one_copy_per_confi
         for message_id, hop in ((ids[0], hops["write_out"]), (ids[1], hops["s1"])):
             entries = pipeline.store.resends.attempts(message_id, hop)
             landed_at[entries[-1]["state"] if entries else "nothing recorded"] += 1
-        restarted = pipeline.resender(now=int(time.time() * 1000)).run(
+        restarted = pipeline.resender(now=int(time.time() * 1000) + LEASE_MS).run(  # the killed run's claim lapsed
             ResendSelection(frozenset({ResendMode.AUTO}), message_ids=tuple(ids))
         )
         assert {o.state for o in restarted.outcomes} <= {"produced", "waiting"}, restarted.as_dict()

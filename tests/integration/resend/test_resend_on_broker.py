@@ -15,7 +15,7 @@ import pytest
 from khipu.kafka.records import StoredRecord, end_offset, find_by_header, produce_record, read_record
 from khipu.localstack.broker import BrokerProcess
 from khipu.registry.model import TopicRef
-from khipu.resend.ledger import PRODUCED, Landed, run_attempt
+from khipu.resend.ledger import LEASE_MS, PRODUCED, Landed, run_attempt
 from khipu.resend.plan import Position, ResendPlan, SourceKind, resend_id
 from khipu.store import Store
 from khipu.tracing.headers import HEADER_RESEND_ID as RESEND_ID_HEADER
@@ -68,6 +68,8 @@ def test_a_killed_attempt_run_again_leaves_one_copy_in_the_topic(
 
     class Ledger:
         record_intent = staticmethod(store.resends.record_intent)
+        claim = staticmethod(store.resends.claim)
+        set_placement = staticmethod(store.resends.set_placement)
         mark = staticmethod(store.resends.mark)
         entry = staticmethod(store.resends.entry)
 
@@ -79,9 +81,9 @@ def test_a_killed_attempt_run_again_leaves_one_copy_in_the_topic(
 
     if kill != "never":
         with pytest.raises(Killed):
-            run_attempt(plan, Ledger(), place, find, produce, lambda: 1)
+            run_attempt(plan, Ledger(), place, find, produce, lambda: 1, "killed-run")
     armed["on"] = "never"
-    outcome = run_attempt(plan, Ledger(), place, find, produce, lambda: 2)
+    outcome = run_attempt(plan, Ledger(), place, find, produce, lambda: 2 + LEASE_MS, "restarted-run")
     assert outcome.state == PRODUCED and outcome.produced_now == (kill == "never")
 
     copies = []

@@ -8,14 +8,17 @@ from __future__ import annotations
 import secrets
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import TopicPartition
+from sqlalchemy import select
 
 from khipu.detector.model import Cause, VerdictKind
 from khipu.kafka.records import end_offset
 from khipu.registry.model import ResendMode
 from khipu.resend.run import ResendRequestError, ResendSelection
+from khipu.store import schema
 from khipu.trace.topic import read_trace_topic
 from khipu.tracing import TracedConsumer, TraceEmitter, TraceEmitterConfig
 from khipu.tracing.headers import (
@@ -80,6 +83,8 @@ def test_a_run_resends_each_confirmed_loss_once_to_those_who_missed_it_and_gives
 
     again = pipeline.resender().run(ResendSelection())  # within the wait: nothing produced again
     assert again.counts() == {"waiting": 2}, again.as_dict()
+    unread = pipeline.resender(wait_ms=0).run(ResendSelection())  # past it, but no group has read the copies
+    assert unread.counts() == {"waiting": 2} and all("has not read past it" in o.detail for o in unread.outcomes)
     assert len(resent_copies(pipeline)) == 2
 
     # the groups: s1 gets both copies, s2 only the write-hop one (it passes over s1's silently, untraced)
@@ -114,11 +119,19 @@ def test_a_run_resends_each_confirmed_loss_once_to_those_who_missed_it_and_gives
             consumer.close()
             seen[group] = sorted(got)
     assert seen == expected
+    # read past and still not RESENT (no detector here): the wait is over, the next attempt goes out
+    next_attempt = pipeline.resender(wait_ms=0).run(ResendSelection())
+    assert next_attempt.counts() == {"produced": 2} and {o.attempt for o in next_attempt.outcomes} == {2}
     # s2's last record on out[1] is the copy it passed over: its commit of the record before goes past it too
     assert committed == {"s1": ends, "s2": ends}
     traces = [t for t in read_trace_topic(pipeline.broker.bootstrap_servers, trace_topic) if hasattr(t, "group")]
     marked = sorted((t.group, t.message_id) for t in traces if ATTRIBUTE_RESEND_ID in t.attributes)
     assert marked == [("s1", "m-drop"), ("s1", "m-skip"), ("s2", "m-drop")]
+
+
+def ledger_rows(pipeline: Pipeline) -> list[dict[str, Any]]:
+    with pipeline.store.engine.begin() as tx:
+        return [dict(row._mapping) for row in tx.execute(select(schema.resend_ledger))]
 
 
 def test_a_resend_asked_for_what_cannot_be_resent_is_refused_and_writes_nothing(pipeline: Pipeline) -> None:
@@ -141,7 +154,8 @@ def test_a_resend_asked_for_what_cannot_be_resent_is_refused_and_writes_nothing(
     assert "local/nowhere -> s9" in said["unknown hop"] and hops["s1"] in said["unknown hop"]
     assert "not confirmed lost" in said["not confirmed lost"] and "DELIVERED" in said["not confirmed lost"]
     assert "m-none" in said["no verdict"]
-    assert pipeline.store.resends.in_state("intended") == [] and resent_copies(pipeline) == []
+    assert ledger_rows(pipeline) == [] and resent_copies(pipeline) == []
+    assert [r["verdict"] for r in pipeline.store.verdicts.rows()] == ["DELIVERED"]  # no verdict changed
 
 
 def test_the_recovery_hook_gives_the_payload_when_the_log_has_lost_it_and_a_failing_hook_fails_only_its_loss(
@@ -156,7 +170,7 @@ def test_the_recovery_hook_gives_the_payload_when_the_log_has_lost_it_and_a_fail
         )
 
     pipeline.registry = registry(pipeline.inp, pipeline.out, hook="tests.integration.resend.hooks:row_is_gone")
-    failed = pipeline.resender().run(ResendSelection())
+    failed = pipeline.resender(wait_ms=0).run(ResendSelection())
     assert failed.counts() == {"failed": 2}
     assert all("row_is_gone raised LookupError: no row for" in o.detail for o in failed.outcomes)
     kinds = {r["message_id"]: r["verdict"] for r in pipeline.store.verdicts.read_messages(["m-a", "m-b"])}
@@ -164,14 +178,15 @@ def test_the_recovery_hook_gives_the_payload_when_the_log_has_lost_it_and_a_fail
     assert [e["state"] for e in pipeline.store.resends.attempts("m-a", hops["s2"])] == ["failed"]
 
     pipeline.registry = registry(pipeline.inp, pipeline.out, hook="tests.integration.resend.no_such_module:f")
-    missing = pipeline.resender().run(ResendSelection())
+    assert pipeline.resender().run(ResendSelection()).counts() == {"waiting": 2}  # a failed attempt waits to retry
+    missing = pipeline.resender(wait_ms=0).run(ResendSelection())
     assert {o.state for o in missing.outcomes} == {"failed"}
     assert "cannot be imported: ModuleNotFoundError" in missing.outcomes[0].detail
 
     pipeline.registry = registry(pipeline.inp, pipeline.out, hook="tests.integration.resend.hooks:order_from_database")
-    last = pipeline.resender().run(ResendSelection())  # attempt 3 > max_attempts 2: given up
-    assert last.counts() == {"unrecoverable": 2}
-    assert "2 attempts made, max_attempts is 2" in last.outcomes[0].detail
+    fixed = pipeline.resender(wait_ms=0).run(ResendSelection())  # failures produced nothing: not counted
+    assert fixed.counts() == {"produced": 2} and {o.attempt for o in fixed.outcomes} == {3}
+    assert [e["state"] for e in pipeline.store.resends.attempts("m-a", hops["s2"])] == ["failed", "failed", "produced"]
 
 
 def test_the_recovery_hook_payload_is_resent_with_the_messages_trace_headers(pipeline: Pipeline) -> None:

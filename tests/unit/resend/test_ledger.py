@@ -15,7 +15,9 @@ import pytest
 
 from khipu.registry.model import TopicRef
 from khipu.resend.ledger import (
+    BUSY,
     INTENDED,
+    LEASE_MS,
     PRODUCED,
     UNRECOVERABLE,
     Landed,
@@ -36,6 +38,7 @@ from khipu.store import Store
         (INTENDED, True, None, Step.PRODUCE),
         (INTENDED, True, (0, 7), Step.RECORD_LANDED),  # killed after producing, before recording
         (INTENDED, False, None, Step.RECORD_UNRECOVERABLE),
+        (INTENDED, False, (0, 7), Step.RECORD_LANDED),  # planned unrecoverable now, but a killed run produced it
         (PRODUCED, True, (0, 7), Step.DONE),
         (PRODUCED, True, None, Step.DONE),  # the ledger's word is final once it says produced
         (UNRECOVERABLE, False, None, Step.DONE),
@@ -44,6 +47,10 @@ from khipu.store import Store
 )
 def test_next_step(state: str | None, recoverable: bool, landed: Landed | None, step: Step) -> None:
     assert next_step(state, recoverable, landed) is step
+
+
+def test_an_intent_written_without_a_placement_is_placed_before_anything_is_produced() -> None:
+    assert next_step(INTENDED, True, None, placed=False) is Step.PLACE
 
 
 class Killed(Exception):
@@ -87,6 +94,12 @@ def test_a_run_killed_anywhere_and_run_again_leaves_exactly_one_copy(tmp_path: P
             hit("after_intent")
             return written
 
+        def claim(self, rid: str, owner: str, now_ms: int, lease_ms: int) -> bool:
+            return store.resends.claim(rid, owner, now_ms, lease_ms)
+
+        def set_placement(self, rid: str, entry: dict[str, object], at_ms: int) -> None:
+            store.resends.set_placement(rid, entry, at_ms)
+
         def mark_produced(self, rid: str, partition: int, offset: int, at_ms: int) -> None:
             hit("while_recording")
             store.resends.mark_produced(rid, partition, offset, at_ms)
@@ -114,13 +127,14 @@ def test_a_run_killed_anywhere_and_run_again_leaves_exactly_one_copy(tmp_path: P
         return next(((partition, at) for at in range(from_offset, len(topic)) if topic[at] == rid), None)
 
     now: Callable[[], int] = lambda: next(clock)  # noqa: E731
+    later: Callable[[], int] = lambda: next(clock) + LEASE_MS  # noqa: E731  # the killed run's claim has lapsed
     attempt = plan("m1")
     if kill != "never":
         with pytest.raises(Killed):
-            run_attempt(attempt, Ledger(), place, find, produce, now)
+            run_attempt(attempt, Ledger(), place, find, produce, now, "first-run")
     kill = "never"  # the restarted task runs to the end
-    outcome = run_attempt(attempt, Ledger(), place, find, produce, now)
-    again = run_attempt(attempt, Ledger(), place, find, produce, now)  # a retry of a finished attempt: nothing
+    outcome = run_attempt(attempt, Ledger(), place, find, produce, later, "restarted-run")
+    again = run_attempt(attempt, Ledger(), place, find, produce, later, "a-retry")  # a finished attempt: nothing
     assert topic == ["an earlier record", attempt.resend_id]
     assert (outcome.state, outcome.landed) == (PRODUCED, (0, 1)) and (again.state, again.landed) == (PRODUCED, (0, 1))
     assert not again.produced_now and set(places) == {1}  # placed before the intent, never after it
@@ -140,8 +154,50 @@ def test_an_unrecoverable_loss_is_recorded_with_its_reason_and_produces_nothing(
         produced.append(p.resend_id)
         return partition, 0
 
-    outcome = run_attempt(gone, store.resends, lambda _: (0, 0), lambda *_: None, produce, lambda: 5)
+    outcome = run_attempt(gone, store.resends, lambda _: (0, 0), lambda *_: None, produce, lambda: 5, "run")
     assert outcome.state == UNRECOVERABLE and produced == []
     (entry,) = store.resends.attempts("m2", gone.hop)
     assert (entry["state"], entry["error"], entry["source_kind"]) == (UNRECOVERABLE, "UNRECOVERABLE: gone", "none")
     assert store.resends.record_intent(ledger_entry(gone), 6) is False  # an attempt is recorded once
+
+
+def test_two_runs_at_once_never_both_work_on_one_attempt(tmp_path: Path) -> None:
+    """The auto DAG, the manual DAG and a retry whose first try still runs: the one holding the attempt produces."""
+    store = Store(f"sqlite:///{tmp_path / 'khipu.db'}")
+    store.migrate()
+    topic: list[str] = []
+    attempt = plan("m3")
+    second: list[str] = []
+
+    def produce(p: ResendPlan, partition: int) -> Landed:
+        # while the first run produces, a second one starts on the same attempt
+        second.append(run_attempt(p, store.resends, lambda _: (0, 0), find, produce, lambda: 1_500, "run-b").state)
+        topic.append(p.resend_id)
+        return partition, len(topic) - 1
+
+    def find(rid: str, partition: int, from_offset: int) -> Landed | None:
+        return next(((partition, at) for at in range(from_offset, len(topic)) if topic[at] == rid), None)
+
+    first = run_attempt(attempt, store.resends, lambda _: (0, 0), find, produce, lambda: 1_000, "run-a")
+    assert (first.state, second, topic) == (PRODUCED, [BUSY], [attempt.resend_id])
+    entry = store.resends.entry(attempt.resend_id)
+    assert entry is not None and entry["claimed_by"] == "run-a"
+    assert store.resends.claim(attempt.resend_id, "run-b", 1_000 + LEASE_MS + 1, LEASE_MS) is False  # produced: done
+
+
+def test_an_attempt_planned_unrecoverable_is_placed_when_the_next_run_finds_an_original(tmp_path: Path) -> None:
+    """A killed run wrote the intent of an unrecoverable plan; a hook named since makes it recoverable."""
+    store = Store(f"sqlite:///{tmp_path / 'khipu.db'}")
+    store.migrate()
+    gone, found = plan("m4", recoverable=False), plan("m4")
+    store.resends.record_intent(ledger_entry(gone), 1_000)  # killed before recording it unrecoverable
+    topic: list[str] = []
+
+    def produce(p: ResendPlan, partition: int) -> Landed:
+        topic.append(p.resend_id)
+        return partition, 0
+
+    outcome = run_attempt(found, store.resends, lambda _: (2, 0), lambda *_: None, produce, lambda: 2_000, "run")
+    assert (outcome.state, outcome.landed, topic) == (PRODUCED, (2, 0), [found.resend_id])
+    entry = store.resends.entry(found.resend_id)
+    assert entry is not None and (entry["source_kind"], entry["destination"]) == ("topic", "local/demo.orders-enriched")

@@ -80,7 +80,7 @@ CASES = [
          SourceKind.HOOK, None, SOURCE, None, "recovery hook shop.orders:reload"),
     Case("past max_attempts: UNRECOVERABLE, however available the original",
          SKIPPED, [], {("demo.orders-enriched", 1): 0}, "shop.orders:reload", 4,
-         SourceKind.NONE, None, None, None, "3 attempts made, max_attempts is 3"),
+         SourceKind.NONE, None, None, None, "3 copies produced without arriving, max_attempts is 3"),
 ]  # fmt: skip
 
 
@@ -125,3 +125,13 @@ def test_a_hop_that_left_the_route_is_unrecoverable() -> None:
     gone = replace(STREAM, name="demo.orders")  # same stream; the loss names a hop it no longer has
     plan = plan_resend({**SKIPPED, "hop": "local/x -> old-group"}, [], gone, lambda *_: 0, 1)
     assert not plan.recoverable and "not on demo.orders's route" in plan.reason
+
+
+def test_only_attempts_that_produced_a_copy_count_toward_max_attempts() -> None:
+    def log_start(cluster: str, topic: str, partition: int) -> int | None:
+        return 0
+
+    after_failures = plan_resend(SKIPPED, [SKIPPED], STREAM, log_start, 5, None, produced_before=2)
+    assert after_failures.recoverable and after_failures.source is SourceKind.TOPIC  # two hook failures, two copies
+    spent = plan_resend(SKIPPED, [SKIPPED], STREAM, log_start, 5, None, produced_before=3)
+    assert not spent.recoverable and "3 copies produced without arriving" in spent.reason
