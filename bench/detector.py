@@ -6,7 +6,7 @@
 3. state bytes per in-flight message at two traffic levels (flat means state follows messages in
    flight, not traffic).
 
-    .venv/bin/python bench/detector.py [--messages 20000] [--grace-ms 2000] [--only throughput]
+    .venv/bin/python bench/detector.py [--messages 20000] [--grace-ms 2000] [--only throughput] [--progress]
 
 Synthetic traces of demo-shaped messages (5 hops) are written straight to trace topics of its own
 broker, and the groups' committed offsets are set by the bench: the figures are the detector's.
@@ -160,6 +160,8 @@ def throughput(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace)
         if first_batch is None and store.heartbeat.latest(VERDICT_QUERY):
             first_batch = time.perf_counter()
     finished = time.perf_counter()
+    if args.progress:
+        print_progress(queries)
     for query in queries:
         query.stop()
     rate = traces / (finished - started)
@@ -168,6 +170,21 @@ def throughput(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace)
         f"from query start; {args.grace_ms / 1000:g} s of it is the grace); raw confluent-kafka consume of the "
         f"same topic: {raw:,.0f} records/s"
     )
+
+
+def print_progress(queries: list[Any]) -> None:
+    """Where each micro-batch's time went, per query: Spark's own progress (ms), and the state operator's."""
+    phases = ("triggerExecution", "queryPlanning", "addBatch", "walCommit", "commitOffsets")
+    for query in queries:
+        for progress in query.recentProgress:
+            if not progress.numInputRows and not progress.stateOperators:
+                continue
+            spent = ", ".join(f"{phase} {progress.durationMs.get(phase, 0) or 0}" for phase in phases)
+            state = "; ".join(
+                f"state rows {op.numRowsTotal}, updates {op.allUpdatesTimeMs} ms, commit {op.commitTimeMs} ms"
+                for op in progress.stateOperators or []
+            )
+            print(f"  {query.name} batch {progress.batchId}: {progress.numInputRows} rows; {spent}. {state}")
 
 
 def lost_latency(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) -> None:
@@ -241,6 +258,7 @@ def main() -> int:
     parser.add_argument("--max-per-batch", type=int, default=50_000, help="maxOffsetsPerTrigger")
     parser.add_argument("--lost", type=int, default=40)
     parser.add_argument("--only", choices=("throughput", "latency", "state"), help="run one part only")
+    parser.add_argument("--progress", action="store_true", help="throughput: where each micro-batch's time went")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = Path(tempfile.mkdtemp(prefix="khipu-bench-"))
