@@ -103,6 +103,15 @@ class ArchiveWriter:
 
     def __call__(self, parsed: DataFrame, batch_id: int) -> None:
         parsed.persist()
+        spent: dict[str, float] = {}
+        clock = time.perf_counter()
+
+        def lap(step: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            spent[step] = now - clock
+            clock = now
+
         try:
             traces = (
                 archived(parsed)
@@ -115,16 +124,21 @@ class ArchiveWriter:
                 .partitionBy("hour", "batch_id")
                 .parquet(self.archive_path)
             )
+            lap("archive")
             if self._store is None:
                 self._store = Store(self.store_url)
             now = _now_ms()
-            self._store.channel.record_pointers((tuple(row) for row in pointers(parsed).collect()), now)
+            found = [tuple(row) for row in pointers(parsed).collect()]
+            lap("pointers read")
+            self._store.channel.record_pointers(found, now)
             if now - self._pruned_ms >= PRUNE_EVERY_MS:
                 self._store.channel.prune_pointers(now - self.keep_pointers_ms)
                 self._pruned_ms = now
-            gaps = record_emitter_sequences(
-                self._store.channel, (tuple(row) for row in sequences(parsed).collect()), now
-            )
+            lap("pointers stored")
+            numbered = [tuple(row) for row in sequences(parsed).collect()]
+            lap("sequences read")
+            gaps = record_emitter_sequences(self._store.channel, numbered, now)
+            lap("sequences stored")
             if gaps:
                 log.warning("batch %d: %d new gaps in emitter sequences (lost traces)", batch_id, gaps)
             bad = [
@@ -134,6 +148,14 @@ class ArchiveWriter:
             if bad:
                 added = self._store.channel.add_quarantine(bad, _now_ms())
                 log.warning("batch %d: %d malformed trace records quarantined (%d new)", batch_id, len(bad), added)
+            lap("quarantine")
+            log.info(
+                "archive batch %d: %d pointers, %d sequence numbers; %s",
+                batch_id,
+                len(found),
+                len(numbered),
+                ", ".join(f"{step} {seconds * 1000:.0f} ms" for step, seconds in spent.items()),
+            )
         finally:
             parsed.unpersist()
 
