@@ -188,6 +188,7 @@ class Resender:
         self.book = VerdictBook(store.verdicts)
         self._producers: dict[str, Any] = {}  # cluster -> one producer for the run's records
         self._partitions: dict[tuple[str, str], int] = {}  # (cluster, topic) -> partition count
+        self._admins: dict[str, KafkaAdmin] = {}  # cluster -> one admin client for the run's offset checks
         self.owner = f"resend-{os.getpid()}-{secrets.token_hex(4)}"  # this run, as the ledger's claims name it
 
     # -- what to resend ---------------------------------------------------------------------------------------
@@ -347,7 +348,7 @@ class Resender:
         if not groups:
             groups = [c.group for c in stream.route.readers_of(TopicRef(cluster, topic))]
         try:
-            admin = KafkaAdmin(self._connection(cluster))
+            admin = self._admins.get(cluster) or self._admins.setdefault(cluster, KafkaAdmin(self._connection(cluster)))
             behind = [g for g in groups if (admin.committed_offsets(g).get((topic, partition)) or 0) <= offset]
         except (KafkaException, KafkaUnavailable) as exc:
             return f"produced to {where}; whether {', '.join(groups)} read it is not known ({exc}): no second copy"

@@ -8,22 +8,10 @@ from typing import Any
 from khipu.demo.ledger import build_truth
 from khipu.demo.recovery import missed_by, recovery_report
 from khipu.demo.score import score
-from khipu.registry import parse_registry
+from tests.routes import FAN_OUT, PROC_IN, PROC_OUT, S1, S2, SRC
 
-STREAM = parse_registry("""
-version: 1
-clusters: {local: {}}
-streams:
-  orders:
-    owner: t
-    route:
-      producers: [{location: p, writes: [local/in]}]
-      consumers:
-        - {group: proc, reads: [local/in], writes: [local/out]}
-        - {group: s1, reads: [local/out]}
-        - {group: s2, reads: [local/out]}
-""").stream("orders")
-SRC, READ, OUT, S1, S2 = "p -> local/in", "local/in -> proc", "proc -> local/out", "local/out -> s1", "local/out -> s2"
+STREAM = FAN_OUT
+READ, OUT = PROC_IN, PROC_OUT
 
 
 def ev(event: str, mid: str, hop: str, offset: int = 0, **extra: Any) -> dict[str, Any]:

@@ -17,23 +17,10 @@ from khipu.detector.model import Cause, DetectorConfig, Removal, VerdictKind
 from khipu.registry import parse_registry
 from khipu.trace.model import Trace, TraceType
 from khipu.tracing.headers import ATTRIBUTE_RESEND_HOP, ATTRIBUTE_RESEND_ID
+from tests.routes import FAN_OUT, PROC_IN, PROC_OUT, S1, S2, SRC
 
-STREAM = parse_registry("""
-version: 1
-clusters: {local: {}}
-streams:
-  orders:
-    owner: t
-    route:
-      producers: [{location: p, writes: [local/in]}]
-      consumers:
-        - {group: proc, reads: [local/in], writes: [local/out]}
-        - {group: s1, reads: [local/out]}
-        - {group: s2, reads: [local/out]}
-""").stream("orders")
+STREAM = FAN_OUT
 CONFIG = DetectorConfig(grace_ms=30_000, max_wait_ms=900_000, recheck_ms=5_000)
-SRC, PROC_IN, PROC_OUT = "p -> local/in", "local/in -> proc", "proc -> local/out"
-S1, S2 = "local/out -> s1", "local/out -> s2"
 D, L, DUP, TL, P, RS = (
     VerdictKind.DELIVERED,
     VerdictKind.LOST,

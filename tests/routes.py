@@ -1,0 +1,25 @@
+"""Routes the unit tests share.
+
+FAN_OUT: producer p writes local/in; processor group proc (location proc) reads it and writes local/out;
+sinks s1 and s2 read local/out.
+"""
+
+from __future__ import annotations
+
+from khipu.registry import parse_registry
+
+FAN_OUT = parse_registry("""
+version: 1
+clusters: {local: {}}
+streams:
+  orders:
+    owner: t
+    route:
+      producers: [{location: p, writes: [local/in]}]
+      consumers:
+        - {group: proc, reads: [local/in], writes: [local/out]}
+        - {group: s1, reads: [local/out]}
+        - {group: s2, reads: [local/out]}
+""").stream("orders")
+SRC, PROC_IN, PROC_OUT = "p -> local/in", "local/in -> proc", "proc -> local/out"
+S1, S2 = "local/out -> s1", "local/out -> s2"
