@@ -38,7 +38,7 @@ from khipu.demo.scoreboard import (
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
 from khipu.detector.committed import ClusterClients, CommittedOffsets, PointedPositions, RecordRemovals
 from khipu.detector.decide import Lookups
-from khipu.detector.job import ARCHIVE_QUERY, VERDICT_QUERY, DetectorJob, connector_jars, start_detector
+from khipu.detector.job import DETECTOR_QUERY, DetectorJob, connector_jars, start_detector
 from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerSpec, start_broker
 from khipu.localstack.processes import stop_process_group
@@ -74,7 +74,7 @@ def settle(store: Store, expected: int, timeout_s: float) -> None:
     while time.monotonic() < deadline:
         time.sleep(3)
         rows = store.verdicts.rows()
-        beat = store.heartbeat.latest(VERDICT_QUERY)
+        beat = store.heartbeat.latest(DETECTOR_QUERY)
         messages = len({r["message_id"] for r in rows})
         quiet = beat is not None and beat["state_rows"] == 0 and len(rows) == last
         stable = stable + 1 if quiet and messages >= expected else 0
@@ -137,6 +137,7 @@ def main() -> int:
             store_url=store_url,
             checkpoint_dir=work / "checkpoint",
             archive_dir=work / "archive",
+            verdicts_dir=work / "verdicts",
             trace_topic=trace_topic,
             lost_topic=None,
             trigger_seconds=1.0,
@@ -172,7 +173,7 @@ def main() -> int:
         streaming = khipu_answers(store, first_of_history=True)
 
         window = ReconcileWindow(started_ms - 60_000, done_ms + 1_000, horizon_ms=args.horizon_ms)
-        archived_to = store.heartbeat.read_to_ms(ARCHIVE_QUERY) or 0
+        archived_to = store.heartbeat.read_to_ms(DETECTOR_QUERY) or 0
         wait_s = max(0.0, (window.read_to_ms - time.time() * 1000) / 1000)
         print(f"  archive read to {archived_to}; waiting {wait_s:.0f} s for the horizon to pass", flush=True)
         time.sleep(wait_s)

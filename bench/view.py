@@ -4,7 +4,7 @@
 
 Fills a store (a fresh SQLite file by default; ``--store-url`` for PostgreSQL, an empty database)
 with ``--verdicts`` verdicts of ``demo.orders`` spread over the last day (1 % lost, 0.3 % confirmed
-lost, 0.5 % duplicates), their per-minute metrics computed the way the detector computes them,
+lost, 0.5 % duplicates), their per-minute metrics counted per chunk as the detector counts a batch,
 their history and consumer health, and a trace archive of the same messages (one trace per hop,
 Parquet by hour, as the detector writes it: the lost list reads recovery attributes from it, the
 message page its traces); then asks the view's app (the same FastAPI app
@@ -38,7 +38,7 @@ from tests.viewdata import GROUP, HOPS, KIND, STREAM, history_change, verdict  #
 from khipu.registry.loader import load_registry  # noqa: E402
 from khipu.store import Store, schema  # noqa: E402
 from khipu.trace.archive import HOUR_MS, hour_folder  # noqa: E402
-from khipu.verdicts.metrics import minute_metrics, minutes_touched  # noqa: E402
+from khipu.verdicts.metrics import counts_by_minute_columns, metrics_of  # noqa: E402
 from khipu_airflow.view.app import ViewSources, create_app  # noqa: E402
 
 CHUNK = 20_000
@@ -114,17 +114,13 @@ def fill(store: Store, count: int, now_ms: int, say: Callable[[str], None]) -> l
                 tx.execute(insert(schema.verdicts), rows)
                 if history:
                     tx.execute(insert(schema.verdict_history), history)
+            # each chunk's metrics are a part of their own, counted the way the detector counts a batch
+            columns = [[row[name] for row in rows] for name in ("stream", "hop", "verdict", "decided_ms", "latency_ms")]
+            store.verdicts.replace_part(f"bench:{written}", counts_by_minute_columns(*columns), metrics_of)
             written += len(rows)
             rows, history = [], []
             if written % 200_000 < CHUNK:
                 say(f"  {written:,} verdicts written ({time.monotonic() - started:.0f} s)")
-    say("  computing the per-minute metrics from the stored verdicts ...")
-    keys = minutes_touched([{"stream": STREAM, "hop": hop, "decided_ms": now_ms - day + m * 60_000} for hop in HOPS
-                            for m in range(1441)])  # fmt: skip
-    for start in range(0, len(keys), 500):
-        chunk = keys[start : start + 500]
-        outcomes = store.verdicts.read_outcomes([key.span for key in chunk])
-        store.verdicts.upsert_metrics([minute_metrics(key, outcomes[key.span]) for key in chunk])
     with store.engine.begin() as tx:
         tx.execute(
             insert(schema.partition_health),

@@ -5,7 +5,8 @@ Makes the streaming detector's verdicts final. Every hour it reconciles the hour
 **horizon** has just passed (default two hours, `KHIPU_RECONCILE_HORIZON_MS`): the messages first
 seen in `[start - horizon, end - horizon)` of its data interval, read from the trace archive with
 all the traces that came up to the interval's end. Each message whose verdict is not final
-(LOST, PENDING, TRACE_LOST, late evidence, or never judged) is re-decided by `spark/reconcile.py`
+(LOST, PENDING, TRACE_LOST, late evidence, or never judged; its verdicts are the store's and the
+verdict archive's plain DELIVERED ones) is re-decided by `spark/reconcile.py`
 with the detector's own rules: a LOST still missing becomes **CONFIRMED_LOST**, a LOST a late
 trace contradicts becomes **RETRACTED**, each change kept in the verdict's history. New confirmed
 losses update the `khipu://confirmed-losses` Asset (the resend DAG is scheduled on it).

@@ -20,12 +20,18 @@ import sys
 from pathlib import Path
 
 from khipu.detector.driver import write_driver_record
-from khipu.detector.job import DetectorJob, connector_jars, read_connections_file, start_detector
+from khipu.detector.job import (
+    DEFAULT_BUCKETS,
+    DEFAULT_MAX_OFFSETS_PER_TRIGGER,
+    DetectorJob,
+    connector_jars,
+    read_connections_file,
+    start_detector,
+)
 from khipu.detector.model import DetectorConfig
 from khipu.settings import KhipuSettings
 
 CONNECTIONS_FILE_VARIABLE = "KHIPU_CONNECTIONS_FILE"
-DEFAULT_MAX_OFFSETS_PER_TRIGGER = 50_000  # about half a minute of work here: well inside the staleness limit
 
 
 def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
@@ -46,7 +52,10 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
     parser.add_argument("--trace-topic", default=settings.trace_topic)
     parser.add_argument("--lost-topic", default=settings.lost_topic, help="LOST verdicts go here too ('' for none)")
     parser.add_argument("--checkpoint", type=Path, default=settings.state_dir / "detector" / "checkpoint")
-    parser.add_argument("--archive", type=Path, default=settings.archive_dir)
+    parser.add_argument("--archive", type=Path, default=settings.archive_dir, help="the raw-trace archive")
+    parser.add_argument(
+        "--verdict-archive", type=Path, default=settings.verdict_archive_dir, help="plain DELIVERED verdicts"
+    )
     parser.add_argument("--starting-offsets", default="earliest")
     parser.add_argument("--trigger-seconds", type=float, default=float(os.environ.get("KHIPU_DETECTOR_TRIGGER_S", "5")))
     parser.add_argument(
@@ -56,6 +65,12 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
         help="bounds a batch, so a backlog is worked off in batches that each report (0: no bound)",
     )
     parser.add_argument("--shuffle-partitions", type=int, default=4)
+    parser.add_argument(
+        "--buckets",
+        type=int,
+        default=DEFAULT_BUCKETS,
+        help="hash buckets of message ids the state is kept in (fixed for a checkpoint)",
+    )
     parser.add_argument("--grace-ms", type=int, default=defaults.grace_ms)
     parser.add_argument("--max-wait-ms", type=int, default=defaults.max_wait_ms)
     parser.add_argument("--recheck-ms", type=int, default=defaults.recheck_ms)
@@ -76,6 +91,7 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
         store_url=store_url,
         checkpoint_dir=args.checkpoint,
         archive_dir=args.archive,
+        verdicts_dir=args.verdict_archive,
         trace_topic=args.trace_topic,
         lost_topic=args.lost_topic or None,
         cluster_connections=clusters,
@@ -83,6 +99,7 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
         trigger_seconds=args.trigger_seconds,
         max_offsets_per_trigger=args.max_offsets_per_trigger or None,
         shuffle_partitions=args.shuffle_partitions,
+        buckets=args.buckets,
         detector=DetectorConfig(grace_ms=args.grace_ms, max_wait_ms=args.max_wait_ms, recheck_ms=args.recheck_ms),
     )
     return job, args.master

@@ -3,9 +3,10 @@
     spark-submit spark/reconcile.py --start 2026-11-23T10:00:00Z --end 2026-11-23T11:00:00Z [options]
     python spark/reconcile.py --start ... --end ...        # local[*]
 
-Reads the trace archive (Parquet by hour) for the window plus the horizon, the stored verdicts and
-the offset snapshots; stores final verdicts (CONFIRMED_LOST, RETRACTED, ...) with their history,
-unless ``--dry-run``. Writes a JSON summary to ``--summary-file`` (what the Airflow task returns).
+Reads the trace archive (Parquet by hour) for the window plus the horizon, the stored verdicts (the
+SQL store's, and the plain DELIVERED ones of the verdict archive, ``--verdict-archive``) and the offset
+snapshots; stores final verdicts (CONFIRMED_LOST, RETRACTED, ...) with their history, unless
+``--dry-run``. Writes a JSON summary to ``--summary-file`` (what the Airflow task returns).
 Connections come from a connections file (``--connections-file``, mode 0600, written by the DAG
 from Airflow connections) or the Khipu environment; no secret is ever an argument.
 """
@@ -45,7 +46,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--streams", default="", help="comma-separated stream names (default: every stream)")
     parser.add_argument("--dry-run", action="store_true", help="say what would change, write nothing")
     parser.add_argument("--registry", type=Path, default=settings.registry_path)
-    parser.add_argument("--archive", type=Path, default=settings.archive_dir)
+    parser.add_argument("--archive", type=Path, default=settings.archive_dir, help="the raw-trace archive")
+    parser.add_argument(
+        "--verdict-archive",
+        type=Path,
+        default=settings.verdict_archive_dir,
+        help="the verdict archive (plain DELIVERED verdicts by hour)",
+    )
     parser.add_argument("--connections-file", type=Path, default=os.environ.get("KHIPU_CONNECTIONS_FILE") or None)
     parser.add_argument("--summary-file", type=Path, default=None)
     parser.add_argument("--master", default=os.environ.get("KHIPU_SPARK_MASTER", "local[*]"))
@@ -86,6 +93,7 @@ def main(argv: list[str]) -> int:
             dry_run=args.dry_run,
             name_record=kafka_record_namer(connections),
             progress=lambda line: print(f"reconcile: {line}", flush=True),
+            verdict_archive_dir=args.verdict_archive,
         )
         summary = report.summary()
         if args.summary_file:

@@ -18,6 +18,7 @@ from sqlalchemy import insert
 
 from khipu.alerting.decide import Transition
 from khipu.alerting.model import Alert, AlertState, Severity
+from khipu.detector.model import DETECTOR_QUERY
 from khipu.health.evaluate import PartitionHealth
 from khipu.health.rules import PartitionStatus
 from khipu.health.windows import OffsetWindow, WindowKind
@@ -25,7 +26,7 @@ from khipu.offsets.model import PartitionKey, PartitionSnapshot, SnapshotRun
 from khipu.registry.model import Registry
 from khipu.store import Store, schema
 from khipu.trace.archive import hour_folder
-from khipu.verdicts.metrics import minute_metrics, minutes_touched
+from khipu.verdicts.metrics import counts_by_minute, metrics_of
 
 STREAM = "demo.orders"
 PRODUCE = "demo-producer -> local/demo.orders"
@@ -35,6 +36,7 @@ STORE_READ = "local/demo.orders-enriched -> demo-sink-store"
 AUDIT_READ = "local/demo.orders-enriched -> demo-sink-audit"
 HOPS = (PRODUCE, ENRICH_READ, ENRICH_WRITE, STORE_READ, AUDIT_READ)
 KIND = {PRODUCE: "write", ENRICH_READ: "read", ENRICH_WRITE: "write", STORE_READ: "read", AUDIT_READ: "read"}
+SEED_PART = "seed"  # the metric part the seeded verdicts are counted in
 GROUP = {ENRICH_READ: "demo-enricher", STORE_READ: "demo-sink-store", AUDIT_READ: "demo-sink-audit"}
 
 
@@ -123,9 +125,7 @@ def seed(store: Store, archive_dir: Path, registry: Registry, now_ms: int) -> Se
     ]
     with store.engine.begin() as tx:
         tx.execute(insert(schema.verdict_history), history)
-    minutes = minutes_touched(rows)
-    outcomes = store.verdicts.read_outcomes([m.span for m in minutes])
-    store.verdicts.upsert_metrics([minute_metrics(m, outcomes[m.span]) for m in minutes])
+    store.verdicts.replace_part(SEED_PART, counts_by_minute(rows), metrics_of)  # every seeded verdict is a row
     seeded.verdicts = rows
 
     _write_archive(archive_dir, seeded, at)
@@ -133,7 +133,7 @@ def seed(store: Store, archive_dir: Path, registry: Registry, now_ms: int) -> Se
     for i in range(6):
         store.heartbeat.record(
             {
-                "query_name": "khipu_verdicts",
+                "query_name": DETECTOR_QUERY,
                 "run_id": "view-run",
                 "batch_id": 100 + i,
                 "at_ms": now_ms - (6 - i) * 10_000,

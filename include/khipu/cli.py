@@ -301,7 +301,13 @@ def _resend(args: argparse.Namespace, settings: KhipuSettings) -> int:
     store = Store(settings.store_url)
     try:
         resender = Resender(
-            store, registry, {settings.cluster: settings.kafka()}, now_ms, settings.archive_dir, wait_from_env()
+            store,
+            registry,
+            {settings.cluster: settings.kafka()},
+            now_ms,
+            settings.archive_dir,
+            wait_from_env(),
+            verdict_archive_dir=settings.verdict_archive_dir,
         )
         try:
             run = resender.run(selection, progress=(lambda line: None) if args.json else print)
@@ -348,18 +354,23 @@ def _health(args: argparse.Namespace, settings: KhipuSettings) -> int:
 
 
 def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
-    from khipu.detector.model import VERDICT_QUERY
+    from khipu.alerting.thresholds import window_start_ms
+    from khipu.detector.model import DETECTOR_QUERY, VerdictKind
     from khipu.report.service import LOSS_VERDICTS, check_minutes, check_stream
+    from khipu.verdicts.metrics import verdict_counts
 
     if args.stream is not None:
         check_stream(load_registry(settings.registry_path), args.stream)
-    since = now_ms() - check_minutes(args.minutes)
+    window_ms, at_ms = check_minutes(args.minutes), now_ms()
+    since = at_ms - window_ms
+    counted_since = window_start_ms(at_ms, window_ms)  # counts come from the minute metrics: whole minutes
     store = Store(settings.store_url)
     try:
-        kinds = store.verdicts.kind_counts(since)
+        exceptions = store.verdicts.kind_counts(counted_since, excluding=[VerdictKind.DELIVERED.value])
+        kinds = verdict_counts(exceptions, store.verdicts.read_metrics(args.stream, since_ms=counted_since))
         lost = store.verdicts.page(verdicts=LOSS_VERDICTS, stream=args.stream, since_ms=since, limit=10)
         late = store.verdicts.page(stream=args.stream, since_ms=since, late_evidence=True, limit=1000)
-        beat = store.heartbeat.latest(VERDICT_QUERY)
+        beat = store.heartbeat.latest(DETECTOR_QUERY)
     finally:
         store.close()
     counts: dict[tuple[str, str], dict[str, int]] = {}
@@ -403,7 +414,12 @@ def _trace(args: argparse.Namespace, settings: KhipuSettings) -> int:
     store = Store(settings.store_url)
     try:
         report = message_report(
-            store, load_registry(settings.registry_path), settings.archive_dir, args.message_id, now_ms()
+            store,
+            load_registry(settings.registry_path),
+            settings.archive_dir,
+            args.message_id,
+            now_ms(),
+            settings.verdict_archive_dir,
         )
     except UnknownMessage as exc:
         print(f"khipu: {exc}", file=sys.stderr)
@@ -412,6 +428,8 @@ def _trace(args: argparse.Namespace, settings: KhipuSettings) -> int:
         store.close()
     if args.json:
         return _print_json(report)
+    if report.verdicts_note:
+        print(f"khipu: {report.verdicts_note}", file=sys.stderr)
     attributes = ", ".join(f"{k}={v}" for k, v in sorted(report.attributes.items()))
     print(
         f"message {report.message_id}  stream {report.stream or 'unknown'}"
@@ -438,10 +456,19 @@ def _trace(args: argparse.Namespace, settings: KhipuSettings) -> int:
 
 
 def _history(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    from khipu.verdicts.archive import VerdictArchive
+    from khipu.verdicts.read import verdicts_of, with_first_decisions
+
     store = Store(settings.store_url)
-    changes = store.verdicts.history(args.message_id)
-    current = {row["hop"]: row for row in store.verdicts.read_messages([args.message_id])}
-    store.close()
+    try:
+        with VerdictArchive(settings.verdict_archive_dir) as archive:
+            found = verdicts_of(store.verdicts, archive, [args.message_id])
+        changes = with_first_decisions(store.verdicts.history(args.message_id), found.rows)
+    finally:
+        store.close()
+    if found.note:
+        print(f"khipu: {found.note}", file=sys.stderr)
+    current = {row["hop"]: row for row in found.rows}
     if not current:
         print(f"no verdict stored for message {args.message_id!r}", file=sys.stderr)
         return 1
@@ -511,12 +538,16 @@ def _print_json(value: object) -> int:
 def _demo_recovery(args: argparse.Namespace, settings: KhipuSettings) -> int:
     from khipu.demo.recovery import recovery_report
     from khipu.resend.copies import count_resent
+    from khipu.verdicts.archive import VerdictArchive
+    from khipu.verdicts.read import all_verdicts
 
     stream = load_registry(settings.registry_path).stream(args.stream)
     truth = build_truth(read_ledger(args.ledger or settings.state_dir / "demo" / "ledger.jsonl"))
     store = Store(settings.store_url)
     try:
-        verdicts = [r for r in store.verdicts.read(stream=stream.name) if r["message_id"] in truth.messages]
+        with VerdictArchive(settings.verdict_archive_dir) as archive:
+            every = all_verdicts(store.verdicts, archive, stream=stream.name)
+        verdicts = [r for r in every if r["message_id"] in truth.messages]
     finally:
         store.close()
     topics = sorted({hop.topic.topic for hop in stream.route.hops if hop.topic.cluster == settings.cluster})

@@ -48,6 +48,13 @@ class KhipuSettings:
         """The raw-trace archive the detector writes and reconciliation, the view and ``khipu trace`` read."""
         return self.state_dir / "archive"
 
+    @property
+    def verdict_archive_dir(self) -> Path:
+        """The verdict archive (plain first-time DELIVERED verdicts, Parquet by hour, with its index): the
+        detector writes it; reconciliation, the view, ``khipu trace`` / ``history`` and the resend task read it.
+        A directory of its own, beside the trace archive: Spark reads the trace archive's root as one dataset."""
+        return self.state_dir / "verdicts"
+
     def kafka(self, environ: Mapping[str, str] | None = None) -> KafkaConnection:
         """The trace cluster's connection: bootstrap and cluster name from these settings, credentials
         (``KHIPU_KAFKA_*``) from the environment."""

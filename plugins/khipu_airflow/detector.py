@@ -26,7 +26,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from khipu.alerting.decide import DETECTOR_ALERT_KIND, detector_alert
 from khipu.alerting.model import AlertState, alert_from
 from khipu.detector.driver import read_driver_record, stop_driver
-from khipu.detector.job import VERDICT_QUERY, connector_jars, write_connections_file
+from khipu.detector.job import DETECTOR_QUERY, connector_jars, write_connections_file
 from khipu.detector.supervise import DetectorObservation, DetectorState, SupervisionConfig, judge_detector
 from khipu.localstack.processes import ProcessTable, Started
 from khipu.registry.loader import load_registry
@@ -88,7 +88,7 @@ def observe(store_conn_id: str) -> DetectorObservation:
     """
     store = KhipuStoreHook(store_conn_id).store()
     try:
-        beat = store.heartbeat.latest(VERDICT_QUERY)
+        beat = store.heartbeat.latest(DETECTOR_QUERY)
     finally:
         store.close()
     # its last sign of life: the end of its newest batch (a batch's heartbeat is stamped with its start)
@@ -175,6 +175,8 @@ def application_args(kafka_conn_id: str, store_conn_id: str) -> list[str]:
         str(checkpoint_dir()),
         "--archive",
         str(settings.archive_dir),
+        "--verdict-archive",
+        str(settings.verdict_archive_dir),
     ]
 
 

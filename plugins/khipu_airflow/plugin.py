@@ -2,8 +2,9 @@
 
 The app is mounted at ``/khipu``; the navigation entry ("Khipu", top level) shows ``/khipu/`` inside
 the Airflow UI. Every route of the app needs a valid Airflow login (see :mod:`khipu_airflow.view.app`).
-The view reads the store at ``KHIPU_STORE_URL``, the registry at ``KHIPU_REGISTRY`` and the trace
-archive under ``KHIPU_STATE_DIR/archive`` — the settings the detector and the CLI use.
+The view reads the store at ``KHIPU_STORE_URL``, the registry at ``KHIPU_REGISTRY``, the trace archive
+under ``KHIPU_STATE_DIR/archive`` and the verdict archive (plain DELIVERED verdicts) under
+``KHIPU_STATE_DIR/verdicts`` — the settings the detector and the CLI use.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def view_sources() -> ViewSources:
         load_registry=registry_reader(settings.registry_path),
         archive_dir=settings.archive_dir,
         cluster=settings.cluster,
+        verdict_archive_dir=settings.verdict_archive_dir,
     )
 
 

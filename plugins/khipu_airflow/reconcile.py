@@ -22,7 +22,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from khipu.detector.job import ARCHIVE_QUERY, write_connections_file
+from khipu.detector.job import DETECTOR_QUERY, write_connections_file
 from khipu.reconcile.window import (
     ArchiveCoverage,
     ReconcileWindow,
@@ -63,7 +63,7 @@ def archive_coverage(store_conn_id: str) -> ArchiveCoverage:
     hours = sorted(p.name.removeprefix("hour=") for p in archive_dir().glob("hour=*") if p.is_dir())
     store = Store(KhipuStoreHook(store_conn_id).url())
     try:
-        read_to = store.heartbeat.read_to_ms(ARCHIVE_QUERY)
+        read_to = store.heartbeat.read_to_ms(DETECTOR_QUERY)
     finally:
         store.close()
     return ArchiveCoverage(hours[0] if hours else None, read_to)
@@ -141,6 +141,8 @@ def job_args(window: ReconcileWindow, dry_run: bool) -> list[str]:
         str(settings.registry_path),
         "--archive",
         str(archive_dir()),
+        "--verdict-archive",
+        str(settings.verdict_archive_dir),
         "--connections-file",
         str(connections),
         "--summary-file",

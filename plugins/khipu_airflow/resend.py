@@ -31,7 +31,15 @@ def run_resend(selection: ResendSelection, store_conn_id: str, run_id: str) -> d
         raise AirflowFailException(str(exc)) from None
     store = KhipuStoreHook(store_conn_id).store()
     try:
-        resender = Resender(store, registry, cluster_connections(registry), now_ms, settings.archive_dir, wait_ms)
+        resender = Resender(
+            store,
+            registry,
+            cluster_connections(registry),
+            now_ms,
+            settings.archive_dir,
+            wait_ms,
+            verdict_archive_dir=settings.verdict_archive_dir,
+        )
         try:
             run = resender.run(selection, progress=log.info)
         except ResendRequestError as exc:

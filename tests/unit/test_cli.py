@@ -10,7 +10,8 @@ import pytest
 from khipu.cli import main
 from khipu.registry.loader import load_registry
 from khipu.store import Store
-from tests.viewdata import AUDIT_READ, ENRICH_WRITE, STREAM, Seeded, seed
+from tests.archived import seed_archived
+from tests.viewdata import AUDIT_READ, ENRICH_WRITE, PRODUCE, STORE_READ, STREAM, Seeded, seed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -132,6 +133,44 @@ def test_trace_lays_a_message_along_its_route_in_text_and_json(
     assert {h["hop"]: (h["verdict"] or {}).get("verdict") for h in report["hops"]} == stored
     assert main(["trace", "never-seen"]) == 1
     assert "no verdict and no archived trace of message 'never-seen'" in capsys.readouterr().err
+
+
+def test_trace_shows_archived_delivered_hops_beside_the_stores_loss_and_a_changed_one_as_stored(
+    seeded_store: tuple[Seeded, Store], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    seeded, store = seeded_store
+    archived = seed_archived(store, tmp_path / "state" / "verdicts", seeded.now_ms)
+    assert main(["trace", archived.partly_lost, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    expected = {
+        r["hop"]: r["verdict"] for r in archived.archived + archived.sql if r["message_id"] == archived.partly_lost
+    }
+    assert {h["hop"]: (h["verdict"] or {}).get("verdict") for h in report["hops"]} == expected
+    assert main(["trace", archived.partly_lost]) == 0
+    text = capsys.readouterr().out
+    assert f"{AUDIT_READ}: LOST/skipped_by_consumer" in text and f"{PRODUCE}: DELIVERED at" in text
+
+    assert main(["trace", archived.changed]) == 0
+    text = capsys.readouterr().out
+    assert f"{STORE_READ}: DUPLICATE/rewind_replay" in text and text.count(": DELIVERED at ") == 4
+
+
+def test_history_shows_an_archived_verdicts_decision_and_a_stored_change(
+    seeded_store: tuple[Seeded, Store], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    seeded, store = seeded_store
+    archived = seed_archived(store, tmp_path / "state" / "verdicts", seeded.now_ms)
+    assert main(["history", archived.changed, "--json"]) == 0
+    hops = {h["hop"]: h for h in json.loads(capsys.readouterr().out)}
+    produce = next(r for r in archived.archived if r["message_id"] == archived.changed and r["hop"] == PRODUCE)
+    assert [(c["from_verdict"], c["to_verdict"], c["at_ms"], c["reason"]) for c in hops[PRODUCE]["changes"]] == [
+        (None, "DELIVERED", produce["decided_ms"], "decided")
+    ]
+    assert [(c["from_verdict"], c["to_verdict"]) for c in hops[STORE_READ]["changes"]] == [("DELIVERED", "DUPLICATE")]
+    assert hops[STORE_READ]["now"]["verdict"] == "DUPLICATE"
+    assert main(["history", archived.changed]) == 0
+    text = capsys.readouterr().out
+    assert f"{PRODUCE}: DELIVERED\n    DELIVERED at " in text and f"{STORE_READ}: DUPLICATE/rewind_replay" in text
 
 
 def test_health_shows_time_lag_and_reason_and_refuses_an_unknown_group(

@@ -23,6 +23,12 @@ def test_broker_port_moves_the_default_bootstrap_and_env_round_trips() -> None:
     assert settings.state_dir == Path("/tmp/x")
 
 
+def test_the_verdict_archive_sits_beside_the_trace_archive_in_a_directory_of_its_own() -> None:
+    settings = KhipuSettings.from_env({"KHIPU_STATE_DIR": "/tmp/x"})
+    assert settings.archive_dir == Path("/tmp/x/archive") and settings.verdict_archive_dir == Path("/tmp/x/verdicts")
+    assert not settings.verdict_archive_dir.is_relative_to(settings.archive_dir)  # Spark reads that root whole
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [

@@ -197,6 +197,11 @@ class RecordRemovals:
         first_gone = evidence.first_gone_ms if evidence is not None else None
         return Removal(start, first_gone if first_gone is not None else now, retention_ms, retention_bytes)
 
+    def log_start(self, cluster: str, topic: str, partition: int) -> int | None:
+        """The partition's log-start offset as this lookup knows it (cached ``cache_ms``); None: not known.
+        A record below it may have left the log: only then is the full :meth:`__call__` worth asking."""
+        return self._log_start(cluster, topic, partition, time.time_ns() // 1_000_000)
+
     def _log_start(self, cluster: str, topic: str, partition: int, now: int) -> int | None:
         cached = self._starts.get((cluster, topic, partition))
         if cached is not None and now - cached[0] < self.cache_ms:

@@ -1,10 +1,12 @@
-"""The detector job: its settings, the connections file it reads its secrets from, and its streaming queries.
+"""The detector job: its settings, the connections file it reads its secrets from, and its streaming query.
 
-Two queries read the trace topic with Spark's own Kafka source (``format("kafka")``, the
-``spark-sql-kafka-0-10`` connector from ``.jvm/spark-kafka/``): ``khipu_verdicts`` (decode ->
-stateful verdicts -> store, lost topic, metrics) and ``khipu_archive`` (decode -> Parquet archive,
-quarantine, back-pointers, emitter sequences). Both keep their progress in their own checkpoint
-under ``checkpoint_dir``.
+One query, ``khipu_detector``, reads the trace topic once with Spark's own Kafka source
+(``format("kafka")``, the ``spark-sql-kafka-0-10`` connector from ``.jvm/spark-kafka/``), decodes it
+once in the JVM, and sends every record through the stateful processor, keyed by a hash bucket of
+message ids (:mod:`khipu.detector.processor`); what comes out — verdicts, and the records themselves —
+is written per micro-batch by :class:`khipu.detector.outputs.DetectorWriter`: verdicts (store,
+verdict archive, lost topic, metrics), the raw-trace archive, quarantine, back-pointers and emitter
+sequences. Its progress is kept in ``checkpoint_dir/khipu_detector``.
 
 Secrets (SASL passwords, the store's password) never travel on a command line: a supervisor
 writes them to a connections file only its user can read (:func:`write_connections_file`) and
@@ -13,6 +15,7 @@ passes its path.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from khipu.detector.committed import (
@@ -31,17 +35,20 @@ from khipu.detector.committed import (
     RecordRemovals,
     StreamReadProgress,
 )
-from khipu.detector.model import ARCHIVE_QUERY, VERDICT_QUERY, DetectorConfig
-from khipu.detector.outputs import ArchiveWriter, HeartbeatListener, VerdictWriter
-from khipu.detector.parse import parse_traces, valid
-from khipu.detector.processor import VERDICT_SCHEMA, VerdictProcessor
+from khipu.detector.model import DETECTOR_QUERY, DetectorConfig
+from khipu.detector.outputs import BatchFigures, DetectorWriter, HeartbeatListener
+from khipu.detector.parse import parse_traces
+from khipu.detector.processor import INPUT_SCHEMA, MALFORMED, MARK, OUTPUT_SCHEMA, TRACE, VerdictProcessor
+from khipu.detector.routes import RoutePlans
 from khipu.errors import InvalidSetting
 from khipu.kafka import KafkaConnection
 from khipu.registry.loader import load_registry
 from khipu.settings import project_root
 
-__all__ = ["ARCHIVE_QUERY", "VERDICT_QUERY", "DetectorJob", "connector_jars", "start_detector"]
+__all__ = ["DETECTOR_QUERY", "DetectorJob", "connector_jars", "start_detector"]
 CONNECTOR_JARS = project_root() / ".jvm" / "spark-kafka"
+DEFAULT_BUCKETS = 32
+DEFAULT_MAX_OFFSETS_PER_TRIGGER = 250_000  # a batch's bound: ten seconds of work here, well inside the staleness limit
 
 
 class DetectorJobError(InvalidSetting):
@@ -64,19 +71,23 @@ class DetectorJob:
     trace_connection: KafkaConnection  # the cluster of the trace topic and the lost topic
     store_url: str = field(repr=False)  # may hold a password
     checkpoint_dir: Path
-    archive_dir: Path
+    archive_dir: Path  # the raw-trace archive
+    verdicts_dir: Path  # the verdict archive: plain DELIVERED verdicts (khipu.verdicts.archive)
     trace_topic: str = "khipu.traces"
     lost_topic: str | None = "khipu.lost"
     cluster_connections: Mapping[str, KafkaConnection] = field(default_factory=dict)  # per registry cluster
     starting_offsets: str = "earliest"
     trigger_seconds: float = 5.0
-    max_offsets_per_trigger: int | None = None
+    max_offsets_per_trigger: int | None = DEFAULT_MAX_OFFSETS_PER_TRIGGER
     shuffle_partitions: int = 4
+    buckets: int = DEFAULT_BUCKETS  # messages' state is kept per hash bucket of their ids; fixed for a checkpoint
     detector: DetectorConfig = field(default_factory=DetectorConfig)
 
     def __post_init__(self) -> None:
         if not self.trigger_seconds > 0:
             raise DetectorJobError("trigger_seconds", self.trigger_seconds, "a number of seconds > 0")
+        if not 1 <= self.buckets <= 4096:
+            raise DetectorJobError("buckets", self.buckets, "an integer from 1 to 4096, the same for a checkpoint")
         if self.max_offsets_per_trigger is not None and self.max_offsets_per_trigger < 1:
             raise DetectorJobError("max_offsets_per_trigger", self.max_offsets_per_trigger, "an integer >= 1, or none")
 
@@ -163,6 +174,31 @@ def read_traces(spark: SparkSession, job: DetectorJob) -> DataFrame:
     return reader.load()
 
 
+def prepare(parsed: DataFrame, plans: RoutePlans, buckets: int) -> DataFrame:
+    """The processor's input (:data:`khipu.detector.processor.INPUT_SCHEMA`): every parsed record with its kind,
+    its bucket (a hash of the message id; an emitter mark's of its emitter) and, for a trace, the number of its
+    hop (``-1``: no hop of the registry's routes). Lists travel as text to keep the Python side cheap."""
+    keys = plans.hop_keys()
+    actor = F.when(F.col("type") == "SENT", F.col("location")).otherwise(F.col("group"))
+    key = F.concat_ws("|", "stream", "type", "cluster", "topic", actor)
+    hop = F.lit(-1)
+    if keys:
+        hop = F.coalesce(F.create_map(*[F.lit(x) for pair in sorted(keys.items()) for x in pair])[key], F.lit(-1))
+    kind = (
+        F.when(F.col("malformed"), F.lit(MALFORMED)).when(F.col("type") == "MARK", F.lit(MARK)).otherwise(F.lit(TRACE))
+    )
+    identity = F.coalesce(F.col("message_id"), F.col("emitter_id"), F.col("source_offset").cast("string"))
+    columns = {
+        "bucket": F.pmod(F.xxhash64(identity), F.lit(buckets)).cast("int"),
+        "kind": kind,
+        "hop": F.when(kind == TRACE, hop).cast("int"),
+        "prev_offsets": F.array_join("prev_offsets", ","),
+        "received": F.to_json("received"),
+    }
+    names = [part.split()[0].strip("`") for part in INPUT_SCHEMA.split(", ")]
+    return parsed.select(*[columns[name].alias(name) if name in columns else F.col(f"`{name}`") for name in names])
+
+
 def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery]:
     registry = load_registry(job.registry_path)
     spark.conf.set("spark.sql.shuffle.partitions", str(job.shuffle_partitions))
@@ -171,45 +207,44 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         "spark.sql.streaming.stateStore.providerClass",
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
     )
-    spark.streams.addListener(HeartbeatListener(job.store_url))
+    spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+    figures = BatchFigures()
+    spark.streams.addListener(HeartbeatListener(job.store_url, job.trace_topic, figures))
     clients = ClusterClients(job.connections_by_cluster(sorted(registry.clusters)), job.store_url)
-    committed = CommittedOffsets(clients)
-    trigger = {"processingTime": f"{job.trigger_seconds} seconds"}
-
-    verdicts = (
-        valid(parse_traces(read_traces(spark, job), registry.streams))
-        .groupBy("message_id")
-        .transformWithState(
-            statefulProcessor=VerdictProcessor(
-                registry,
-                committed,
-                job.detector,
-                PointedPositions(job.store_url),
-                StreamReadProgress(job.store_url, (VERDICT_QUERY, ARCHIVE_QUERY)),
-                RecordRemovals(clients),
-            ),
-            outputStructType=VERDICT_SCHEMA,
-            outputMode="Update",
-            timeMode="ProcessingTime",
+    removals = RecordRemovals(clients)
+    plans = RoutePlans.of(registry)
+    processor = VerdictProcessor(
+        registry,
+        CommittedOffsets(clients),
+        job.detector,
+        PointedPositions(job.store_url),
+        StreamReadProgress(job.store_url, (DETECTOR_QUERY,)),
+        removals,
+        removals.log_start,
+    )
+    judged = (
+        prepare(parse_traces(read_traces(spark, job), registry.streams), plans, job.buckets)
+        .groupBy("bucket")
+        .transformWithStateInPandas(
+            statefulProcessor=processor, outputStructType=OUTPUT_SCHEMA, outputMode="Update", timeMode="ProcessingTime"
         )
     )
-    verdict_query = (
-        verdicts.writeStream.queryName(VERDICT_QUERY)
-        .foreachBatch(VerdictWriter(job.store_url, job.lost_topic, job.trace_connection))
-        .option("checkpointLocation", str(job.checkpoint_dir / VERDICT_QUERY))
-        .trigger(**trigger)
+    writer = DetectorWriter(
+        job.store_url,
+        str(job.archive_dir),
+        str(job.verdicts_dir),
+        job.lost_topic,
+        job.trace_connection,
+        keep_pointers_ms=2 * job.detector.max_wait_ms + 3_600_000,
+        known_streams=tuple(registry.streams),
+        part=f"detector:{hashlib.sha1(str(job.checkpoint_dir.resolve()).encode()).hexdigest()[:12]}",
+        figures=figures,
+    )
+    query = (
+        judged.writeStream.queryName(DETECTOR_QUERY)
+        .foreachBatch(writer)
+        .option("checkpointLocation", str(job.checkpoint_dir / DETECTOR_QUERY))
+        .trigger(processingTime=f"{job.trigger_seconds} seconds")
         .start()
     )
-    archive_query = (
-        parse_traces(read_traces(spark, job), registry.streams)
-        .writeStream.queryName(ARCHIVE_QUERY)
-        .foreachBatch(
-            ArchiveWriter(
-                job.store_url, str(job.archive_dir), 2 * job.detector.max_wait_ms + 3_600_000, tuple(registry.streams)
-            )
-        )
-        .option("checkpointLocation", str(job.checkpoint_dir / ARCHIVE_QUERY))
-        .trigger(**trigger)
-        .start()
-    )
-    return [verdict_query, archive_query]
+    return [query]

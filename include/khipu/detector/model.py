@@ -9,7 +9,7 @@ from enum import StrEnum
 
 from khipu.errors import InvalidSetting
 
-VERDICT_QUERY, ARCHIVE_QUERY = "khipu_verdicts", "khipu_archive"  # the detector's two streaming queries
+DETECTOR_QUERY = "khipu_detector"  # the detector's streaming query (its heartbeat's name)
 
 
 class VerdictKind(StrEnum):

@@ -21,19 +21,30 @@ import json
 import logging
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import Producer
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from khipu.detector import records
+from khipu.detector.clock import read_to_ms, source_offsets
 from khipu.detector.gaps import record_emitter_sequences
 from khipu.detector.model import VerdictKind
-from khipu.detector.parse import archived, pointers, quarantine_reason, quarantined, sequences
+from khipu.detector.parse import TRACE_NAMES, quarantine_reason
+from khipu.detector.processor import MALFORMED, MARK, STATS, TRACE, VERDICT
 from khipu.kafka import KafkaConnection
-from khipu.reconcile.book import VerdictBook, verdict_of, verdict_row
+from khipu.reconcile.book import Recorded, VerdictBook, verdict_of, verdict_row
+from khipu.reconcile.settle import Change
 from khipu.store import Store
+from khipu.trace.archive import HOUR_MS, hour_of
+from khipu.verdicts.archive import COLUMNS as ARCHIVE_COLUMNS
+from khipu.verdicts.archive import VerdictArchive, conform, verdict_table
+from khipu.verdicts.metrics import counts_by_minute_columns, metrics_of
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY_MS = 60_000
@@ -43,22 +54,201 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class VerdictWriter:
-    """foreachBatch of the verdict query."""
+class BatchFigures:
+    """What the writer learns of each batch that the heartbeat reports (shared in the driver): messages in flight
+    and state bytes per bucket, as the processor last reported them, and the newest record time read from each
+    trace-topic partition (:mod:`khipu.detector.clock`)."""
 
-    def __init__(self, store_url: str, lost_topic: str | None, connection: KafkaConnection) -> None:
-        self.store_url, self.lost_topic, self.connection = store_url, lost_topic, connection
+    def __init__(self) -> None:
+        self._buckets: dict[int, tuple[int, int]] = {}
+        self.newest_read_ms: dict[int, int] = {}
+
+    def report(self, bucket: int, messages: int, state_bytes: int) -> None:
+        self._buckets[bucket] = (messages, state_bytes)
+
+    def read(self, partition: int, newest_ms: int) -> None:
+        self.newest_read_ms[partition] = max(newest_ms, self.newest_read_ms.get(partition, newest_ms))
+
+    @property
+    def messages(self) -> int:
+        return sum(m for m, _ in self._buckets.values())
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(b for _, b in self._buckets.values())
+
+
+class DetectorWriter:
+    """foreachBatch of the detector's query: what the processor let through and decided, to where it goes."""
+
+    def __init__(
+        self,
+        store_url: str,
+        archive_path: str,
+        verdict_archive_path: str,
+        lost_topic: str | None,
+        connection: KafkaConnection,
+        keep_pointers_ms: int,
+        known_streams: tuple[str, ...],
+        part: str = "detector",
+        figures: BatchFigures | None = None,
+    ) -> None:
+        self.store_url, self.archive_path, self.keep_pointers_ms = store_url, archive_path, keep_pointers_ms
+        self.verdict_archive_path = verdict_archive_path
+        self.lost_topic, self.connection, self.known_streams = lost_topic, connection, known_streams
+        self.part = part  # the metric parts' prefix: one per checkpoint (its batch ids are this writer's)
+        self.figures = figures if figures is not None else BatchFigures()
         self._store: Store | None = None
+        self._verdict_archive: VerdictArchive | None = None
         self._producer: Producer | None = None
+        self._pruned_ms = 0
 
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        rows = [row.asDict() for row in batch.collect()]
-        if not rows:
-            return
+    @property
+    def store(self) -> Store:
         if self._store is None:
             self._store = Store(self.store_url)
-        judged = [verdict_of(row) for row in rows]
-        recorded = VerdictBook(self._store.verdicts).record(judged, _now_ms())
+        return self._store
+
+    @property
+    def verdict_archive(self) -> VerdictArchive:
+        if self._verdict_archive is None:
+            self._verdict_archive = VerdictArchive(Path(self.verdict_archive_path))
+        return self._verdict_archive
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        batch.persist()
+        spent: dict[str, float] = {}
+        clock = time.perf_counter()
+
+        def lap(step: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            spent[step] = now - clock
+            clock = now
+
+        try:
+            collected = batch.select(*sorted({*DECIDED_COLUMNS, *records.COLUMNS})).toArrow()
+            lap("judge")
+            kinds = collected.column("kind")
+            passed = collected.filter(pc.is_in(kinds, pa.array([TRACE, MARK, MALFORMED])))
+            traces = int(pc.sum(pc.equal(passed.column("kind"), TRACE)).as_py() or 0)
+            if traces:
+                self._archive_traces(batch, batch_id)
+            lap("archive")
+            for partition, newest in records.newest_read(passed).items():
+                self.figures.read(partition, newest)
+            found, numbered = self._channel(passed, batch_id)
+            lap("channel")
+            for row in (
+                collected.filter(pc.equal(kinds, STATS)).select(["bucket", "in_flight", "state_bytes"]).to_pylist()
+            ):
+                self.figures.report(int(row["bucket"]), int(row["in_flight"]), int(row["state_bytes"]))
+            verdicts = collected.filter(pc.equal(kinds, VERDICT)).select(list(DECIDED_COLUMNS))
+            archived, stored, lost = self._verdicts(verdicts, batch_id)
+            lap("verdicts")
+            log.info(
+                "batch %d: %d traces, %d verdicts (%d LOST), %d archived, %d stored; %d pointers, %d sequence "
+                "numbers; %d messages in flight; %s",
+                batch_id,
+                traces,
+                verdicts.num_rows,
+                lost,
+                archived,
+                stored,
+                found,
+                numbered,
+                self.figures.messages,
+                ", ".join(f"{step} {seconds * 1000:.0f} ms" for step, seconds in spent.items()),
+            )
+        finally:
+            batch.unpersist()
+
+    def _archive_traces(self, batch: DataFrame, batch_id: int) -> None:
+        """The batch's traces to the raw-trace archive: Parquet by hour and batch (a replay overwrites its own)."""
+        traces = (
+            batch.where(F.col("kind") == TRACE)
+            .select(
+                *[F.col(f"`{name}`") for name in TRACE_NAMES],
+                F.when(F.col("prev_offsets").isNotNull(), F.split("prev_offsets", ",").cast("array<bigint>")).alias(
+                    "prev_offsets"
+                ),
+            )
+            .withColumn("hour", F.date_format(F.timestamp_millis("timestamp_ms"), "yyyy-MM-dd-HH"))
+            .withColumn("batch_id", F.lit(batch_id))
+        )
+        (
+            traces.write.mode("overwrite")
+            .option("partitionOverwriteMode", "dynamic")
+            .partitionBy("hour", "batch_id")
+            .parquet(self.archive_path)
+        )
+
+    def _channel(self, passed: pa.Table, batch_id: int) -> tuple[int, int]:
+        """Back-pointers, emitter sequence numbers and malformed records: the trace channel's own health."""
+        now = _now_ms()
+        found = records.pointers(passed)
+        self.store.channel.record_pointers(found, now)
+        if now - self._pruned_ms >= PRUNE_EVERY_MS:
+            self.store.channel.prune_pointers(now - self.keep_pointers_ms)
+            # decisions older than this are not looked for again: a trace that late is judged as a new message's
+            self.verdict_archive.index.prune(now - self.keep_pointers_ms)
+            self._pruned_ms = now
+        numbered = records.sequence_numbers(passed)
+        gaps = record_emitter_sequences(self.store.channel, numbered, now)
+        if gaps:
+            log.warning("batch %d: %d new gaps in emitter sequences (lost traces)", batch_id, gaps)
+        bad = [
+            {**row, "quarantine_reason": quarantine_reason(row["raw_value"], self.known_streams)}
+            for row in records.malformed(passed)
+        ]
+        if bad:
+            added = self.store.channel.add_quarantine(bad, _now_ms())
+            log.warning("batch %d: %d malformed trace records quarantined (%d new)", batch_id, len(bad), added)
+        return len(found), len(numbered)
+
+    def _verdicts(self, verdicts: pa.Table, batch_id: int) -> tuple[int, int, int]:
+        """The batch's verdicts to where they go: a fresh message's plain DELIVERED verdicts to the verdict
+        archive (with their minutes' counts as the batch's metric part), every other verdict settled against
+        what is stored (late evidence never makes one worse) into the SQL store; LOST ones to the lost topic.
+        Idempotent: a replayed batch replaces its archive files, index rows and metric part, and settles
+        against the rows its first run stored. Returns (archived, stored in SQL, LOST published)."""
+        archive, index = self.verdict_archive, self.verdict_archive.index
+        index.forget_batch(batch_id)  # a replay's own rows are not earlier decisions
+        ids = pc.unique(verdicts.column("message_id")).to_pylist()
+        earlier = index.find(ids) if ids else {}
+        first_seen = dict(
+            zip(verdicts.column("message_id").to_pylist(), verdicts.column("first_seen_ms").to_pylist(), strict=True)
+        )
+        again = {m for m, found in earlier.items() if any(d.first_seen_ms != first_seen.get(m) for d in found)}
+        fresh_clean = pc.and_(
+            pc.equal(verdicts.column("judged_by"), "clean"),
+            pc.invert(pc.is_in(verdicts.column("message_id"), pa.array(sorted(again), pa.string()))),
+        )
+        direct = _archive_rows(verdicts.filter(fresh_clean))
+        judged = [verdict_of(_verdict_row(row)) for row in verdicts.filter(pc.invert(fresh_clean)).to_pylist()]
+        recorded = Recorded([], {})
+        if judged:
+            before = {
+                (str(row["message_id"]), str(row["hop"])): verdict_of(row)
+                for row in archive.read_messages(
+                    again, hours={h for m in again for d in earlier[m] for h in (d.hour, _next_hour(d.hour))}
+                )
+            } if again else {}  # fmt: skip
+            recorded = VerdictBook(self.store.verdicts).record(judged, _now_ms(), archived=before, apart=_plain_new)
+        apart = verdict_table([verdict_row(v) for v in recorded.apart])
+        archived = pa.concat_tables([direct, apart]) if apart.num_rows else direct
+        archive.write_batch(batch_id, archived)
+        counts = counts_by_minute_columns(
+            archived.column("stream"), archived.column("hop"), archived.column("verdict"),
+            archived.column("decided_ms"), archived.column("latency_ms"),
+        )  # fmt: skip
+        self.store.verdicts.replace_part(f"{self.part}:{batch_id}", counts, metrics_of)
+        decided_ms = verdicts.column("decided_ms")
+        hours = {
+            m: hour_of(int(ms))
+            for m, ms in zip(verdicts.column("message_id").to_pylist(), decided_ms.to_pylist(), strict=True)
+        }
+        index.record(batch_id, [(m, first_seen.get(m), hours[m]) for m in ids])
         # a LOST this state said and the store keeps goes out, again on a replayed batch (at least once)
         lost = [
             verdict_row(stored)
@@ -70,15 +260,7 @@ class VerdictWriter:
         ]
         if lost and self.lost_topic:
             self._publish_lost(self.lost_topic, lost)
-        late = sum(1 for change in recorded.changes if change.verdict.late_evidence)
-        log.info(
-            "batch %d: %d verdicts, %d stored (%d LOST, %d with late evidence)",
-            batch_id,
-            len(judged),
-            len(recorded.changes),
-            len(lost),
-            late,
-        )
+        return archived.num_rows, len(recorded.changes), len(lost)
 
     def _publish_lost(self, topic: str, lost: list[dict[str, Any]]) -> None:
         if self._producer is None:
@@ -90,74 +272,44 @@ class VerdictWriter:
             raise RuntimeError(f"{remaining} LOST verdicts not acknowledged by topic {topic!r}")
 
 
-class ArchiveWriter:
-    """foreachBatch of the parse query: valid traces to the archive, malformed records to quarantine."""
+# the processor's output columns a verdict (or a bucket's stats) needs
+DECIDED_COLUMNS = (
+    "kind", "bucket", "in_flight", "state_bytes", "message_id", "stream", "hop_id", "hop_kind", "verdict", "cause",
+    "count", "topic", "partition", "offset", "group", "location", "observed_ms", "latency_ms", "e2e_latency_ms",
+    "decided_ms", "detail", "first_seen_ms", "judged_by",
+)  # fmt: skip
 
-    def __init__(
-        self, store_url: str, archive_path: str, keep_pointers_ms: int, known_streams: tuple[str, ...]
-    ) -> None:
-        self.store_url, self.archive_path, self.keep_pointers_ms = store_url, archive_path, keep_pointers_ms
-        self.known_streams = known_streams
-        self._store: Store | None = None
-        self._pruned_ms = 0
 
-    def __call__(self, parsed: DataFrame, batch_id: int) -> None:
-        parsed.persist()
-        spent: dict[str, float] = {}
-        clock = time.perf_counter()
+def _plain_new(change: Change) -> bool:
+    """A change the verdict archive keeps: a first-time DELIVERED of the detector, without late evidence."""
+    verdict = change.verdict
+    return (
+        change.previous is None
+        and verdict.kind is VerdictKind.DELIVERED
+        and not verdict.late_evidence
+        and verdict.decided_by == "detector"
+    )
 
-        def lap(step: str) -> None:
-            nonlocal clock
-            now = time.perf_counter()
-            spent[step] = now - clock
-            clock = now
 
-        try:
-            traces = (
-                archived(parsed)
-                .withColumn("hour", F.date_format(F.timestamp_millis("timestamp_ms"), "yyyy-MM-dd-HH"))
-                .withColumn("batch_id", F.lit(batch_id))
-            )
-            (
-                traces.write.mode("overwrite")
-                .option("partitionOverwriteMode", "dynamic")
-                .partitionBy("hour", "batch_id")
-                .parquet(self.archive_path)
-            )
-            lap("archive")
-            if self._store is None:
-                self._store = Store(self.store_url)
-            now = _now_ms()
-            found = [tuple(row) for row in pointers(parsed).collect()]
-            lap("pointers read")
-            self._store.channel.record_pointers(found, now)
-            if now - self._pruned_ms >= PRUNE_EVERY_MS:
-                self._store.channel.prune_pointers(now - self.keep_pointers_ms)
-                self._pruned_ms = now
-            lap("pointers stored")
-            numbered = [tuple(row) for row in sequences(parsed).collect()]
-            lap("sequences read")
-            gaps = record_emitter_sequences(self._store.channel, numbered, now)
-            lap("sequences stored")
-            if gaps:
-                log.warning("batch %d: %d new gaps in emitter sequences (lost traces)", batch_id, gaps)
-            bad = [
-                {**row.asDict(), "quarantine_reason": quarantine_reason(row.raw_value, self.known_streams)}
-                for row in quarantined(parsed).collect()
-            ]
-            if bad:
-                added = self._store.channel.add_quarantine(bad, _now_ms())
-                log.warning("batch %d: %d malformed trace records quarantined (%d new)", batch_id, len(bad), added)
-            lap("quarantine")
-            log.info(
-                "archive batch %d: %d pointers, %d sequence numbers; %s",
-                batch_id,
-                len(found),
-                len(numbered),
-                ", ".join(f"{step} {seconds * 1000:.0f} ms" for step, seconds in spent.items()),
-            )
-        finally:
-            parsed.unpersist()
+def _archive_rows(verdicts: pa.Table) -> pa.Table:
+    """The clean judge's DELIVERED verdicts as the verdict archive keeps them (its columns, no Python per row)."""
+    n = verdicts.num_rows
+    columns = {name: verdicts.column(name) for name in verdicts.column_names}
+    columns["hop"] = columns.pop("hop_id")
+    columns["group_id"] = columns.pop("group")
+    columns["decided_by"] = pa.array(["detector"] * n, pa.string())
+    columns["evidence_kind"] = pa.nulls(n, pa.string())
+    columns["late_evidence"] = pa.array([False] * n, pa.bool_())
+    return conform(pa.table({name: columns[name] for name in ARCHIVE_COLUMNS}))
+
+
+def _next_hour(hour: str) -> str:
+    return hour_of(int(datetime.strptime(hour, "%Y-%m-%d-%H").replace(tzinfo=UTC).timestamp() * 1000) + HOUR_MS)
+
+
+def _verdict_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A processor output row of a verdict as the verdict book reads it."""
+    return {**row, "hop": row["hop_id"]}
 
 
 def _offsets(raw: Any) -> Any:
@@ -168,11 +320,13 @@ def _offsets(raw: Any) -> Any:
 
 
 class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
-    """Every query's progress into the store: last batch time, rates, duration, state rows, and whether
-    the batch read everything its source held (what lets verdicts wait for a detector that is behind)."""
+    """Every query's progress into the store: last batch time, rates, duration, messages in flight and their
+    state's bytes (``state_rows`` / ``state_bytes``, from the processor's own count), and whether the batch
+    read everything its source held (what lets verdicts wait for a detector that is behind)."""
 
-    def __init__(self, store_url: str) -> None:
+    def __init__(self, store_url: str, topic: str | None = None, figures: BatchFigures | None = None) -> None:
         self.store = Store(store_url)
+        self.topic, self.figures = topic, figures
         self.names: dict[str, str] = {}  # query id -> name (idle events carry only the id)
 
     def onQueryStarted(self, event: Any) -> None:
@@ -196,11 +350,23 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
                 "input_rows_per_s": float(progress.inputRowsPerSecond or 0.0),
                 "processed_rows_per_s": float(progress.processedRowsPerSecond or 0.0),
                 "batch_duration_ms": int(progress.batchDuration or 0),
-                "state_rows": sum(int(op.numRowsTotal) for op in operators),
-                "state_bytes": sum(int(op.memoryUsedBytes) for op in operators),
+                "state_rows": self.figures.messages
+                if self.figures is not None
+                else sum(int(op.numRowsTotal) for op in operators),
+                "state_bytes": self.figures.state_bytes
+                if self.figures is not None
+                else sum(int(op.memoryUsedBytes) for op in operators),
+                "read_to_ms": self._read_to(progress, sources),
                 "caught_up": caught_up,
             }
         )
+
+    def _read_to(self, progress: Any, sources: list[Any]) -> int | None:
+        if self.topic is None or self.figures is None or len(sources) != 1:
+            return None
+        end = source_offsets(sources[0].endOffset, self.topic)
+        latest = source_offsets(sources[0].latestOffset, self.topic)
+        return None if end is None else read_to_ms(_ms(progress.timestamp), end, latest, self.figures.newest_read_ms)
 
     def onQueryIdle(self, event: Any) -> None:
         """An idle query has read everything there is: a caught-up heartbeat with no rows."""
@@ -217,6 +383,7 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
                 "state_rows": None,
                 "state_bytes": None,
                 "caught_up": True,
+                "read_to_ms": _ms(event.timestamp),
             }
         )
 

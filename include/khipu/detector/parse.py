@@ -50,7 +50,7 @@ PARSED_SCHEMA = (
     f"{TRACE_COLUMNS}, {POINTER_COLUMNS}, malformed boolean, raw_value binary, source_topic string, "
     "source_partition int, source_offset long, kafka_timestamp_ms long"
 )
-_TRACE_FIELDS = [part.split()[0].strip("`") for part in TRACE_COLUMNS.split(", ")]
+TRACE_NAMES = [part.split()[0].strip("`") for part in TRACE_COLUMNS.split(", ")]
 _POSITION = ["location", "cluster", "topic", "partition", "offset"]
 _JSON = "_j"
 
@@ -247,13 +247,13 @@ def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFra
 
 def valid(parsed: DataFrame) -> DataFrame:
     """The traces (emitter marks left out)."""
-    return parsed.where("NOT malformed AND type <> 'MARK'").select(*[f"`{name}`" for name in _TRACE_FIELDS])
+    return parsed.where("NOT malformed AND type <> 'MARK'").select(*[f"`{name}`" for name in TRACE_NAMES])
 
 
 def archived(parsed: DataFrame) -> DataFrame:
     """The traces with their back-pointers: what the raw-trace archive keeps."""
     return parsed.where("NOT malformed AND type <> 'MARK'").select(
-        *[f"`{name}`" for name in _TRACE_FIELDS], "prev_offsets"
+        *[f"`{name}`" for name in TRACE_NAMES], "prev_offsets"
     )
 
 

@@ -1,22 +1,19 @@
-"""The stateful processor: keyed by message id, it gathers traces and applies :func:`decide`.
+"""The stateful processor: Spark's ``transformWithStateInPandas`` keyed by a hash bucket of message ids.
 
-It runs under ``transformWithState`` (rows in, rows out): measured 2.8x faster here than
-``transformWithStateInPandas``, which builds a pandas frame for every message. State per
-message is one value: its traces (compact JSON), when it was first seen, the memo of when each
-group was first seen past it, the hops already given a verdict, and its pending timer. One value
-because every state call of Spark's Python ``transformWithState`` is a round trip to the JVM's
-state server: one read and one write per evaluation, and the timer touched only when its time
-changes. A decided message's state is dropped at once (Inca's shortcut); the TTL is only a
-safety net. So state stays proportional to messages in flight, not to traffic.
+Per bucket and micro-batch: one state read, one state write, at most one timer change
+(:mod:`khipu.detector.bucket` holds the state and the judging). Every parsed record of the trace
+topic passes through it once, so the job reads and decodes the topic once for everything it writes:
+traces (for the archive), emitter marks and malformed records leave unchanged, with the verdicts,
+and one ``stats`` row per bucket evaluated (messages in flight and state bytes, for the heartbeat).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pyspark.sql import Row
+import numpy as np
+import pandas as pd
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
     StatefulProcessor,
@@ -24,40 +21,35 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
-from khipu.detector.decide import decide
+from khipu.detector.bucket import TRACE_STATE, VERDICT_COLUMNS, BucketJudge, BucketState, LogStartLookup, Lookups
 from khipu.detector.model import (
     CommittedLookup,
     DetectorConfig,
     PointerLookup,
     RemovalLookup,
-    Verdict,
     nothing_pointed_at,
     nothing_removed,
 )
-from khipu.detector.parse import TRACE_COLUMNS
-from khipu.reconcile.book import verdict_row as stored_row
+from khipu.detector.routes import RoutePlans
 from khipu.registry.model import Registry
-from khipu.trace.model import Trace, trace_from_columns
 
-VERDICT_SCHEMA = (
-    "message_id string, stream string, hop string, hop_kind string, verdict string, cause string, count int, "
-    "topic string, partition int, offset long, `group` string, location string, observed_ms long, "
-    "latency_ms long, e2e_latency_ms long, decided_ms long, detail string, first_seen_ms long"
+TRACE, MARK, MALFORMED, VERDICT, STATS = "trace", "mark", "malformed", "verdict", "stats"
+# what enters the processor: every parsed record of the trace topic, with its bucket and (traces) hop
+INPUT_SCHEMA = (
+    "bucket int, kind string, message_id string, stream string, location string, cluster string, type string, "
+    "timestamp_ms long, topic string, partition int, offset long, `group` string, emitter_id string, "
+    "emitter_seq long, sampling_percent double, attributes string, hop int, prev_offsets string, received string, "
+    "raw_value binary, source_topic string, source_partition int, source_offset long, kafka_timestamp_ms long"
 )
-VERDICT_FIELDS = [part.split()[0].strip("`") for part in VERDICT_SCHEMA.split(", ")]
-TRACE_FIELDS = [part.split()[0].strip("`") for part in TRACE_COLUMNS.split(", ")]
-MESSAGE_SCHEMA = "traces string, first_seen_ms long, passed_at string, emitted string, timer_ms long"
-SAFETY_TTL_MS = 3_600_000  # beyond max_wait: state a bug left behind still goes
-
-
-def trace_from_row(row: tuple[Any, ...]) -> Trace:
-    return trace_from_columns(dict(zip(TRACE_FIELDS, row, strict=True)))
-
-
-def verdict_row(verdict: Verdict) -> dict[str, Any]:
-    """The processor's output row of a verdict (the columns of :data:`VERDICT_SCHEMA`)."""
-    row = stored_row(verdict)
-    return {name: row[name] for name in VERDICT_FIELDS}
+# what leaves it: the input's columns, and the verdicts' and the stats' own
+OUTPUT_SCHEMA = (
+    f"{INPUT_SCHEMA}, hop_id string, hop_kind string, verdict string, cause string, count int, observed_ms long, "
+    "latency_ms long, e2e_latency_ms long, decided_ms long, detail string, first_seen_ms long, judged_by string, "
+    "in_flight long, state_bytes long"
+)
+OUTPUT_COLUMNS = [part.split()[0].strip("`") for part in OUTPUT_SCHEMA.split(", ")]
+STATE_SCHEMA = "blob binary, timer_ms long"
+_RENAMED = {"hop": "hop_id"}  # a verdict's hop id (the input's ``hop`` is the trace's hop number)
 
 
 class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
@@ -69,92 +61,77 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
         pointed_at: PointerLookup = nothing_pointed_at,
         read_to: Callable[[], int | None] | None = None,
         removed: RemovalLookup = nothing_removed,
+        log_start: LogStartLookup | None = None,
     ) -> None:
-        self.removed = removed
-        self.registry = registry
-        self.committed = committed
-        self.config = config
-        self.pointed_at = pointed_at
-        self.read_to = read_to  # the time up to which the trace topic is read (None: take it as caught up)
+        self.registry, self.config = registry, config
+        self.lookups = Lookups(
+            committed=committed,
+            log_start=log_start or (lambda cluster, topic, partition: None),
+            pointed_at=pointed_at,
+            removed=removed,
+            read_to=read_to,
+        )
+        self.judge = BucketJudge(RoutePlans.of(registry), config)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.message = handle.getValueState("message", MESSAGE_SCHEMA, self.config.max_wait_ms + SAFETY_TTL_MS)
+        self.state = handle.getValueState("bucket", STATE_SCHEMA)
 
-    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Row]:
-        new = [[row[field] for field in TRACE_FIELDS] for row in rows]
-        for verdict in self._evaluate(key[0], timerValues.getCurrentProcessingTimeInMs(), new, fired=False):
-            yield Row(**verdict_row(verdict))
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        frames = [frame for frame in rows if len(frame)]
+        batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (frames[0] if frames else None)
+        traces = None
+        if batch is not None:
+            kinds = batch["kind"].to_numpy()
+            passing = batch[kinds != TRACE]
+            if len(passing):
+                yield _shaped(passing)
+            traces = batch[kinds == TRACE]
+            yield _shaped(traces)
+        yield from self._evaluate(int(key[0]), traces, timerValues.getCurrentProcessingTimeInMs(), fired=False)
 
     def handleExpiredTimer(
-        self,
-        key: Any,
-        timerValues: TimerValues,
-        expiredTimerInfo: ExpiredTimerInfo,
-    ) -> Iterator[Row]:
-        for verdict in self._evaluate(key[0], timerValues.getCurrentProcessingTimeInMs(), [], fired=True):
-            yield Row(**verdict_row(verdict))
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pd.DataFrame]:
+        yield from self._evaluate(int(key[0]), None, timerValues.getCurrentProcessingTimeInMs(), fired=True)
 
-    def _evaluate(self, message_id: str, now_ms: int, new: list[list[Any]], fired: bool) -> list[Verdict]:
-        """Apply :func:`decide` to the message; keep, re-time or drop its state; return the new verdicts."""
-        state = self.message.get()
-        rows: list[list[Any]] = json.loads(state[0]) if state else []
-        rows.extend(_plain(row) for row in new)
-        if not rows:
-            return []
-        first_seen = int(state[1]) if state else now_ms
-        passed_at = json.loads(state[2]) if state else {}
-        emitted = set(json.loads(state[3])) if state else set()
-        timer = 0 if fired or not state else int(state[4])  # a fired timer is gone
-        traces = [trace_from_row(tuple(row)) for row in rows]
-        stream = self.registry.streams.get(traces[0].stream)
-        if stream is None:  # parsing quarantines unknown streams; a registry change could still get here
-            self._drop(timer)
-            return []
-        read_to_ms = self.read_to() if self.read_to is not None else None
-        decision = decide(
-            message_id,
-            stream,
-            traces,
-            self.committed,
-            passed_at,
-            first_seen,
-            now_ms,
-            self.config,
-            self.pointed_at,
-            read_to_ms,
-            self.removed,
-        )
-        fresh = [v for v in decision.verdicts if v.hop not in emitted]
-        if decision.done:
-            self._drop(timer)
-        else:
-            emitted.update(v.hop for v in fresh)
-            wanted = max(int(decision.next_check_ms or now_ms), now_ms + 1)
-            if wanted != timer:
-                if timer:
-                    self.handle.deleteTimer(timer)
+    def _evaluate(self, bucket: int, traces: pd.DataFrame | None, now_ms: int, fired: bool) -> Iterator[pd.DataFrame]:
+        stored = self.state.get()
+        state = BucketState.decode(bytes(stored[0])) if stored else BucketState.empty()
+        timer = 0 if fired or not stored else int(stored[1])
+        new = traces.loc[:, list(TRACE_STATE.names)] if traces is not None and len(traces) else None
+        evaluation = self.judge.evaluate(state, new, now_ms, self.lookups)
+        wanted = evaluation.next_check_ms or 0
+        if wanted != timer:
+            if timer:
+                self.handle.deleteTimer(timer)
+            if wanted:
                 self.handle.registerTimer(wanted)
-            self.message.update(
-                (
-                    json.dumps(rows, separators=(",", ":")),
-                    first_seen,
-                    json.dumps(dict(decision.passed_at)),
-                    json.dumps(sorted(emitted)),
-                    wanted,
-                )
-            )
-        return fresh
-
-    def _drop(self, timer: int) -> None:
-        self.message.clear()
-        if timer:
-            self.handle.deleteTimer(timer)
+        blob = b""
+        if len(evaluation.state.messages):
+            blob = evaluation.state.encode()
+            self.state.update((blob, wanted))
+        elif stored:
+            self.state.clear()
+        if len(evaluation.verdicts):
+            yield _shaped(evaluation.verdicts.rename(columns=_RENAMED).assign(kind=VERDICT, bucket=bucket))
+        stats = {"kind": STATS, "bucket": bucket, "in_flight": len(evaluation.state.messages), "state_bytes": len(blob)}
+        yield _shaped(pd.DataFrame([stats]))
 
     def close(self) -> None:
         """Nothing to release."""
 
 
-def _plain(row: list[Any]) -> list[Any]:
-    """A trace row with numpy scalars made plain Python values, for JSON."""
-    return [value.item() if hasattr(value, "item") else value for value in row]
+def _shaped(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with exactly the output's columns, in order (those it lacks: null)."""
+    n = len(frame)
+    columns = {
+        name: frame[name].to_numpy() if name in frame.columns else np.full(n, None, dtype=object)
+        for name in OUTPUT_COLUMNS
+    }
+    return pd.DataFrame(columns)
+
+
+assert set(VERDICT_COLUMNS) - {"hop"} <= set(OUTPUT_COLUMNS)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
-from khipu.detector.model import VERDICT_QUERY
+from khipu.detector.model import DETECTOR_QUERY
 from khipu.kafka import KafkaAdmin, KafkaUnavailable
 from khipu.localstack.airflow import admin_password, airflow_env, airflow_healthy, prepare_airflow
 from khipu.localstack.broker import BrokerError, BrokerSpec, start_broker
@@ -180,7 +180,7 @@ def _detector_line(settings: KhipuSettings, table: ProcessTable) -> str:
     try:
         store = Store(settings.store_url)
         try:
-            beat = store.heartbeat.latest(VERDICT_QUERY)
+            beat = store.heartbeat.latest(DETECTOR_QUERY)
         finally:
             store.close()
     except Exception:  # a store not migrated yet, or unreachable: the line says so below

@@ -3,9 +3,13 @@
 1. Read the archive's hours (Parquet, partitioned by hour) from one horizon before the window to now:
    a message first seen just before the window keeps its earlier traces, and evidence that came
    after the horizon counts too (a late trace must never be outvoted by a read that stops early).
-2. The window's messages (first trace in ``[start, end)``) minus those whose stored verdicts are all
-   final already (DELIVERED, DUPLICATE, CONFIRMED_LOST, RETRACTED, without late evidence): the rest
-   (LOST, PENDING, TRACE_LOST, late evidence, or never judged) are re-decided with all their traces.
+2. The window's messages (first trace in ``[start, end)``) minus those whose verdicts are all final
+   already (DELIVERED, DUPLICATE, CONFIRMED_LOST, RETRACTED, without late evidence): the rest (LOST,
+   PENDING, TRACE_LOST, late evidence, or never judged) are re-decided with all their traces. The
+   verdicts are the SQL rows and the verdict archive's plain DELIVERED ones (the SQL row winning per
+   hop): the archive's hours are read with Spark too, and a message with archived verdicts is settled
+   unless it has an open SQL row (the few of those are asked of the store by time, not by id), so
+   the window's many delivered messages are never collected to the driver.
 3. Back-pointers in the archive tell which positions an emitter received though its trace is
    missing; a pointer at a position where no trace of any message lies is a *lead*: the message
    there is named by reading the record's id header from Kafka (while the log holds it), and
@@ -23,39 +27,50 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from khipu.detector.decide import Lookups
-from khipu.detector.model import DetectorConfig, Verdict, VerdictKind
+from khipu.detector.model import DetectorConfig, VerdictKind
 from khipu.kafka.connection import KafkaConnection
 from khipu.kafka.records import record_headers
+from khipu.reconcile.book import StoredVerdicts
 from khipu.reconcile.settle import Change
 from khipu.reconcile.window import ReconcileWindow, changes_for, judge_lead, rejudge
 from khipu.registry.model import Registry
 from khipu.trace.model import Trace, trace_from_columns
 from khipu.tracing.headers import trace_context
+from khipu.verdicts.archive import COLUMNS as ARCHIVED_COLUMNS
+from khipu.verdicts.archive import SCHEMA as ARCHIVED_SCHEMA
 
 log = logging.getLogger(__name__)
 Position = tuple[str, str, int, int]  # (cluster, topic, partition, offset)
 
 
 class VerdictBook(Protocol):
-    """What reconciliation needs of the stored verdicts (the store's verdict repository provides it)."""
+    """What reconciliation needs of the stored verdicts (:class:`khipu.reconcile.book.VerdictBook`)."""
 
-    def settled_messages(self, message_ids: Collection[str]) -> set[str]:
-        """Of these, the messages whose every stored verdict is final and without late evidence."""
+    def settled_messages(self, message_ids: Collection[str], archived: Iterable[Mapping[str, Any]] = ()) -> set[str]:
+        """Of these, the messages whose every verdict (SQL, or ``archived``: their verdict archive rows) is final
+        and without late evidence."""
         ...
 
-    def stored_verdicts(self, message_ids: Collection[str]) -> dict[str, dict[str, Verdict]]:
-        """The stored verdicts of these messages, by message id and hop id."""
+    def open_messages(self, since_ms: int) -> set[str]:
+        """The messages with an SQL verdict decided since ``since_ms`` that is not final or has late evidence."""
         ...
 
-    def apply(self, changes: Sequence[Change], at_ms: int) -> set[tuple[str, str]]:
-        """Store the changes with their history where the rows are still as read; return the keys that
-        changed meanwhile (not applied)."""
+    def stored(self, message_ids: Collection[str], archived: Iterable[Mapping[str, Any]] = ()) -> StoredVerdicts:
+        """The verdicts of these messages, SQL rows winning over ``archived`` (their verdict archive rows)."""
+        ...
+
+    def apply(
+        self, changes: Sequence[Change], at_ms: int, archived: Collection[tuple[str, str]] = ()
+    ) -> set[tuple[str, str]]:
+        """Store the changes with their history where the rows are still as read (``archived``: the keys whose
+        previous verdict is an archived one: no row may exist yet); return the keys that changed meanwhile
+        (not applied)."""
         ...
 
 
@@ -141,7 +156,10 @@ def reconcile(
     dry_run: bool = False,
     name_record: RecordNamer | None = None,
     progress: Callable[[str], None] = log.info,
+    verdict_archive_dir: Path | None = None,
 ) -> ReconcileReport:
+    """Reconcile the window (see the module's steps); ``verdict_archive_dir``: the verdict archive, whose plain
+    DELIVERED verdicts count as the messages' verdicts beside the book's SQL rows (None: there is none)."""
     from pyspark.sql import functions as F
 
     started = time.monotonic()
@@ -162,14 +180,33 @@ def reconcile(
     try:
         firsts = traces.groupBy("message_id").agg(F.min("timestamp_ms").alias("first_ms"))
         in_window = firsts.where((F.col("first_ms") >= window.start_ms) & (F.col("first_ms") < window.end_ms))
-        window_ids = [row.message_id for row in in_window.select("message_id").collect()]
+        window_ids = in_window.select("message_id")
+        archived = _archived_verdicts(spark, verdict_archive_dir, hours)
         traces_read = traces.count()
+        archived_open: list[str] = []  # messages with archived verdicts and an open SQL one
+        if archived is None:
+            unarchived: list[str] = [row.message_id for row in window_ids.collect()]
+            window_count = len(unarchived)
+        else:  # settled by their archived DELIVERED verdicts, unless an SQL verdict of theirs is open
+            archived = archived.persist()
+            archived_ids = archived.select("message_id").distinct()
+            unarchived = [row.message_id for row in window_ids.join(archived_ids, "message_id", "left_anti").collect()]
+            window_count = window_ids.count()
+            # the open SQL verdicts of the window's messages were decided after its traces began (a verdict keeps
+            # the time it was first decided): asked by time, they are few
+            open_ids = book.open_messages(window.start_ms - window.horizon_ms)
+            if open_ids:
+                wanted_open = spark.createDataFrame([(m,) for m in sorted(open_ids)], "message_id string")
+                in_archive = window_ids.join(archived_ids, "message_id", "left_semi")
+                archived_open = [
+                    row.message_id for row in in_archive.join(F.broadcast(wanted_open), "message_id").collect()
+                ]
         progress(
-            f"read {traces_read} traces from {len(existing)} archive hour(s); {len(window_ids)} messages in the window"
+            f"read {traces_read} traces from {len(existing)} archive hour(s); {window_count} messages in the window"
         )
-        settled = book.settled_messages(window_ids)
-        candidates = sorted(set(window_ids) - settled)
-        progress(f"{len(settled)} already final; re-deciding {len(candidates)}")
+        settled = book.settled_messages(unarchived)  # Spark found no archived verdict of these in the hours read
+        candidates = sorted((set(unarchived) - settled) | set(archived_open))
+        progress(f"{window_count - len(candidates)} already final; re-deciding {len(candidates)}")
         rows: list[Any] = []
         pointed: set[tuple[str, str, str, int, int]] = set()
         leads: list[Lead] = []
@@ -191,13 +228,21 @@ def reconcile(
             traced_named = {row.message_id for row in found}
         if leads:
             progress(f"{len(leads)} lead(s): records received whose position no trace names")
+        archived_rows: list[dict[str, Any]] = []
+        judged_ids = set(candidates) | {m for m in named if m}
+        if archived is not None and judged_ids:
+            wanted = spark.createDataFrame([(m,) for m in sorted(judged_ids)], "message_id string")
+            archived_rows = [row.asDict() for row in archived.join(F.broadcast(wanted), "message_id").collect()]
     finally:
         traces.unpersist()
+        if archived is not None:
+            archived.unpersist()
 
     by_message: dict[str, list[Trace]] = {}
     for row in rows:
         by_message.setdefault(row.message_id, []).append(trace_from_columns(row.asDict()))
-    stored = book.stored_verdicts(candidates) if candidates else {}
+    known = book.stored(judged_ids, archived_rows) if judged_ids else StoredVerdicts({})
+    stored = known.by_message
     archive_pointed = _pointer_lookup(pointed, lookups)
     changes: list[Change] = []
     for number, message_id in enumerate(candidates, 1):
@@ -215,13 +260,12 @@ def reconcile(
         if lead.message_id and lead.stream in registry.streams and lead.message_id not in traced_named
     ]
     if untraced:  # messages none of whose traces arrived: judged from the pointer and the record itself
-        known = book.stored_verdicts({lead.message_id for lead in untraced if lead.message_id})
         for lead in untraced:
             assert lead.message_id is not None and lead.stream is not None
             judged = judge_lead(lead, lead.message_id, registry.streams[lead.stream], now_ms)
-            changes.extend(changes_for(known.get(lead.message_id, {}), judged))
+            changes.extend(changes_for(stored.get(lead.message_id, {}), judged))
     if not dry_run and changes:
-        conflicts = book.apply(changes, now_ms)
+        conflicts = book.apply(changes, now_ms, known.archived)
         if conflicts:  # the detector wrote them meanwhile: they stay flagged for the next run
             progress(f"{len(conflicts)} verdict(s) changed while this run judged them: left for the next run")
             changes = [c for c in changes if (c.verdict.message_id, c.verdict.hop) not in conflicts]
@@ -229,7 +273,7 @@ def reconcile(
         window,
         dry_run,
         traces_read=traces_read,
-        window_messages=len(window_ids),
+        window_messages=window_count,
         redecided=len(candidates),
         changes=tuple(changes),
         leads=tuple(leads),
@@ -241,6 +285,23 @@ def reconcile(
         f"({', '.join(f'{k} {n}' for k, n in report.by_kind.items()) or 'none'}) in {report.seconds:.1f} s"
     )
     return report
+
+
+def _archived_verdicts(spark: Any, verdict_archive_dir: Path | None, hours: Sequence[str]) -> Any:
+    """The verdict archive's rows in these hours (a DataFrame of its columns), or None when it has none."""
+    if verdict_archive_dir is None:
+        return None
+    folders = [
+        folder
+        for folder in (verdict_archive_dir / f"hour={h}" for h in hours)
+        if any(not f.name.startswith((".", "_")) for f in folder.glob("batch_id=*/*.parquet"))
+    ]  # an hour whose batches were all replayed into another hour holds no file
+    if not folders:
+        return None
+    spark_types = {"string": "string", "int32": "int", "int64": "bigint", "bool": "boolean"}
+    schema = ", ".join(f"`{field.name}` {spark_types[str(field.type)]}" for field in ARCHIVED_SCHEMA)
+    frame = spark.read.schema(schema).option("basePath", str(verdict_archive_dir))
+    return frame.parquet(*[str(folder) for folder in folders]).select(*ARCHIVED_COLUMNS)
 
 
 def _pointers(traces: Any) -> Any:

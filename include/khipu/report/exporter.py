@@ -47,7 +47,7 @@ from khipu.alerting.thresholds import (
     window_start_ms,
 )
 from khipu.clock import now_ms
-from khipu.detector.model import ARCHIVE_QUERY, VERDICT_QUERY
+from khipu.detector.model import DETECTOR_QUERY, VerdictKind
 from khipu.errors import InvalidSetting
 from khipu.health.rules import PartitionStatus
 from khipu.registry.loader import load_registry
@@ -55,6 +55,7 @@ from khipu.registry.model import AlertThresholds
 from khipu.settings import KhipuSettings
 from khipu.store import Store, StoreError
 from khipu.trace.archive import HOUR_MS
+from khipu.verdicts.metrics import counts_by_hop, verdict_counts
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ GROUP_STATUS_ALERT_KIND = "group_status"
 RESOLVING_ALERT_KINDS = (DETECTOR_ALERT_KIND, GROUP_STATUS_ALERT_KIND, VERDICT_ALERT_KIND)
 CONSUMER_LABELS = ("cluster", "group", "topic", "partition")
 
-LatencyCounts = tuple[list[int], int, int]  # cumulative counts per bound, count, sum in ms
+LatencyCounts = tuple[list[int], int, int]  # cumulative counts per bound, count, sum in ms (each latency as its bucket)
 
 
 class ExporterConfigError(InvalidSetting):
@@ -152,14 +153,24 @@ NOTHING_READ = StoreReading({}, {}, {}, [], {}, 0, [], {})
 
 
 def read_store(store: Store, cluster: str, now_ms: int, windows: ExportWindows, queries: Sequence[str]) -> StoreReading:
-    """Everything a scrape shows, read from the store."""
+    """Everything a scrape shows, read from the store. Verdict counts and latencies come from the minute metrics
+    (every verdict is counted there, rows and archived DELIVERED alike), the causes of the exceptions from
+    their rows; both over the same whole minutes."""
     bounds_ms = [round(bound_s * 1000) for bound_s in windows.latency_buckets_s]
-    metric_rows = store.verdicts.read_metrics(since_ms=window_start_ms(now_ms, windows.alert_window_ms))
+    alert_since = window_start_ms(now_ms, windows.alert_window_ms)
+    verdict_since = window_start_ms(now_ms, windows.verdict_window_ms)
+    metric_rows = store.verdicts.read_metrics(since_ms=min(alert_since, verdict_since))
+    in_verdict_window = [row for row in metric_rows if row["minute_ms"] >= verdict_since]
+    exceptions = store.verdicts.kind_counts(verdict_since, excluding=[VerdictKind.DELIVERED.value])
     quarantined, _ = store.channel.quarantine_page(limit=1)
     return StoreReading(
-        verdict_kinds=store.verdicts.kind_counts(now_ms - windows.verdict_window_ms),
-        hop_figures=window_figures(metric_rows),
-        latencies=store.verdicts.latency_counts(now_ms - windows.verdict_window_ms, bounds_ms),
+        verdict_kinds=verdict_counts(exceptions, in_verdict_window),
+        hop_figures=window_figures(row for row in metric_rows if row["minute_ms"] >= alert_since),
+        latencies={
+            hop: (counts.latencies_at_most(bounds_ms), counts.latency_count, counts.latency_sum_ms)
+            for hop, counts in counts_by_hop(in_verdict_window).items()
+            if counts.latency_count
+        },
         partitions=store.health.current_rows(cluster),
         heartbeats={query: store.heartbeat.latest(query) for query in queries},
         quarantined=quarantined,
@@ -184,8 +195,8 @@ def metric_families(reading: StoreReading, now_ms: int, windows: ExportWindows) 
 def verdict_families(reading: StoreReading, windows: ExportWindows) -> list[Metric]:
     verdicts = GaugeMetricFamily(
         "khipu_verdicts",
-        f"Verdicts decided in the last {_duration(windows.verdict_window_ms)} (a sliding window, not a counter), "
-        "per stream, hop, verdict kind and cause (empty when the verdict has none).",
+        f"Verdicts decided in the last {_duration(windows.verdict_window_ms)} (a sliding window of whole minutes, "
+        "not a counter), per stream, hop, verdict kind and cause (empty when the verdict has none).",
         labels=("stream", "hop", "verdict", "cause"),
     )
     for (stream, hop, verdict, cause), count in sorted(reading.verdict_kinds.items()):
@@ -223,8 +234,9 @@ def latency_family(reading: StoreReading, windows: ExportWindows) -> Metric:
     histogram = GaugeHistogramMetricFamily(
         "khipu_hop_latency_seconds",
         f"Latency from the previous hop to this one of the verdicts decided in the last "
-        f"{_duration(windows.verdict_window_ms)} that have one, per stream and hop "
-        "(a gauge histogram: the buckets count the window's verdicts, they never only grow).",
+        f"{_duration(windows.verdict_window_ms)} (whole minutes) that have one, per stream and hop "
+        "(a gauge histogram: the buckets count the window's verdicts, they never only grow; latencies above "
+        "1 s are counted to 3 significant digits, rounded down).",
         labels=("stream", "hop"),
     )
     bounds = [str(float(bound_s)) for bound_s in windows.latency_buckets_s]  # as prometheus_client writes le
@@ -387,7 +399,7 @@ class KhipuCollector:
         windows: ExportWindows | None = None,
         *,
         store_name: str = "the Khipu store",  # how logs name it: never with a password
-        queries: Sequence[str] = (VERDICT_QUERY, ARCHIVE_QUERY),
+        queries: Sequence[str] = (DETECTOR_QUERY,),
         elapsed_s: Callable[[], float] = time.perf_counter,
         thresholds: Mapping[str, AlertThresholds] | None = None,  # each stream's, from the registry
     ) -> None:

@@ -43,6 +43,7 @@ class MessageReport:
     attributes: dict[str, str]  # recovery attributes, from its traces
     hops: tuple[HopLine, ...]
     resends: list[dict[str, Any]] = field(default_factory=list)  # the resend ledger's attempts for its losses
+    verdicts_note: str | None = None  # why archived verdicts may be missing (the verdict archive's search)
 
     @property
     def found(self) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 
 from pyarrow import ArrowException
 
-from khipu.detector.model import ARCHIVE_QUERY, LOSS_KINDS, RESEND_KINDS, VERDICT_QUERY, Cause, VerdictKind
+from khipu.detector.model import DETECTOR_QUERY, LOSS_KINDS, RESEND_KINDS, Cause, VerdictKind
 from khipu.detector.supervise import SupervisionConfig
 from khipu.errors import InvalidSetting
 from khipu.offsets.model import PartitionKey
@@ -30,6 +30,8 @@ from khipu.report.message import MessageReport, lay_out
 from khipu.report.overview import DAY_MS, StreamOverview, streams_overview
 from khipu.store import Store
 from khipu.trace.archive import HOUR_MS, hours_between, read_traces, read_traces_in_hours
+from khipu.verdicts.archive import VerdictArchive
+from khipu.verdicts.read import verdicts_of, with_first_decisions
 
 log = logging.getLogger(__name__)
 
@@ -205,11 +207,23 @@ def _attributes(
 
 
 def message_report(
-    store: Store, registry: Registry, archive_dir: Path | None, message_id: str, now_ms: int
+    store: Store,
+    registry: Registry,
+    archive_dir: Path | None,
+    message_id: str,
+    now_ms: int,
+    verdict_archive_dir: Path | None = None,
 ) -> MessageReport:
-    """Everything known of one message, along its route. Raises UnknownMessage when nothing is."""
-    verdicts = store.verdicts.read_messages([message_id])
-    history = store.verdicts.history(message_id)
+    """Everything known of one message, along its route: its verdicts (the store's, and the verdict archive's
+    plain DELIVERED ones where the store has none), their history (an archived verdict's: its decision),
+    its traces. Raises UnknownMessage when nothing is known."""
+    if verdict_archive_dir is None:
+        found = verdicts_of(store.verdicts, None, [message_id])
+    else:
+        with VerdictArchive(verdict_archive_dir) as archive:
+            found = verdicts_of(store.verdicts, archive, [message_id])
+    verdicts = found.rows
+    history = with_first_decisions(store.verdicts.history(message_id), verdicts)
     resends = [entry for entries in store.resends.of_messages([message_id]).values() for entry in entries]
     if verdicts:
         slack = trace_slack_ms()
@@ -221,7 +235,9 @@ def message_report(
     traces = read_traces(archive_dir, [message_id], *span) if archive_dir is not None else []
     names = {str(row["stream"]) for row in verdicts} | {trace.stream for trace in traces}
     stream = next((registry.streams[name] for name in sorted(names) if name in registry.streams), None)
-    report = dataclasses.replace(lay_out(message_id, stream, verdicts, history, traces), resends=resends)
+    report = dataclasses.replace(
+        lay_out(message_id, stream, verdicts, history, traces), resends=resends, verdicts_note=found.note
+    )
     if not verdicts and not traces:
         raise UnknownMessage(message_id)
     return report
@@ -339,7 +355,7 @@ class KhipuHealth:
 def khipu_health(
     store: Store,
     now_ms: int,
-    queries: Collection[str] = (VERDICT_QUERY, ARCHIVE_QUERY),
+    queries: Collection[str] = (DETECTOR_QUERY,),
     stale_after_ms: int | None = None,
 ) -> KhipuHealth:
     """Khipu's own health: the detector's heartbeat and rates, and the trace channel's gaps and quarantine. A

@@ -29,7 +29,7 @@ import os
 import secrets
 import zlib
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,8 @@ from khipu.resend.plan import ResendPlan, SourceKind, plan_resend
 from khipu.store import Store
 from khipu.trace.archive import HOUR_MS, hours_between, read_traces_in_hours
 from khipu.tracing.headers import HEADER_RESEND_ID, RESEND_HEADERS, ResendMark, TraceContext
+from khipu.verdicts.archive import VerdictArchive
+from khipu.verdicts.read import verdicts_of
 
 log = logging.getLogger(__name__)
 
@@ -182,9 +184,12 @@ class Resender:
         now_ms: Callable[[], int],
         archive_dir: Path | None = None,
         wait_ms: int = WAIT_MS,
+        verdict_archive_dir: Path | None = None,
     ) -> None:
         self.store, self.registry, self.connections = store, registry, connections
         self.now_ms, self.archive_dir, self.wait_ms = now_ms, archive_dir, wait_ms
+        # a write-hop loss in a processor is resent from the record its read hop DELIVERED: archived, often
+        self.verdict_archive = VerdictArchive(verdict_archive_dir) if verdict_archive_dir is not None else None
         self.book = VerdictBook(store.verdicts)
         self._producers: dict[str, Any] = {}  # cluster -> one producer for the run's records
         self._partitions: dict[tuple[str, str], int] = {}  # (cluster, topic) -> partition count
@@ -203,7 +208,7 @@ class Resender:
             raise ResendRequestError(f"hop {selection.hop!r} is not on the route: known hops are {', '.join(known)}")
         names = {s.name for s in streams}
         if selection.message_ids:
-            rows = self.store.verdicts.read_messages(selection.message_ids)
+            rows = self._verdicts_of(selection.message_ids)
             chosen = [r for r in rows if r["stream"] in names and (selection.hop is None or r["hop"] == selection.hop)]
             for message_id in selection.message_ids:
                 mine = [r for r in chosen if r["message_id"] == message_id]
@@ -233,6 +238,13 @@ class Resender:
                 )
             ]
         return sorted(losses, key=lambda r: (int(r["decided_ms"]), r["message_id"], r["hop"]))
+
+    def _verdicts_of(self, message_ids: Collection[str]) -> list[dict[str, Any]]:
+        """Every verdict of these messages: the store's, and the verdict archive's where it has none."""
+        found = verdicts_of(self.store.verdicts, self.verdict_archive, message_ids)
+        if found.note:
+            log.warning("resend: %s", found.note)
+        return found.rows
 
     def _streams(self, selection: ResendSelection) -> list[Stream]:
         for name in selection.streams:
@@ -264,7 +276,7 @@ class Resender:
         run = ResendRun(selection.dry_run)
         progress(f"{len(losses)} confirmed losses to consider{' (dry run: nothing is written)' * selection.dry_run}")
         verdicts: dict[str, list[dict[str, Any]]] = {}
-        for row in self.store.verdicts.read_messages({r["message_id"] for r in losses}):
+        for row in self._verdicts_of({r["message_id"] for r in losses}):
             verdicts.setdefault(row["message_id"], []).append(row)
         for number, loss in enumerate(losses, 1):
             outcome = self.resend_one(loss, verdicts.get(loss["message_id"], []), selection.dry_run)

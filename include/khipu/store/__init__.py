@@ -21,15 +21,15 @@ from khipu.store.engine import StoreError
 from khipu.store.health import StoredStatus, StoredWindow
 from khipu.store.snapshots import CommittedOffset, RemovalEvidence
 from khipu.store.store import Store
-from khipu.store.verdicts import VerdictOutcome
+from khipu.store.verdicts import MinuteTotals
 
 __all__ = [
     "AlertRecord",
     "CommittedOffset",
+    "MinuteTotals",
     "RemovalEvidence",
     "Store",
     "StoreError",
     "StoredStatus",
     "StoredWindow",
-    "VerdictOutcome",
 ]

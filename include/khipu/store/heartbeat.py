@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import case, delete, func, insert, select
 
 from khipu.store import schema
 from khipu.store.engine import StoreEngine
@@ -31,14 +31,19 @@ class HeartbeatRepository:
             )
 
     def read_to_ms(self, query_name: str) -> int | None:
-        """The start of the newest batch of ``query_name`` that read its whole input: every trace
-        produced before this time has been read."""
+        """The time up to which ``query_name`` has read the trace topic: every trace written before it has been
+        read. The newest of the batches' own figure (``read_to_ms``) and the start of the newest batch that read
+        its whole input (heartbeats written before the figure existed)."""
         table = schema.detector_heartbeat
         with self._engine.begin() as tx:
-            at = tx.execute(
-                select(func.max(table.c.at_ms)).where(table.c.query_name == query_name, table.c.caught_up.is_(True))
-            ).scalar()
-        return None if at is None else int(at)
+            recorded, caught_up = tx.execute(
+                select(
+                    func.max(table.c.read_to_ms),
+                    func.max(case((table.c.caught_up.is_(True), table.c.at_ms), else_=None)),
+                ).where(table.c.query_name == query_name)
+            ).one()
+        found = [int(value) for value in (recorded, caught_up) if value is not None]
+        return max(found) if found else None
 
     def latest(self, query_name: str) -> dict[str, Any] | None:
         """The newest report of ``query_name`` (its ``detector_heartbeat`` columns)."""

@@ -196,7 +196,28 @@ verdict_metrics = Table(
     Column("latency_p50_ms", BigInteger),
     Column("latency_p95_ms", BigInteger),
     Column("latency_p99_ms", BigInteger),
+    Column("latency_histogram", Text),  # JSON {"bucket": count}; null: a minute stored before migration 0008
     Index("ix_verdict_metrics_time", "minute_ms"),
+)
+
+# What a minute's metrics are the sum of: one row per (stream, hop, minute) per writer's part (the detector's
+# archived verdicts of one micro-batch, the changes of stored verdicts, a seed), each replaceable on its own.
+verdict_metric_parts = Table(
+    "verdict_metric_parts",
+    metadata,
+    Column("stream", String(NAME), primary_key=True),
+    Column("hop", String(520), primary_key=True),
+    Column("minute_ms", BigInteger, primary_key=True),
+    Column("part", String(NAME), primary_key=True),  # e.g. detector:<query id>:<batch id>, changes
+    Column("delivered", Integer, nullable=False),
+    Column("lost", Integer, nullable=False),
+    Column("duplicate", Integer, nullable=False),
+    Column("trace_lost", Integer, nullable=False),
+    Column("pending", Integer, nullable=False),
+    Column("confirmed_lost", Integer, nullable=False),
+    Column("retracted", Integer, nullable=False),
+    Column("latency_histogram", Text, nullable=False),  # JSON {"bucket": count}
+    Index("ix_verdict_metric_parts_part", "part"),
 )
 
 quarantine = Table(
@@ -229,6 +250,7 @@ detector_heartbeat = Table(
     Column("state_rows", BigInteger),
     Column("state_bytes", BigInteger),
     Column("caught_up", Boolean, nullable=False),  # the batch read everything the topic held when it started
+    Column("read_to_ms", BigInteger),  # every trace written before this time has been read (None: not known)
     Index("ix_detector_heartbeat_time", "query_name", "at_ms"),
 )
 

@@ -1,16 +1,27 @@
 """The detector's verdicts, one row per (message id, hop), and the per-minute metrics of each stream and hop.
 
-The metrics are computed in the domain (:mod:`khipu.verdicts.metrics`) from the outcomes read here
-and handed back to be stored.
+A minute's metrics (``verdict_metrics``) are the sum of its parts (``verdict_metric_parts``): counts per
+kind and a latency histogram per (stream, hop, minute) and writer's part. A writer replaces a part of its
+own (:meth:`VerdictRepository.replace_part`: the detector, once per micro-batch, for the verdicts it keeps
+in the verdict archive rather than as rows); every change of a stored verdict adds what it moves to the
+part ``changes`` (:meth:`VerdictRepository.store_changes`). Either way, in the same transaction, the
+minutes touched are summed again from all their parts.
+
+The store only adds integers up (:class:`MinuteTotals`: count columns and JSON histograms, a format it
+owns). What a verdict counts as, and the rates and percentiles of a sum, are the domain's
+(:mod:`khipu.verdicts.metrics`): a change comes in with its counts already worked out, and the metrics of a
+sum come from the ``summarize`` function the writer hands in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+import json
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import Connection, case, func, insert, select, tuple_, update
+from sqlalchemy import Connection, case, delete, func, insert, select, tuple_, update
 
 from khipu.store import schema
 from khipu.store.engine import StoreEngine, insert_of, upsert
@@ -36,26 +47,20 @@ VERDICT_COLUMNS = (
     "evidence_kind",
     "late_evidence",
 )
-CHUNK = 500  # ids per IN (...) query
+COUNT_COLUMNS = ("delivered", "lost", "duplicate", "trace_lost", "pending", "confirmed_lost", "retracted")
+MINUTE_COLUMNS = ("stream", "hop", "minute_ms")
+CHANGES_PART = "changes"  # the part store_changes adds every change of a stored verdict to
+CHUNK = 500  # ids (or minutes) per IN (...) query
+UNSUMMED = {**dict.fromkeys(COUNT_COLUMNS, 0), "loss_rate": 0.0, "duplicate_rate": 0.0}  # a new minute's row, held
+
+Minute = tuple[str, str, int]  # (stream, hop, minute_ms)
+MinuteOf = TypeVar("MinuteOf", bound=Minute)  # a Minute, or a tuple type of its own (khipu.verdicts.metrics.MinuteKey)
 
 
-@dataclass(frozen=True, slots=True)
-class VerdictOutcome:
-    """What a stored verdict says, as the metrics read it."""
+class MinuteCountsLike(Protocol):
+    """Counts of verdicts of one (stream, hop, minute) (e.g. ``khipu.verdicts.metrics.MinuteCounts``): per
+    counted kind, and per latency bucket; negative in a change that takes a verdict away."""
 
-    verdict: str  # the value of a khipu.detector.model.VerdictKind
-    latency_ms: int | None
-
-
-class MetricsLike(Protocol):
-    """One (stream, hop, minute) row of metrics (e.g. ``khipu.verdicts.metrics.MinuteMetrics``)."""
-
-    @property
-    def stream(self) -> str: ...
-    @property
-    def hop(self) -> str: ...
-    @property
-    def minute_ms(self) -> int: ...
     @property
     def delivered(self) -> int: ...
     @property
@@ -71,6 +76,13 @@ class MetricsLike(Protocol):
     @property
     def retracted(self) -> int: ...
     @property
+    def latency_histogram(self) -> Mapping[int, int]: ...
+
+
+class MetricsLike(Protocol):
+    """One (stream, hop, minute) row of metrics (e.g. ``khipu.verdicts.metrics.MinuteMetrics``)."""
+
+    @property
     def false_loss_rate(self) -> float | None: ...
     @property
     def loss_rate(self) -> float: ...
@@ -84,6 +96,77 @@ class MetricsLike(Protocol):
     def latency_p99_ms(self) -> int | None: ...
 
 
+# The metrics of a minute from the sum of its parts (``khipu.verdicts.metrics.metrics_of``).
+Summarize = Callable[[Minute, MinuteCountsLike], MetricsLike]
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteTotals:
+    """Counts as the store adds them up: one part of a minute as stored, or the sum of a minute's parts."""
+
+    delivered: int = 0
+    lost: int = 0
+    duplicate: int = 0
+    trace_lost: int = 0
+    pending: int = 0
+    confirmed_lost: int = 0
+    retracted: int = 0
+    latency_histogram: Mapping[int, int] = field(default_factory=dict)  # bucket -> latencies; no zero entries
+
+    @classmethod
+    def of_row(cls, row: Any) -> MinuteTotals:
+        """The totals of a stored part or metric row (its count columns and histogram text)."""
+        return totals_of(
+            [int(getattr(row, name) or 0) for name in COUNT_COLUMNS], histogram_of_text(row.latency_histogram).items()
+        )
+
+    @property
+    def no_verdicts(self) -> bool:
+        """Every count is zero (a minute of no verdict has no metrics row)."""
+        return not any(_counts(self))
+
+    @property
+    def empty(self) -> bool:
+        """Nothing counted: no verdict, no latency (a part of nothing, a change that moved nothing)."""
+        return self.no_verdicts and not self.latency_histogram
+
+
+def totals_of(counts: Sequence[int], histogram: Iterable[tuple[int, int]]) -> MinuteTotals:
+    """Totals of counts in :data:`COUNT_COLUMNS` order and histogram entries (added up per bucket, zeros dropped)."""
+    summed: Counter[int] = Counter()
+    for bucket, count in histogram:
+        summed[int(bucket)] += int(count)
+    entries = {bucket: summed[bucket] for bucket in sorted(summed) if summed[bucket]}
+    delivered, lost, duplicate, trace_lost, pending, confirmed_lost, retracted = (int(count) for count in counts)
+    return MinuteTotals(delivered, lost, duplicate, trace_lost, pending, confirmed_lost, retracted, entries)
+
+
+def added(first: MinuteCountsLike, second: MinuteCountsLike) -> MinuteTotals:
+    """The sum of two counts: column by column, bucket by bucket."""
+    counts = [a + b for a, b in zip(_counts(first), _counts(second), strict=True)]
+    return totals_of(counts, [*first.latency_histogram.items(), *second.latency_histogram.items()])
+
+
+def histogram_text(histogram: Mapping[int, int]) -> str:
+    """A histogram as stored: compact JSON, buckets in order (``{"-3":1,"120":4,"12300":1}``)."""
+    entries = {str(bucket): int(histogram[bucket]) for bucket in sorted(histogram) if histogram[bucket]}
+    return json.dumps(entries, separators=(",", ":"))
+
+
+def histogram_of_text(text: str | None) -> dict[int, int]:
+    """The histogram :func:`histogram_text` stored (None: a minute stored before migration 0008, none)."""
+    if not text:
+        return {}
+    parsed = json.loads(text)
+    if not isinstance(parsed, dict):
+        raise ValueError(f"a stored latency histogram is a JSON object of bucket -> count, not {text[:80]!r}")
+    return {int(bucket): int(count) for bucket, count in parsed.items()}
+
+
+def _counts(counts: MinuteCountsLike) -> list[int]:
+    return [int(getattr(counts, name)) for name in COUNT_COLUMNS]
+
+
 class VerdictRepository:
     """``store.verdicts``: verdicts and their metrics."""
 
@@ -91,21 +174,53 @@ class VerdictRepository:
         self._engine = engine
 
     def upsert(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Insert or replace verdicts by (message id, hop): a replayed batch never stores one twice."""
+        """Insert or replace verdicts by (message id, hop): a replayed batch never stores one twice. The metrics
+        are left as they are (a seed adds its counts with :meth:`replace_part`)."""
         with self._engine.begin() as tx:
             _upsert_verdicts(tx, rows)
+
+    def replace_part(self, part: str, counts: Mapping[MinuteOf, MinuteCountsLike], summarize: Summarize) -> None:
+        """Replace every minute of the part ``part`` (a writer's id, e.g. ``detector:<query id>:<batch id>``)
+        with ``counts`` (per (stream, hop, minute_ms); empty counts store nothing) and sum each minute the
+        part had or has again from all its parts, in one transaction: calling it twice with the same
+        arguments leaves the same tables (a replayed batch replaces its own part)."""
+        if not part or part == CHANGES_PART or len(part) > schema.NAME:
+            raise ValueError(
+                f"part {part!r}: expected a writer's id of 1 to {schema.NAME} characters other than "
+                f"{CHANGES_PART!r} (store_changes keeps that one)"
+            )
+        table = schema.verdict_metric_parts
+        rows = [_part_values(minute, part, c) for minute, c in _minutes(counts).items() if not _totals(c).empty]
+        with self._engine.begin() as tx:  # writes first: an SQLite writer takes its lock before it reads
+            removed = tx.execute(delete(table).where(table.c.part == part).returning(*_minute_columns(table)))
+            touched = {(r.stream, r.hop, int(r.minute_ms)) for r in removed}
+            if rows:
+                tx.execute(insert(table), rows)
+            _sum_minutes(tx, touched | set(_minutes(counts)), summarize)
 
     def store_changes(
         self,
         rows: Sequence[Mapping[str, Any]],
         guards: Sequence[Mapping[str, Any] | None],
-        history: Sequence[Mapping[str, Any] | None],
+        history: Sequence[Mapping[str, Any] | Sequence[Mapping[str, Any]] | None],
+        counts: Sequence[Mapping[MinuteOf, MinuteCountsLike]],
+        summarize: Summarize,
     ) -> set[tuple[str, str]]:
-        """Changed verdicts (rows as :meth:`upsert` takes them) with their history entries, in one transaction,
-        each only if its stored row is still what the change was decided against: ``guards[i]`` holds the
-        ``verdict``, ``decided_ms`` and ``late_evidence`` the row must still have (None: no row may exist
-        yet). Returns the (message id, hop) keys not applied because the row changed meanwhile (another
-        writer, e.g. reconciliation beside the detector); their history is not written."""
+        """Changed verdicts (rows as :meth:`upsert` takes them) with their history entries (one, several in order,
+        or none per change) and what each does to
+        the metrics, in one transaction, each only if its stored row is still what the change was decided
+        against: ``guards[i]`` holds the ``verdict``, ``decided_ms`` and ``late_evidence`` the row must still
+        have (None: no row may exist yet, e.g. the verdict replaced is in the verdict archive). ``counts[i]``
+        is what change i moves per (stream, hop, minute) (+1 for the new verdict, -1 for the one it replaces,
+        wherever that was kept: ``khipu.verdicts.metrics.change_counts``); the applied changes' counts are added
+        to the part ``changes`` and the minutes they touch summed again (``summarize``). Returns the (message
+        id, hop) keys not applied because the row changed meanwhile (another writer, e.g. reconciliation
+        beside the detector); their history and counts are not written."""
+        if not len(rows) == len(guards) == len(history) == len(counts):
+            raise ValueError(
+                f"one guard, history entry and counts per changed verdict: got {len(rows)} verdicts, "
+                f"{len(guards)} guards, {len(history)} history entries, {len(counts)} counts"
+            )
         table = schema.verdicts
         conflicts: set[tuple[str, str]] = set()
         inserts = [(row, entry) for row, guard, entry in zip(rows, guards, history, strict=True) if guard is None]
@@ -114,10 +229,12 @@ class VerdictRepository:
             for start in range(0, len(inserts), CHUNK):
                 chunk = [_verdict_values(row) for row, _ in inserts[start : start + CHUNK]]
                 statement = insert_of(tx)(table).values(chunk).on_conflict_do_nothing()
-                added = {
+                added_keys = {
                     (r.message_id, r.hop) for r in tx.execute(statement.returning(table.c.message_id, table.c.hop))
                 }
-                conflicts.update((v["message_id"], v["hop"]) for v in chunk if (v["message_id"], v["hop"]) not in added)
+                conflicts.update(
+                    (v["message_id"], v["hop"]) for v in chunk if (v["message_id"], v["hop"]) not in added_keys
+                )
             for row, guard, _ in updates:
                 values = _verdict_values(row)
                 done = tx.execute(
@@ -133,13 +250,16 @@ class VerdictRepository:
                 )
                 if not done.rowcount:
                     conflicts.add((values["message_id"], values["hop"]))
-            entries = [
-                dict(entry)
-                for row, entry in zip(rows, history, strict=True)
-                if entry is not None and (row["message_id"], row["hop"]) not in conflicts
-            ]
+            applied = [i for i, row in enumerate(rows) if (row["message_id"], row["hop"]) not in conflicts]
+            entries = [dict(entry) for i in applied for entry in _entries(history[i])]
             if entries:
                 tx.execute(insert(schema.verdict_history), entries)
+            moved: dict[Minute, MinuteTotals] = {}
+            for i in applied:
+                for minute, change in _minutes(counts[i]).items():
+                    moved[minute] = added(moved.get(minute, MinuteTotals()), change)
+            _add_to_part(tx, CHANGES_PART, moved)
+            _sum_minutes(tx, set(moved), summarize)
         return conflicts
 
     def unannounced_confirmed(self, limit: int = 1000) -> list[dict[str, Any]]:
@@ -227,57 +347,6 @@ class VerdictRepository:
                     found.setdefault(row.message_id, []).append(dict(row._mapping))
         return found
 
-    def read_outcomes(
-        self, spans: Iterable[tuple[str, str, int, int]]
-    ) -> dict[tuple[str, str, int, int], list[VerdictOutcome]]:
-        """Per (stream, hop, from_ms, to_ms): the verdict and latency of each verdict of that stream's hop
-        decided in [from_ms, to_ms) (what a minute's metrics are computed from)."""
-        table = schema.verdicts
-        found: dict[tuple[str, str, int, int], list[VerdictOutcome]] = {}
-        with self._engine.begin() as tx:
-            for span in dict.fromkeys(spans):
-                stream, hop, from_ms, to_ms = span
-                rows = tx.execute(
-                    select(table.c.verdict, table.c.latency_ms).where(
-                        table.c.stream == stream,
-                        table.c.hop == hop,
-                        table.c.decided_ms >= from_ms,
-                        table.c.decided_ms < to_ms,
-                    )
-                )
-                found[span] = [
-                    VerdictOutcome(r.verdict, None if r.latency_ms is None else int(r.latency_ms)) for r in rows
-                ]
-        return found
-
-    def upsert_metrics(self, metrics: Sequence[MetricsLike]) -> None:
-        """Insert or replace metric rows by (stream, hop, minute), all in one transaction (idempotent)."""
-        if not metrics:
-            return
-        rows = [
-            dict(
-                stream=m.stream,
-                hop=m.hop,
-                minute_ms=m.minute_ms,
-                delivered=m.delivered,
-                lost=m.lost,
-                duplicate=m.duplicate,
-                trace_lost=m.trace_lost,
-                pending=m.pending,
-                confirmed_lost=m.confirmed_lost,
-                retracted=m.retracted,
-                false_loss_rate=m.false_loss_rate,
-                loss_rate=m.loss_rate,
-                duplicate_rate=m.duplicate_rate,
-                latency_p50_ms=m.latency_p50_ms,
-                latency_p95_ms=m.latency_p95_ms,
-                latency_p99_ms=m.latency_p99_ms,
-            )
-            for m in metrics
-        ]
-        with self._engine.begin() as tx:
-            upsert(tx, schema.verdict_metrics, rows, key=("stream", "hop", "minute_ms"))
-
     def rows(self) -> list[dict[str, Any]]:
         """Every stored verdict (tests, small stores)."""
         return self.read()
@@ -325,35 +394,19 @@ class VerdictRepository:
         with self._engine.begin() as tx:
             return [dict(row._mapping) for row in tx.execute(query)]
 
-    def kind_counts(self, since_ms: int) -> dict[tuple[str, str, str, str], int]:
-        """(stream, hop, verdict, cause or "") -> how many verdicts decided since ``since_ms`` say so."""
+    def kind_counts(self, since_ms: int, excluding: Collection[str] = ()) -> dict[tuple[str, str, str, str], int]:
+        """(stream, hop, verdict, cause or "") -> how many stored verdict rows decided since ``since_ms`` say so,
+        of every kind but those ``excluding`` names. Rows only: a count of every verdict of a kind, whether
+        kept as a row or in the verdict archive, is in the minute metrics (:meth:`read_metrics`)."""
         table = schema.verdicts
-        query = (
-            select(table.c.stream, table.c.hop, table.c.verdict, table.c.cause, func.count())
-            .where(table.c.decided_ms >= since_ms)
-            .group_by(table.c.stream, table.c.hop, table.c.verdict, table.c.cause)
+        query = select(table.c.stream, table.c.hop, table.c.verdict, table.c.cause, func.count()).where(
+            table.c.decided_ms >= since_ms
         )
+        if excluding:
+            query = query.where(table.c.verdict.not_in(sorted(excluding)))
+        query = query.group_by(table.c.stream, table.c.hop, table.c.verdict, table.c.cause)
         with self._engine.begin() as tx:
             return {(s, h, v, c or ""): int(n) for s, h, v, c, n in tx.execute(query)}
-
-    def latency_counts(
-        self, since_ms: int, bounds_ms: Sequence[int]
-    ) -> dict[tuple[str, str], tuple[list[int], int, int]]:
-        """Per (stream, hop), of the latencies of verdicts decided since ``since_ms``: how many are <= each
-        bound (cumulative, as a histogram's buckets), how many in all and their sum in ms."""
-        table = schema.verdicts
-        latency = table.c.latency_ms
-        columns = [func.sum(case((latency <= bound, 1), else_=0)) for bound in bounds_ms]
-        query = (
-            select(table.c.stream, table.c.hop, func.count(latency), func.coalesce(func.sum(latency), 0), *columns)
-            .where(table.c.decided_ms >= since_ms, latency.is_not(None))
-            .group_by(table.c.stream, table.c.hop)
-        )
-        with self._engine.begin() as tx:
-            return {
-                (row[0], row[1]): ([int(n or 0) for n in row[4:]], int(row[2]), int(row[3]))
-                for row in tx.execute(query)
-            }
 
     def read_metrics(self, stream: str | None = None, since_ms: int = 0) -> list[dict[str, Any]]:
         """Metric rows of the minutes since ``since_ms`` (of one stream, when given), oldest first."""
@@ -363,6 +416,113 @@ class VerdictRepository:
             query = query.where(table.c.stream == stream)
         with self._engine.begin() as tx:
             return [dict(row._mapping) for row in tx.execute(query.order_by(table.c.minute_ms, table.c.hop))]
+
+    def read_parts(self, stream: str | None = None, since_ms: int = 0) -> list[dict[str, Any]]:
+        """The parts of the minutes since ``since_ms`` (of one stream, when given): what their metrics sum."""
+        table = schema.verdict_metric_parts
+        query = select(table).where(table.c.minute_ms >= since_ms)
+        if stream is not None:
+            query = query.where(table.c.stream == stream)
+        order = (table.c.minute_ms, table.c.stream, table.c.hop, table.c.part)
+        with self._engine.begin() as tx:
+            return [dict(row._mapping) for row in tx.execute(query.order_by(*order))]
+
+
+def _minutes(counts: Mapping[MinuteOf, MinuteCountsLike]) -> dict[Minute, MinuteCountsLike]:
+    """The counts by plain (stream, hop, minute_ms) keys (a ``MinuteKey`` is one too), in order."""
+    return {(str(s), str(h), int(m)): c for (s, h, m), c in sorted(counts.items())}
+
+
+def _totals(counts: MinuteCountsLike) -> MinuteTotals:
+    return totals_of(_counts(counts), counts.latency_histogram.items())
+
+
+def _minute_columns(table: Any) -> list[Any]:
+    return [table.c[name] for name in MINUTE_COLUMNS]
+
+
+def _part_values(minute: Minute, part: str, counts: MinuteCountsLike) -> dict[str, Any]:
+    totals = _totals(counts)
+    return {
+        **dict(zip(MINUTE_COLUMNS, minute, strict=True)),
+        "part": part,
+        **dict(zip(COUNT_COLUMNS, _counts(totals), strict=True)),
+        "latency_histogram": histogram_text(totals.latency_histogram),
+    }
+
+
+def _read_minutes(tx: Connection, table: Any, minutes: Sequence[Minute], *where: Any) -> list[Any]:
+    """The rows of ``table`` of these minutes (and ``where``), CHUNK minutes a query."""
+    found: list[Any] = []
+    for start in range(0, len(minutes), CHUNK):
+        chunk = minutes[start : start + CHUNK]
+        found.extend(tx.execute(select(table).where(tuple_(*_minute_columns(table)).in_(chunk), *where)))
+    return found
+
+
+def _delete_minutes(tx: Connection, table: Any, minutes: Sequence[Minute], *where: Any) -> None:
+    for start in range(0, len(minutes), CHUNK):
+        chunk = minutes[start : start + CHUNK]
+        tx.execute(delete(table).where(tuple_(*_minute_columns(table)).in_(chunk), *where))
+
+
+def _hold(tx: Connection, table: Any, rows: Sequence[Mapping[str, Any]], key: Sequence[str]) -> None:
+    """Insert the rows where missing and lock them all, in order, until the transaction ends (an upsert that
+    changes nothing): a concurrent writer of the same rows waits, then reads what this one committed."""
+    if rows:
+        statement = insert_of(tx)(table)
+        held = statement.on_conflict_do_update(index_elements=list(key), set_={key[-1]: statement.excluded[key[-1]]})
+        tx.execute(held, [dict(row) for row in rows])
+
+
+def _add_to_part(tx: Connection, part: str, moved: Mapping[Minute, MinuteCountsLike]) -> None:
+    """Add counts to the part's rows of their minutes (a row summing to nothing is deleted)."""
+    minutes = sorted(minute for minute, counts in moved.items() if not _totals(counts).empty)
+    if not minutes:
+        return
+    table = schema.verdict_metric_parts
+    _hold(tx, table, [_part_values(m, part, MinuteTotals()) for m in minutes], (*MINUTE_COLUMNS, "part"))
+    stored = {(r.stream, r.hop, int(r.minute_ms)): r for r in _read_minutes(tx, table, minutes, table.c.part == part)}
+    summed = {minute: added(MinuteTotals.of_row(stored[minute]), moved[minute]) for minute in minutes}
+    kept = [_part_values(minute, part, counts) for minute, counts in summed.items() if not counts.empty]
+    upsert(tx, table, kept, key=(*MINUTE_COLUMNS, "part"))
+    _delete_minutes(tx, table, [minute for minute, counts in summed.items() if counts.empty], table.c.part == part)
+
+
+def _sum_minutes(tx: Connection, minutes: Collection[Minute], summarize: Summarize) -> None:
+    """Store each minute's metrics as the sum of all its parts (a minute summing to no verdict: none)."""
+    ordered = sorted(minutes)
+    if not ordered:
+        return
+    metrics, parts = schema.verdict_metrics, schema.verdict_metric_parts
+    _hold(tx, metrics, [{**dict(zip(MINUTE_COLUMNS, m, strict=True)), **UNSUMMED} for m in ordered], MINUTE_COLUMNS)
+    totals = dict.fromkeys(ordered, MinuteTotals())
+    for row in _read_minutes(tx, parts, ordered):
+        minute = (row.stream, row.hop, int(row.minute_ms))
+        totals[minute] = added(totals[minute], MinuteTotals.of_row(row))
+    rows = [_metric_values(m, counts, summarize(m, counts)) for m, counts in totals.items() if not counts.no_verdicts]
+    upsert(tx, metrics, rows, key=MINUTE_COLUMNS)
+    _delete_minutes(tx, metrics, [minute for minute, counts in totals.items() if counts.no_verdicts])
+
+
+def _metric_values(minute: Minute, totals: MinuteTotals, figures: MetricsLike) -> dict[str, Any]:
+    return {
+        **dict(zip(MINUTE_COLUMNS, minute, strict=True)),
+        **dict(zip(COUNT_COLUMNS, _counts(totals), strict=True)),
+        "false_loss_rate": figures.false_loss_rate,
+        "loss_rate": figures.loss_rate,
+        "duplicate_rate": figures.duplicate_rate,
+        "latency_p50_ms": figures.latency_p50_ms,
+        "latency_p95_ms": figures.latency_p95_ms,
+        "latency_p99_ms": figures.latency_p99_ms,
+        "latency_histogram": histogram_text(totals.latency_histogram),
+    }
+
+
+def _entries(history: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None) -> list[Mapping[str, Any]]:
+    if history is None:
+        return []
+    return [history] if isinstance(history, Mapping) else list(history)
 
 
 def _verdict_values(r: Mapping[str, Any]) -> dict[str, Any]:

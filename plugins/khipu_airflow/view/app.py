@@ -42,13 +42,15 @@ API = "/api/v1"
 
 @dataclass(frozen=True)
 class ViewSources:
-    """Where the view reads from: the store, the registry, the trace archive, the cluster judged, the clock."""
+    """Where the view reads from: the store, the registry, the trace archive, the cluster judged, the clock, and
+    the verdict archive (the plain DELIVERED verdicts the store does not hold)."""
 
     store: Callable[[], Store]  # the store every request reads (one, shared: its engine pools connections)
     load_registry: Callable[[], Registry]
     archive_dir: Path | None
     cluster: str
     now_ms: Callable[[], int] = now_ms
+    verdict_archive_dir: Path | None = None
 
 
 class NotLoggedIn(Exception):
@@ -176,7 +178,9 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     def api_message(message_id: str, _user: ApiUser) -> Any:
         with store() as s:
             registry = sources.load_registry()
-            report = service.message_report(s, registry, sources.archive_dir, message_id, sources.now_ms())
+            report = service.message_report(
+                s, registry, sources.archive_dir, message_id, sources.now_ms(), sources.verdict_archive_dir
+            )
         return plain(report)
 
     @app.get(
@@ -259,7 +263,12 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     def message_page(request: Request, message_id: str, _user: PageUser) -> HTMLResponse:
         with store() as s:
             report = service.message_report(
-                s, sources.load_registry(), sources.archive_dir, message_id, sources.now_ms()
+                s,
+                sources.load_registry(),
+                sources.archive_dir,
+                message_id,
+                sources.now_ms(),
+                sources.verdict_archive_dir,
             )
         return render(request, "message.html", report=report, message_id=message_id)
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from khipu.detector.model import ARCHIVE_QUERY, Cause, Verdict, VerdictKind
+from khipu.detector.model import DETECTOR_QUERY, Cause, Verdict, VerdictKind
 from khipu.localstack.broker import BrokerProcess
 from khipu.reconcile.book import VerdictBook
 from khipu.reconcile.settle import Change
@@ -113,7 +113,7 @@ def backfill_env(
     store = Store(f"sqlite:///{store_path}")
     store.migrate()
     store.heartbeat.record(
-        {"query_name": ARCHIVE_QUERY, "run_id": "r", "batch_id": 9, "at_ms": now, "input_rows": 0,
+        {"query_name": DETECTOR_QUERY, "run_id": "r", "batch_id": 9, "at_ms": now, "input_rows": 0,
          "input_rows_per_s": 0.0, "processed_rows_per_s": 0.0, "batch_duration_ms": 0, "state_rows": None,
          "state_bytes": None, "caught_up": True}
     )  # fmt: skip

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from khipu.detector.driver import DRIVER_FILE
-from khipu.detector.model import VERDICT_QUERY
+from khipu.detector.model import DETECTOR_QUERY
 from khipu.store import Store
 
 pytestmark = pytest.mark.integration
@@ -54,7 +54,7 @@ def detector_env(airflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def beat(at_ms: int) -> dict[str, object]:
     return {
-        "query_name": VERDICT_QUERY,
+        "query_name": DETECTOR_QUERY,
         "run_id": "r1",
         "batch_id": 7,
         "at_ms": at_ms,

@@ -12,11 +12,13 @@ from khipu.demo.faults import FaultRates
 from khipu.demo.ledger import GroundTruth, build_truth, read_ledger
 from khipu.demo.pipeline import DemoConfig, run_demo
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
-from khipu.detector.job import VERDICT_QUERY, DetectorJob
+from khipu.detector.job import DETECTOR_QUERY, DetectorJob
 from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerProcess
 from khipu.registry import load_registry
 from khipu.store import Store
+from khipu.verdicts.archive import VerdictArchive
+from khipu.verdicts.read import all_verdicts
 from tests.integration.helpers import TEST_SESSION_TIMEOUT_MS
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -84,6 +86,7 @@ def detector_job(broker: BrokerProcess, tmp_path: Path, trace_topic: str, name: 
         store_url=store_url,
         checkpoint_dir=tmp_path / f"{name}-checkpoint",
         archive_dir=tmp_path / f"{name}-archive",
+        verdicts_dir=tmp_path / f"{name}-verdicts",
         trace_topic=trace_topic,
         trigger_seconds=1.0,
         detector=options.pop("detector", FAST),
@@ -91,16 +94,25 @@ def detector_job(broker: BrokerProcess, tmp_path: Path, trace_topic: str, name: 
     )
 
 
-def wait_until_settled(store_url: str, expected_messages: int, timeout_s: float = 240) -> list[dict[str, Any]]:
-    """Verdicts once the count stopped moving and the processor holds no state (every message decided)."""
+def stored_verdicts(store: Store, verdicts_dir: Path) -> list[dict[str, Any]]:
+    """Every verdict a detector keeps: the store's rows and the verdict archive's, the store's winning per hop."""
+    with VerdictArchive(verdicts_dir) as archive:
+        return all_verdicts(store.verdicts, archive)
+
+
+def wait_until_settled(
+    store_url: str, expected_messages: int, timeout_s: float = 240, *, verdicts_dir: Path
+) -> list[dict[str, Any]]:
+    """Verdicts (store and verdict archive) once their count stopped moving and the processor holds no state
+    (every message decided)."""
     store = Store(store_url)
     deadline = time.monotonic() + timeout_s
     last, stable = -1, 0
     try:
         while time.monotonic() < deadline:
             time.sleep(2)
-            verdicts = store.verdicts.read()
-            beat = store.heartbeat.latest(VERDICT_QUERY)
+            verdicts = stored_verdicts(store, verdicts_dir)
+            beat = store.heartbeat.latest(DETECTOR_QUERY)
             settled = beat is not None and beat["state_rows"] == 0 and len(verdicts) == last > 0
             stable = stable + 1 if settled else 0
             if stable >= 2 and len({v["message_id"] for v in verdicts}) >= expected_messages:
@@ -122,7 +134,7 @@ def run_detector_until(spark: Any, job: DetectorJob, verdicts: int, timeout_s: f
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and len(found) < verdicts:
             time.sleep(2)
-            found = store.verdicts.read()
+            found = stored_verdicts(store, job.verdicts_dir)
         return found
     finally:
         for query in queries:
@@ -144,7 +156,7 @@ def uninterrupted_run(
     job = detector_job(broker, tmp_path, trace_topic, "whole", lost_topic=None)
     queries = start_detector(spark, job)
     try:
-        return wait_until_settled(job.store_url, messages)
+        return wait_until_settled(job.store_url, messages, verdicts_dir=job.verdicts_dir)
     finally:
         for query in queries:
             query.stop()

@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 
 from khipu.demo.faults import Fault
 from khipu.demo.score import observable_messages, score
-from khipu.detector.job import ARCHIVE_QUERY, VERDICT_QUERY, start_detector, write_connections_file
+from khipu.detector.job import DETECTOR_QUERY, start_detector, write_connections_file
 from khipu.localstack.broker import BrokerProcess
 from khipu.store import Store
 from khipu.trace import Trace
@@ -27,6 +27,7 @@ from tests.integration.detector.conftest import (
     REGISTRY,
     demo_traces,
     detector_job,
+    stored_verdicts,
     uninterrupted_run,
     verdict_keys,
     wait_until_settled,
@@ -60,7 +61,9 @@ def test_verdicts_equal_the_ground_truth_with_every_fault_and_malformed_traces_a
     job = detector_job(broker, tmp_path, demo.trace_topic, "acc", lost_topic=lost_topic)
     queries = start_detector(spark, job)
     try:
-        verdicts = wait_until_settled(job.store_url, len(observable_messages(demo.truth)))
+        verdicts = wait_until_settled(
+            job.store_url, len(observable_messages(demo.truth)), verdicts_dir=job.verdicts_dir
+        )
     finally:
         for query in queries:
             query.stop()
@@ -72,7 +75,7 @@ def test_verdicts_equal_the_ground_truth_with_every_fault_and_malformed_traces_a
     store = Store(job.store_url)
     quarantined = store.channel.quarantined()
     metrics = store.verdicts.read_metrics("demo.orders")
-    beat = store.heartbeat.latest(ARCHIVE_QUERY)
+    beat = store.heartbeat.latest(DETECTOR_QUERY)
     store.close()
     reasons = [q["reason"] for q in quarantined]
     assert len(reasons) == len(MALFORMED) + 1
@@ -112,7 +115,7 @@ def test_verdicts_are_exact_with_sampling_below_100_percent_and_traces_read_out_
     job = detector_job(broker, tmp_path, demo.trace_topic, "sampled", lost_topic=None, max_offsets_per_trigger=60)
     queries = start_detector(spark, job)
     try:
-        verdicts = wait_until_settled(job.store_url, len(observable))
+        verdicts = wait_until_settled(job.store_url, len(observable), verdicts_dir=job.verdicts_dir)
     finally:
         for query in queries:
             query.stop()
@@ -147,6 +150,8 @@ def test_a_detector_killed_mid_stream_and_restarted_ends_with_the_verdicts_of_an
         str(killed.checkpoint_dir),
         "--archive",
         str(killed.archive_dir),
+        "--verdict-archive",
+        str(killed.verdicts_dir),
         "--trigger-seconds",
         "1",
         "--max-offsets-per-trigger",
@@ -167,13 +172,13 @@ def test_a_detector_killed_mid_stream_and_restarted_ends_with_the_verdicts_of_an
     first = subprocess.Popen(command, env=env, stdout=logs[0].open("wb"), stderr=STDOUT, start_new_session=True)
     try:
         at_kill = _mid_stream(Store(killed.store_url), timeout_s=180)
-        partial = len(Store(killed.store_url).verdicts.read())
+        partial = len(stored_verdicts(Store(killed.store_url), killed.verdicts_dir))
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # no goodbye: mid-stream, mid-batch perhaps
         first.wait()
     second = subprocess.Popen(command, env=env, stdout=logs[1].open("wb"), stderr=STDOUT, start_new_session=True)
     try:
-        after_restart = wait_until_settled(killed.store_url, observable)
+        after_restart = wait_until_settled(killed.store_url, observable, verdicts_dir=killed.verdicts_dir)
     except AssertionError:
         tail = logs[1].read_text(errors="replace").splitlines()[-60:]
         print("restarted detector's log, last lines:\n" + "\n".join(tail))
@@ -196,7 +201,7 @@ def _mid_stream(store: Store, timeout_s: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
-            beat = store.heartbeat.latest(VERDICT_QUERY)
+            beat = store.heartbeat.latest(DETECTOR_QUERY)
             if beat and beat["batch_id"] >= 3 and (beat["state_rows"] or 0) > 0 and not beat["caught_up"]:
                 return beat
             time.sleep(0.2)

@@ -18,7 +18,7 @@ from confluent_kafka import TopicPartition
 
 from khipu.detector.committed import ClusterClients, CommittedOffsets
 from khipu.detector.decide import Lookups
-from khipu.detector.job import VERDICT_QUERY, DetectorJob, start_detector
+from khipu.detector.job import DETECTOR_QUERY, DetectorJob, start_detector
 from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerProcess
 from khipu.reconcile.book import VerdictBook
@@ -27,6 +27,7 @@ from khipu.reconcile.window import ReconcileWindow
 from khipu.registry import load_registry
 from khipu.store import Store
 from khipu.tracing import TracedConsumer, TracedProducer, TraceEmitter, TraceEmitterConfig
+from tests.integration.detector.conftest import stored_verdicts
 
 pytestmark = pytest.mark.integration
 MESSAGES = 20
@@ -53,12 +54,12 @@ def read_all(broker: BrokerProcess, topic: str, group: str, emitter: TraceEmitte
     return read
 
 
-def wait_for(store: Store, predicate: Any, timeout_s: float = 120) -> list[dict[str, Any]]:
+def wait_for(store: Store, verdicts_dir: Path, predicate: Any, timeout_s: float = 120) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout_s
     rows: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
-        rows = store.verdicts.rows()
-        beat = store.heartbeat.latest(VERDICT_QUERY)
+        rows = stored_verdicts(store, verdicts_dir)
+        beat = store.heartbeat.latest(DETECTOR_QUERY)
         if predicate(rows) and beat is not None and beat["state_rows"] == 0:
             return rows
         time.sleep(2)
@@ -96,6 +97,7 @@ def test_a_group_rewinding_after_decision_gets_duplicates_and_no_verdict_gets_wo
         store_url=store_url,
         checkpoint_dir=tmp_path / "checkpoint",
         archive_dir=tmp_path / "archive",
+        verdicts_dir=tmp_path / "verdicts",
         trace_topic=trace_topic,
         lost_topic=None,
         trigger_seconds=1.0,
@@ -104,12 +106,16 @@ def test_a_group_rewinding_after_decision_gets_duplicates_and_no_verdict_gets_wo
     started_ms = int(time.time() * 1000)
     queries = start_detector(spark, job)
     try:
-        decided = wait_for(store, lambda rows: len(rows) == 2 * MESSAGES)
+        decided = wait_for(store, job.verdicts_dir, lambda rows: len(rows) == 2 * MESSAGES)
         assert {(r["hop_kind"], r["verdict"]) for r in decided} == {("write", "DELIVERED"), ("read", "DELIVERED")}
         time.sleep(20)  # well after decision: every state long dropped (state_rows is 0)
 
         assert read_all(broker, topic, group, consuming, from_start=True) == MESSAGES  # the rewind
-        rows = wait_for(store, lambda rows: all(r["verdict"] == "DUPLICATE" for r in rows if r["hop_kind"] == "read"))
+        rows = wait_for(
+            store,
+            job.verdicts_dir,
+            lambda rows: all(r["verdict"] == "DUPLICATE" for r in rows if r["hop_kind"] == "read"),
+        )
     finally:
         for query in queries:
             query.stop()
@@ -135,10 +141,11 @@ def test_a_group_rewinding_after_decision_gets_duplicates_and_no_verdict_gets_wo
     loaded = load_registry(registry)
     committed = CommittedOffsets(ClusterClients({"local": broker.connection()}))
     report = reconcile(
-        spark, job.archive_dir, window, loaded, VerdictBook(store.verdicts), Lookups(committed), CONFIG, now
-    )
+        spark, job.archive_dir, window, loaded, VerdictBook(store.verdicts), Lookups(committed), CONFIG, now,
+        verdict_archive_dir=job.verdicts_dir,
+    )  # fmt: skip
     assert report.redecided == MESSAGES
-    final = store.verdicts.rows()
+    final = stored_verdicts(store, job.verdicts_dir)
     assert not any(r["late_evidence"] for r in final)
     assert {(r["hop_kind"], r["verdict"], r["cause"], r["count"]) for r in final} == {
         ("read", "DUPLICATE", "rewind_replay", 2),

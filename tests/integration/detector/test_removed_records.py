@@ -129,6 +129,7 @@ streams:
         store_url=store_url,
         checkpoint_dir=tmp_path / "checkpoint",
         archive_dir=tmp_path / "archive",
+        verdicts_dir=tmp_path / "verdicts",
         trace_topic=traces,
         lost_topic=None,
         trigger_seconds=1.0,

@@ -68,6 +68,7 @@ def test_the_detector_reads_and_judges_through_a_sasl_listener_with_a_user_and_p
         store_url=store_url,
         checkpoint_dir=tmp_path / "sasl-checkpoint",
         archive_dir=tmp_path / "sasl-archive",
+        verdicts_dir=tmp_path / "sasl-verdicts",
         trace_topic=demo.trace_topic,
         lost_topic=lost_topic,
         cluster_connections={"local": secured},
@@ -76,7 +77,7 @@ def test_the_detector_reads_and_judges_through_a_sasl_listener_with_a_user_and_p
     )
     queries = start_detector(spark, job)
     try:
-        verdicts = wait_until_settled(store_url, len(observable_messages(demo.truth)))
+        verdicts = wait_until_settled(store_url, len(observable_messages(demo.truth)), verdicts_dir=job.verdicts_dir)
     finally:
         for query in queries:
             query.stop()
@@ -205,6 +206,7 @@ streams:
         store_url=f"sqlite:///{store_path}",
         checkpoint_dir=tmp_path / "checkpoint",
         archive_dir=tmp_path / "archive",
+        verdicts_dir=tmp_path / "verdicts",
         trace_topic=traces,
         lost_topic=None,
         cluster_connections={"east": east, "west": west},

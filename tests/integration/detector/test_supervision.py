@@ -20,7 +20,7 @@ import pytest
 from khipu.demo.ledger import build_truth, read_ledger
 from khipu.demo.score import observable_messages, score
 from khipu.detector.driver import read_driver_record
-from khipu.detector.model import VERDICT_QUERY
+from khipu.detector.model import DETECTOR_QUERY
 from khipu.localstack.broker import BrokerProcess
 from khipu.localstack.processes import ProcessTable
 from khipu.store import Store
@@ -94,7 +94,7 @@ def test_a_hung_driver_is_replaced_from_its_checkpoint_alerting_once_and_verdict
         submitted = table.running("detector")
         driver = read_driver_record(checkpoint)
         assert submitted is not None and driver is not None and driver.alive()
-        _wait_for(lambda: (store.heartbeat.latest(VERDICT_QUERY) or {}).get("batch_id", -1) >= 2, 180, "first batches")
+        _wait_for(lambda: (store.heartbeat.latest(DETECTOR_QUERY) or {}).get("batch_id", -1) >= 2, 180, "first batches")
 
         os.kill(driver.pid, signal.SIGSTOP)  # hung: alive, silent
         stopped_at = time.monotonic()
@@ -116,7 +116,9 @@ def test_a_hung_driver_is_replaced_from_its_checkpoint_alerting_once_and_verdict
         # one truth over both runs: the second run's rewinding sink re-reads the first run's last records
         truth = build_truth([*read_ledger(tmp_path / "sup1.jsonl"), *read_ledger(tmp_path / "sup2.jsonl")])
         observable = observable_messages(truth)
-        verdicts = wait_until_settled(f"sqlite:///{store_path}", len(observable), timeout_s=240)
+        verdicts = wait_until_settled(
+            f"sqlite:///{store_path}", len(observable), timeout_s=240, verdicts_dir=state / "verdicts"
+        )
         for _ in range(5):  # healthy again: a check resolves the alert
             if any(a["state"] == "resolved" for a in received):
                 break

@@ -20,7 +20,7 @@ from khipu.demo.faults import FaultRates
 from khipu.demo.score import observable_messages, score
 from khipu.detector.committed import ClusterClients, CommittedOffsets, PointedPositions, RecordRemovals
 from khipu.detector.decide import Lookups
-from khipu.detector.job import ARCHIVE_QUERY, start_detector
+from khipu.detector.job import DETECTOR_QUERY, start_detector
 from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerProcess
 from khipu.reconcile.book import VerdictBook
@@ -28,7 +28,13 @@ from khipu.reconcile.run import kafka_record_namer, reconcile
 from khipu.reconcile.window import ReconcileWindow
 from khipu.registry import load_registry
 from khipu.store import Store
-from tests.integration.detector.conftest import REGISTRY, demo_traces, detector_job, wait_until_settled
+from tests.integration.detector.conftest import (
+    REGISTRY,
+    demo_traces,
+    detector_job,
+    stored_verdicts,
+    wait_until_settled,
+)
 
 pytestmark = pytest.mark.integration
 DELAY_MS = 40_000
@@ -59,10 +65,12 @@ def test_after_reconciliation_the_final_verdicts_equal_the_ground_truth(
         )
         demo_done_ms = int(time.time() * 1000)
         assert demo.fault_counts.get("delay", 0) > 0 and demo.fault_counts.get("trace_loss", 0) > 0
-        streaming = wait_until_settled(job.store_url, len(observable_messages(demo.truth)))
+        streaming = wait_until_settled(
+            job.store_url, len(observable_messages(demo.truth)), verdicts_dir=job.verdicts_dir
+        )
         store = Store(job.store_url)
         deadline = time.monotonic() + 60
-        while (store.heartbeat.read_to_ms(ARCHIVE_QUERY) or 0) < demo_done_ms and time.monotonic() < deadline:
+        while (store.heartbeat.read_to_ms(DETECTOR_QUERY) or 0) < demo_done_ms and time.monotonic() < deadline:
             time.sleep(1)  # the archive query has read past the demo's end: every trace is archived
     finally:
         for query in queries:
@@ -70,7 +78,7 @@ def test_after_reconciliation_the_final_verdicts_equal_the_ground_truth(
     assert any(r["verdict"] == "LOST" for r in streaming)  # provisional: reconciliation makes them final
 
     window = ReconcileWindow(started_ms - 60_000, demo_done_ms + 1_000, horizon_ms=HORIZON_MS)
-    archived_to = store.heartbeat.read_to_ms(ARCHIVE_QUERY)
+    archived_to = store.heartbeat.read_to_ms(DETECTOR_QUERY)
     assert archived_to is not None and archived_to >= demo_done_ms  # the archive holds every trace
     time.sleep(max(0.0, (window.read_to_ms - time.time() * 1000) / 1000))  # the horizon passes
 
@@ -90,8 +98,9 @@ def test_after_reconciliation_the_final_verdicts_equal_the_ground_truth(
         int(time.time() * 1000),
         name_record=kafka_record_namer(connections),
         progress=lines.append,
+        verdict_archive_dir=job.verdicts_dir,
     )
-    final = store.verdicts.rows()
+    final = stored_verdicts(store, job.verdicts_dir)
     after = score(demo.truth, final)
     assert after.exact, (
         f"{after.matched}/{after.expected} matched; wrong {list(after.wrong.items())[:5]}; "

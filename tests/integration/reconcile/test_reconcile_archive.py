@@ -16,13 +16,14 @@ import pytest
 
 from khipu.detector.decide import Lookups
 from khipu.detector.model import Cause, DetectorConfig, Verdict, VerdictKind
-from khipu.reconcile.book import VerdictBook
+from khipu.reconcile.book import VerdictBook, verdict_row
 from khipu.reconcile.run import reconcile
 from khipu.reconcile.settle import Change
 from khipu.reconcile.window import ReconcileWindow
 from khipu.registry import parse_registry
 from khipu.store import Store
 from khipu.trace.archive import HOUR_MS, hour_of
+from khipu.verdicts.archive import VerdictArchive, verdict_table
 
 REGISTRY = parse_registry("""
 version: 1
@@ -205,4 +206,84 @@ def test_streams_filter_keeps_other_streams_out(spark: Any, archive: Path, tmp_p
         spark, archive, window, REGISTRY, VerdictBook(store.verdicts), Lookups(every_group_past), CONFIG, NOW
     )
     assert report.window_messages == 0 and report.changes == ()
+    store.close()
+
+
+WRITE, READ = "p -> local/in", "local/in -> s1"
+
+
+def delivered(message: str, offset: int, hop: str) -> Verdict:
+    return dataclasses.replace(stored(message, VerdictKind.DELIVERED, offset, hop=hop), count=1)
+
+
+@pytest.fixture()
+def verdict_archive(tmp_path: Path) -> VerdictArchive:
+    """The plain DELIVERED verdicts the detector archived (not SQL rows): m-fine and m-after everywhere, the write
+    hop of m-late and m-gone, and m-twice's read hop (read once, as the detector saw it; its write hop is an SQL
+    PENDING)."""
+    archive = VerdictArchive(tmp_path / "verdicts")
+    archived = [
+        delivered("m-fine", 3, WRITE),
+        delivered("m-fine", 3, READ),
+        delivered("m-after", 8, WRITE),
+        delivered("m-after", 8, READ),
+        delivered("m-late", 1, WRITE),
+        delivered("m-gone", 2, WRITE),
+        delivered("m-twice", 5, READ),
+    ]
+    archive.write_batch(0, verdict_table([verdict_row(v) for v in archived]))
+    return archive
+
+
+def test_an_all_archived_message_is_final_and_one_with_an_open_sql_verdict_is_redecided(
+    spark: Any, archive: Path, verdict_archive: VerdictArchive, tmp_path: Path
+) -> None:
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    twice = [trace("m-twice", "SENT", 5, T0 + 5_000), trace("m-twice", "RECEIVED", 5, T0 + 5_500)]
+    twice.append(trace("m-twice", "RECEIVED", 5, T0 + 900_000))  # read again after the detector decided
+    frame = spark.createDataFrame(twice, COLUMNS)
+    frame.write.parquet(str(archive / f"hour={hour_of(T0)}" / "batch_id=1"))
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    open_rows = [
+        stored("m-late", VerdictKind.LOST, 1),
+        stored("m-gone", VerdictKind.LOST, 2),
+        dataclasses.replace(delivered("m-twice", 5, WRITE), kind=VerdictKind.PENDING, count=0),
+    ]
+    VerdictBook(store.verdicts).apply([Change(v, "decided") for v in open_rows], T0 + 60_000)
+
+    def run() -> Any:
+        return reconcile(
+            spark,
+            archive,
+            WINDOW,
+            REGISTRY,
+            VerdictBook(store.verdicts),
+            Lookups(every_group_past),
+            CONFIG,
+            NOW,
+            verdict_archive_dir=verdict_archive.root,
+        )
+
+    report = run()
+    # m-fine and m-after: archived DELIVERED everywhere, final; m-late, m-gone, m-twice: an open SQL verdict;
+    # m-unjudged: no verdict anywhere
+    assert report.window_messages == 6 and report.redecided == 4
+    rows = {(v["message_id"], v["hop"]): v for v in store.verdicts.rows()}
+    assert (rows[("m-late", READ)]["verdict"], rows[("m-gone", READ)]["verdict"]) == ("RETRACTED", "CONFIRMED_LOST")
+    assert rows[("m-twice", WRITE)]["verdict"] == "DELIVERED"  # the PENDING decided
+    assert (rows[("m-twice", READ)]["verdict"], rows[("m-twice", READ)]["count"]) == ("DUPLICATE", 2)
+    assert [(h["from_verdict"], h["to_verdict"]) for h in store.verdicts.history("m-twice") if h["hop"] == READ] == [
+        ("DELIVERED", "DUPLICATE")  # the archived verdict, changed: the SQL row now wins over it
+    ]
+    assert {(v["message_id"], v["hop"]) for v in verdict_archive.read()} & set(rows) == {("m-twice", READ)}
+    assert not any(m in ("m-fine", "m-after") for m, _ in rows)  # never re-decided, never copied into SQL
+    assert not {("m-late", WRITE), ("m-gone", WRITE)} & set(rows)  # agreeing with the archive writes nothing
+    assert {hop for m, hop in rows if m == "m-unjudged"} == {WRITE, READ}
+
+    again = run()
+    assert again.redecided == 0 and again.changes == ()
+    assert {(v["message_id"], v["hop"]): v["verdict"] for v in store.verdicts.rows()} == {
+        key: row["verdict"] for key, row in rows.items()
+    }
     store.close()

@@ -22,7 +22,7 @@ from khipu.demo.score import observable_messages, score
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
 from khipu.detector.committed import ClusterClients, CommittedOffsets, PointedPositions, RecordRemovals
 from khipu.detector.decide import Lookups
-from khipu.detector.job import ARCHIVE_QUERY, start_detector
+from khipu.detector.job import DETECTOR_QUERY, start_detector
 from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerProcess
 from khipu.reconcile.book import VerdictBook
@@ -32,7 +32,13 @@ from khipu.registry import load_registry
 from khipu.resend.copies import count_resent
 from khipu.resend.run import Resender, ResendSelection
 from khipu.store import Store
-from tests.integration.detector.conftest import REGISTRY, demo_traces, detector_job, wait_until_settled
+from tests.integration.detector.conftest import (
+    REGISTRY,
+    demo_traces,
+    detector_job,
+    stored_verdicts,
+    wait_until_settled,
+)
 from tests.integration.helpers import TEST_SESSION_TIMEOUT_MS
 
 pytestmark = pytest.mark.integration
@@ -60,9 +66,9 @@ def test_a_demo_with_skips_and_drops_ends_with_every_loss_resent_to_exactly_the_
         demo = demo_traces(broker, tmp_path, "recover", count=200, seed=7, trace_topic=trace_topic, faults=FAULTS)
         demo_done = now_ms()
         assert demo.fault_counts.get("consumer_skip", 0) > 0 and demo.fault_counts.get("processor_drop", 0) > 0
-        wait_until_settled(job.store_url, len(observable_messages(demo.truth)))
+        wait_until_settled(job.store_url, len(observable_messages(demo.truth)), verdicts_dir=job.verdicts_dir)
         deadline = time.monotonic() + 60
-        while (store.heartbeat.read_to_ms(ARCHIVE_QUERY) or 0) < demo_done and time.monotonic() < deadline:
+        while (store.heartbeat.read_to_ms(DETECTOR_QUERY) or 0) < demo_done and time.monotonic() < deadline:
             time.sleep(1)  # every trace is archived
 
         window = ReconcileWindow(started - 60_000, demo_done + 1_000, horizon_ms=HORIZON_MS)
@@ -74,11 +80,14 @@ def test_a_demo_with_skips_and_drops_ends_with_every_loss_resent_to_exactly_the_
             spark, job.archive_dir, window, registry, VerdictBook(store.verdicts),
             Lookups(CommittedOffsets(clients), PointedPositions(job.store_url), RecordRemovals(clients)),
             SHORT_WAIT, now_ms(), name_record=kafka_record_namer(connections), progress=lambda line: None,
+            verdict_archive_dir=job.verdicts_dir,
         )  # fmt: skip
         confirmed = {(r["message_id"], r["hop"]) for r in store.verdicts.rows() if r["verdict"] == "CONFIRMED_LOST"}
         assert confirmed
 
-        run = Resender(store, registry, connections, now_ms).run(ResendSelection())  # demo.orders: mode auto
+        run = Resender(store, registry, connections, now_ms, verdict_archive_dir=job.verdicts_dir).run(
+            ResendSelection()
+        )  # demo.orders: mode auto
         assert run.counts() == {"produced": len(confirmed)}, run.as_dict()
 
         # the demo's groups run on (nothing new produced) and take the resent records
@@ -100,7 +109,7 @@ def test_a_demo_with_skips_and_drops_ends_with_every_loss_resent_to_exactly_the_
             query.stop()
 
     truth = build_truth([*read_ledger(tmp_path / "recover.jsonl", run_id="recover"), *read_ledger(again.ledger_path)])
-    final = store.verdicts.rows()
+    final = stored_verdicts(store, job.verdicts_dir)
     topics = [topology.source_topic.topic, topology.output_topic.topic]
     copies = {m: n for m, n in count_resent(broker.connection(), topics).items() if m in truth.messages}
     report = recovery_report(truth, final, stream, copies)

@@ -13,6 +13,7 @@ from khipu.registry.loader import load_registry
 from khipu.report import service
 from khipu.report.plain import plain
 from khipu.store import Store
+from khipu.verdicts.metrics import MinuteCounts
 from tests.viewdata import STORE_READ, seed
 
 pytestmark = pytest.mark.integration
@@ -39,7 +40,8 @@ def answers(store: Store, archive: Path) -> dict[str, Any]:
         "khipu": service.khipu_health(store, NOW_MS, stale_after_ms=120_000),
         "alerts": service.alerts_report(store, 0),
         "kinds": sorted(store.verdicts.kind_counts(0).items()),
-        "latency": sorted(store.verdicts.latency_counts(0, [100, 150, 1_000]).items()),
+        "minutes": store.verdicts.read_metrics(),
+        "parts": store.verdicts.read_parts(),
     }
     return json.loads(json.dumps(plain(found), sort_keys=True))
 
@@ -57,8 +59,10 @@ def test_the_reports_match_what_was_written_and_agree_on_both_databases(store: S
     assert all(isinstance(g["missing"], int) for g in got["khipu"]["emitters_with_gaps"])
     assert sum(n for _, n in got["kinds"]) == len(data.verdicts)
     latencies = [r["latency_ms"] for r in data.verdicts if r["latency_ms"] is not None]
-    assert sum(count for _, (_, count, _) in got["latency"]) == len(latencies)
-    assert sum(total for _, (_, _, total) in got["latency"]) == sum(latencies)
+    minutes = [MinuteCounts.of_row(minute) for minute in got["minutes"]]
+    assert sum(m.verdicts for m in minutes) == len(data.verdicts)
+    assert sum(m.latency_count for m in minutes) == len(latencies)
+    assert sum(m.latency_sum_ms for m in minutes) == sum(latencies)  # all below a second: exact
     ANSWERS[store.engine.url.split(":", 1)[0]] = got
     if len(ANSWERS) == 2:  # both databases answered: the same, to the last figure
         sqlite, postgres = ANSWERS["sqlite"], ANSWERS["postgresql+psycopg2"]

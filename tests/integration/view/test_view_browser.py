@@ -200,9 +200,9 @@ def test_a_viewer_logs_in_and_each_page_shows_what_the_store_holds(
         page.goto(f"{server.base}/khipu/self")
         total, _ = store.channel.quarantine_page()
         assert page.locator("[data-testid=quarantined]").inner_text() == str(total)
-        beat = store.heartbeat.latest("khipu_verdicts")
+        beat = store.heartbeat.latest("khipu_detector")
         assert beat is not None
-        assert page.locator('tr[data-query="khipu_verdicts"] [data-field="state_rows"]').inner_text() == str(
+        assert page.locator('tr[data-query="khipu_detector"] [data-field="state_rows"]').inner_text() == str(
             beat["state_rows"]
         )
         page.screenshot(path=str(shots / "khipu-health.png"), full_page=True)

@@ -1,17 +1,24 @@
-"""The stateful processor under Spark's TwsTester: verdicts on time, emitted once, state dropped when decided."""
+"""The stateful processor under Spark's TwsTester (pandas mode): one state per bucket of messages, verdicts on
+time and once, state dropped when decided, every record passed through for the archive."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import pandas as pd
+
+from khipu.detector.bucket import BucketState
 from khipu.detector.model import DetectorConfig
-from khipu.detector.parse import TRACE_COLUMNS
-from khipu.detector.processor import TRACE_FIELDS, VerdictProcessor
-from tests.unit.detector.test_decide import STREAM, clean
+from khipu.detector.processor import INPUT_SCHEMA, MARK, STATS, TRACE, VERDICT, VerdictProcessor
+from khipu.detector.routes import RoutePlans, hop_key
+from khipu.trace.model import Trace
+from tests.routes import PROC_IN, PROC_OUT, S1, S2, SRC
+from tests.unit.detector.test_decide import STREAM, clean, recv
 
 REGISTRY = type("R", (), {"streams": {"orders": STREAM}})()
 CONFIG = DetectorConfig(grace_ms=30_000, max_wait_ms=900_000, recheck_ms=5_000)
+INPUT_COLUMNS = [part.split()[0].strip("`") for part in INPUT_SCHEMA.split(", ")]
+HOPS = RoutePlans.of(REGISTRY).hop_keys()  # type: ignore[arg-type]
 
 
 class Offsets:
@@ -22,29 +29,37 @@ class Offsets:
         return self.committed.get((group, topic))
 
 
-def frame(traces: list[Any]) -> list[Any]:
-    from pyspark.sql import Row
-
-    rows = [
-        (
-            t.message_id,
-            t.stream,
-            t.location,
-            t.cluster,
-            t.type.value,
-            t.timestamp_ms,
-            t.topic,
-            t.partition,
-            t.offset,
-            t.group,
-            t.emitter_id,
-            t.emitter_seq,
-            t.sampling_percent,
-            None,
+def frame(traces: list[Trace], message_id: str = "m1", marks: int = 0) -> pd.DataFrame:
+    """The processor's input rows for these traces (as the job builds them in Spark), and some emitter marks."""
+    rows: list[dict[str, Any]] = []
+    for t in traces:
+        actor = t.location if t.type.value == "SENT" else t.group
+        rows.append(
+            {
+                "bucket": 0,
+                "kind": TRACE,
+                "message_id": message_id,
+                "stream": t.stream,
+                "location": t.location,
+                "cluster": t.cluster,
+                "type": t.type.value,
+                "timestamp_ms": t.timestamp_ms,
+                "topic": t.topic,
+                "partition": t.partition,
+                "offset": t.offset,
+                "group": t.group,
+                "emitter_id": t.emitter_id,
+                "emitter_seq": t.emitter_seq,
+                "sampling_percent": t.sampling_percent,
+                "attributes": None,
+                "hop": HOPS.get(hop_key(t.stream, t.type.value, t.cluster, t.topic, actor or ""), -1),
+                "prev_offsets": "4,3",
+            }
         )
-        for t in traces
-    ]
-    return [Row(**dict(zip(TRACE_FIELDS, row, strict=True))) for row in rows]
+    for n in range(marks):
+        rows.append({"bucket": 0, "kind": MARK, "location": "s1", "emitter_id": "s1-e", "emitter_seq": 90 + n,
+                     "timestamp_ms": 5, "received": '[["local","out",0,7]]'})  # fmt: skip
+    return pd.DataFrame(rows, columns=INPUT_COLUMNS)
 
 
 def new_tester(committed: dict[tuple[str, str], int]) -> Any:
@@ -54,44 +69,96 @@ def new_tester(committed: dict[tuple[str, str], int]) -> Any:
     return TwsTester(processor, timeMode="ProcessingTime", outputMode="Update")
 
 
+def verdicts(out: pd.DataFrame) -> pd.DataFrame:
+    return out[out["kind"] == VERDICT] if len(out) else out
+
+
+def in_flight(tws: Any) -> int:
+    stored = tws.peekValueState("bucket", 0)
+    return 0 if stored is None else len(BucketState.decode(bytes(stored[0])).messages)
+
+
 PAST = {("proc", "in"): 6, ("s1", "out"): 8, ("s2", "out"): 8}
 
 
 def test_a_delivered_message_is_decided_when_its_grace_ends_and_its_state_is_dropped() -> None:
     tws = new_tester(PAST)
     tws.setProcessingTime(10_000)
-    first = tws.test("m1", frame(clean()))
-    assert len(first) == 0  # commits seen past just now: wait for the grace
-    assert len(json.loads(tws.peekValueState("message", "m1")[0])) == 5
-    out = tws.setProcessingTime(40_000)  # the timer at 10 s + 30 s grace fires
-    assert sorted(row["verdict"] for row in out) == ["DELIVERED"] * 5
-    assert tws.peekValueState("message", "m1") is None
+    first = tws.testInPandas(0, frame(clean()))
+    assert len(verdicts(first)) == 0  # commits seen past just now: wait for the grace
+    assert in_flight(tws) == 1
+    out = tws.setProcessingTime(40_000)  # the bucket's timer at 10 s + 30 s grace fires
+    assert sorted(verdicts(out)["verdict"]) == ["DELIVERED"] * 5
+    assert set(verdicts(out)["judged_by"]) == {"clean"}
+    assert tws.peekValueState("bucket", 0) is None  # nothing in flight: no state at all
 
 
-def test_a_skipped_message_is_reported_lost_once_with_its_cause() -> None:
+def test_every_record_passes_through_once_for_the_archive_with_a_stats_row() -> None:
     tws = new_tester(PAST)
     tws.setProcessingTime(10_000)
-    tws.test("m1", frame(clean(skip={"local/out -> s1"})))
-    out = tws.setProcessingTime(40_000)
-    lost = [row for row in out if row["verdict"] == "LOST"]
-    assert [(row["hop"], row["cause"]) for row in lost] == [("local/out -> s1", "skipped_by_consumer")]
-    assert len(tws.setProcessingTime(100_000)) == 0  # decided and dropped: nothing is emitted twice
+    out = tws.testInPandas(0, frame(clean(), marks=2))
+    assert list(out["kind"]).count(TRACE) == 5 and list(out["kind"]).count(MARK) == 2
+    passed = out[out["kind"] == TRACE]
+    assert sorted(passed["offset"]) == [5, 5, 7, 7, 7] and set(passed["prev_offsets"]) == {"4,3"}
+    stats = out[out["kind"] == STATS]
+    assert list(stats["in_flight"]) == [1] and int(stats["state_bytes"].iloc[0]) > 0
+
+
+def test_a_skipped_message_is_reported_lost_once_with_its_cause_by_the_rules() -> None:
+    tws = new_tester(PAST)
+    tws.setProcessingTime(10_000)
+    tws.testInPandas(0, frame(clean(skip={S1})))
+    out = verdicts(tws.setProcessingTime(40_000))
+    lost = out[out["verdict"] == "LOST"]
+    assert [(row.hop_id, row.cause, row.judged_by) for row in lost.itertuples()] == [
+        (S1, "skipped_by_consumer", "decide")
+    ]
+    assert len(verdicts(tws.setProcessingTime(100_000))) == 0  # decided and dropped: nothing is emitted twice
+    assert in_flight(tws) == 0
 
 
 def test_hops_decided_early_are_emitted_once_while_the_rest_waits() -> None:
     committed = {**PAST, ("s2", "out"): 7}  # s2 lags behind
     tws = new_tester(committed)
     tws.setProcessingTime(10_000)
-    tws.test("m1", frame(clean()))
-    early = tws.setProcessingTime(40_000)
-    assert sorted(row["hop"] for row in early) == ["local/in -> proc", "local/out -> s1", "p -> local/in"]
-    assert len(tws.setProcessingTime(45_000)) == 0  # rechecked, nothing new to say
+    tws.testInPandas(0, frame(clean()))
+    early = verdicts(tws.setProcessingTime(40_000))
+    assert sorted(early["hop_id"]) == [PROC_IN, S1, SRC]
+    assert len(verdicts(tws.setProcessingTime(45_000))) == 0  # rechecked, nothing new to say
     committed[("s2", "out")] = 8  # s2 catches up
     tws.setProcessingTime(50_000)
-    late = tws.setProcessingTime(85_000)
-    assert sorted(row["hop"] for row in late) == ["local/out -> s2", "proc -> local/out"]
-    assert tws.peekValueState("message", "m1") is None
+    late = verdicts(tws.setProcessingTime(85_000))
+    assert sorted(late["hop_id"]) == [S2, PROC_OUT]
+    assert in_flight(tws) == 0
 
 
-def test_trace_state_schema_matches_the_parsed_columns() -> None:
-    assert TRACE_COLUMNS.count(",") + 1 == len(TRACE_FIELDS)
+def test_many_messages_share_a_bucket_clean_ones_judged_together_a_duplicate_by_the_rules() -> None:
+    tws = new_tester(PAST)
+    tws.setProcessingTime(10_000)
+    batch = pd.concat(
+        [frame(clean(), message_id=f"m{n}") for n in range(20)]
+        + [frame([*clean(), recv("s2", "out", 7, 1500)], message_id="dup")],
+        ignore_index=True,
+    )
+    tws.testInPandas(0, batch)
+    assert in_flight(tws) == 21
+    out = verdicts(tws.setProcessingTime(40_000))
+    assert len(out) == 21 * 5
+    assert set(out[out["message_id"] != "dup"]["judged_by"]) == {"clean"}
+    dup = out[out["message_id"] == "dup"].set_index("hop_id")
+    assert (dup.loc[S2, "verdict"], dup.loc[S2, "cause"], dup.loc[S2, "count"]) == ("DUPLICATE", "rewind_replay", 2)
+    assert in_flight(tws) == 0
+
+
+def test_latencies_of_clean_messages_are_the_rules() -> None:
+    tws = new_tester(PAST)
+    tws.setProcessingTime(10_000)
+    tws.testInPandas(0, frame(clean()))
+    out = verdicts(tws.setProcessingTime(40_000)).set_index("hop_id")
+    assert (out.loc[PROC_IN, "latency_ms"], out.loc[PROC_OUT, "latency_ms"], out.loc[S2, "latency_ms"]) == (
+        100,
+        100,
+        200,
+    )
+    assert (out.loc[S1, "e2e_latency_ms"], out.loc[S2, "e2e_latency_ms"]) == (300, 400)
+    assert pd.isna(out.loc[SRC, "latency_ms"])

@@ -17,10 +17,12 @@ from fastapi import HTTPException, Request
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
+from khipu.detector.model import DETECTOR_QUERY
 from khipu.registry.loader import load_registry
 from khipu.store import Store
 from khipu_airflow.view.app import ViewSources, create_app
-from tests.viewdata import AUDIT_READ, ENRICH_WRITE, STORE_READ, STREAM, Seeded, seed
+from tests.archived import seed_archived
+from tests.viewdata import AUDIT_READ, ENRICH_WRITE, PRODUCE, STORE_READ, STREAM, Seeded, seed
 
 ROOT = Path(__file__).resolve().parents[3]
 NOW_MS = 1_795_000_000_000
@@ -47,6 +49,7 @@ def seeded(tmp_path: Path) -> tuple[TestClient, Seeded, Store]:
         archive_dir=tmp_path / "archive",
         cluster="local",
         now_ms=lambda: NOW_MS,
+        verdict_archive_dir=tmp_path / "verdicts",  # empty unless a test seeds it (tests/archived.py)
     )
     app = create_app(sources, token_check, lambda next_url: f"/auth/login?next={next_url}")
     client = TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"})
@@ -168,6 +171,41 @@ def test_message_api_lays_the_message_along_its_route(seeded: tuple[TestClient, 
     assert missing.status_code == 404 and "never-seen" in missing.json()["detail"]
 
 
+def test_a_message_shows_its_archived_delivered_hops_beside_the_stores_loss_in_the_api_and_page(
+    seeded: tuple[TestClient, Seeded, Store], tmp_path: Path
+) -> None:
+    client, _, store = seeded
+    archived = seed_archived(store, tmp_path / "verdicts", NOW_MS)
+    expected = {
+        r["hop"]: r["verdict"] for r in archived.archived + archived.sql if r["message_id"] == archived.partly_lost
+    }
+    report = client.get(f"/api/v1/messages/{archived.partly_lost}").json()
+    assert {h["hop"]: (h["verdict"] or {}).get("verdict") for h in report["hops"]} == expected
+    assert set(expected.values()) == {"DELIVERED", "LOST"} and report["verdicts_note"] is None
+    produce = next(h for h in report["hops"] if h["hop"] == PRODUCE)  # archived: its decision is its history
+    assert [(c["from_verdict"], c["to_verdict"]) for c in produce["history"]] == [(None, "DELIVERED")]
+
+    page = html.unescape(client.get(f"/messages/{archived.partly_lost}").text)
+    shown = dict(re.findall(r'data-hop="([^"]+)".*?data-field="verdict"[^>]*>(\w+)<', page, re.S))
+    assert shown == expected
+
+
+def test_an_archived_delivered_changed_later_shows_the_stores_row(
+    seeded: tuple[TestClient, Seeded, Store], tmp_path: Path
+) -> None:
+    client, _, store = seeded
+    archived = seed_archived(store, tmp_path / "verdicts", NOW_MS)
+    report = client.get(f"/api/v1/messages/{archived.changed}").json()
+    hops = {h["hop"]: h for h in report["hops"]}
+    stored = next(r for r in archived.sql if r["message_id"] == archived.changed)
+    assert (hops[STORE_READ]["verdict"]["verdict"], hops[STORE_READ]["verdict"]["count"]) == (
+        stored["verdict"],
+        stored["count"],
+    )
+    assert [c["to_verdict"] for c in hops[STORE_READ]["history"]] == ["DUPLICATE"]
+    assert {h["verdict"]["verdict"] for hop, h in hops.items() if hop != STORE_READ} == {"DELIVERED"}
+
+
 def test_health_and_alert_apis_answer_from_the_store(seeded: tuple[TestClient, Seeded, Store]) -> None:
     client, data, store = seeded
     consumers = client.get("/api/v1/health/consumers").json()
@@ -182,13 +220,11 @@ def test_health_and_alert_apis_answer_from_the_store(seeded: tuple[TestClient, S
     assert unknown.status_code == 400 and "demo-sink-audit" in unknown.json()["detail"]
 
     khipu = client.get("/api/v1/health/khipu").json()
-    verdict_query = next(q for q in khipu["queries"] if q["query"] == "khipu_verdicts")
-    newest = store.heartbeat.latest("khipu_verdicts")
+    verdict_query = next(q for q in khipu["queries"] if q["query"] == DETECTOR_QUERY)
+    newest = store.heartbeat.latest(DETECTOR_QUERY)
     assert newest is not None and verdict_query["batch_id"] == newest["batch_id"]
     assert verdict_query["age_s"] == pytest.approx((NOW_MS - newest["at_ms"]) / 1000) and not verdict_query["stale"]
-    archive_query = next(q for q in khipu["queries"] if q["query"] == "khipu_archive")
-    assert archive_query["at_ms"] is None and archive_query["stale"]  # never reported: stale
-    assert len(verdict_query["series"]) == len(store.heartbeat.series("khipu_verdicts", NOW_MS - 3_600_000))
+    assert len(verdict_query["series"]) == len(store.heartbeat.series(DETECTOR_QUERY, NOW_MS - 3_600_000))
     assert khipu["quarantined"] == data.quarantined == 3
     assert [(g["emitter_id"], g["missing"]) for g in khipu["emitters_with_gaps"]] == [("demo-enricher-e1", data.gaps)]
 

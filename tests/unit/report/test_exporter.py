@@ -19,8 +19,8 @@ from prometheus_client.registry import CollectorRegistry
 from sqlalchemy import insert
 
 from khipu.alerting.model import Alert, AlertState, Severity
-from khipu.alerting.thresholds import ThresholdConfigError
-from khipu.detector.model import ARCHIVE_QUERY, VERDICT_QUERY
+from khipu.alerting.thresholds import ThresholdConfigError, window_start_ms
+from khipu.detector.model import DETECTOR_QUERY
 from khipu.health.rules import PartitionStatus
 from khipu.localstack.processes import free_port
 from khipu.report.exporter import (
@@ -33,8 +33,10 @@ from khipu.report.exporter import (
 )
 from khipu.settings import KhipuSettings
 from khipu.store import Store, schema
+from khipu.verdicts.metrics import counts_by_minute, metrics_of
 from tests.unit.report.conftest import CLUSTER, NOW_MS, SeededStore, StartExporter
 from tests.unit.report.scraping import Labels, labels_of, scrape
+from tests.viewdata import STORE_READ, STREAM, verdict
 
 HOUR_MS, MINUTE_MS = 3_600_000, 60_000
 TOKEN = "exporter-test-token"
@@ -52,7 +54,7 @@ def test_verdicts_count_the_stored_verdicts_decided_in_the_last_hour(
     seeded: SeededStore, start_exporter: StartExporter
 ) -> None:
     served = scrape(start_exporter(seeded.url).url).series("khipu_verdicts")
-    in_hour = decided_since(seeded, NOW_MS - HOUR_MS)
+    in_hour = decided_since(seeded, window_start_ms(NOW_MS, HOUR_MS))  # whole minutes, as the metrics count them
     expected = Counter(
         labels_of({"stream": r["stream"], "hop": r["hop"], "verdict": r["verdict"], "cause": r["cause"] or ""})
         for r in in_hour
@@ -88,7 +90,8 @@ def test_the_latency_histogram_buckets_the_last_hours_stored_latencies(
 ) -> None:
     scraped = scrape(start_exporter(seeded.url).url)
     buckets = scraped.series("khipu_hop_latency_seconds_bucket")
-    with_latency = [r for r in decided_since(seeded, NOW_MS - HOUR_MS) if r["latency_ms"] is not None]
+    in_hour = decided_since(seeded, window_start_ms(NOW_MS, HOUR_MS))
+    with_latency = [r for r in in_hour if r["latency_ms"] is not None]
     hops = {(r["stream"], r["hop"]) for r in with_latency}
     expected_buckets = {}
     for stream, hop in hops:
@@ -103,6 +106,38 @@ def test_the_latency_histogram_buckets_the_last_hours_stored_latencies(
         )
     assert buckets == expected_buckets
     assert len({value for value in buckets.values()}) > 1  # the bounds split the latencies
+
+
+def test_delivered_verdicts_kept_in_the_verdict_archive_are_counted_from_the_minute_metrics(
+    seeded: SeededStore, start_exporter: StartExporter
+) -> None:
+    before = scrape(start_exporter(seeded.url).url)
+    # the detector archived three plain DELIVERED verdicts (no SQL rows) and counted them in a part of its own
+    archived = [verdict(f"archived-{n}", STORE_READ, "DELIVERED", NOW_MS - 5 * MINUTE_MS + n) for n in range(3)]
+    for row, latency_ms in zip(archived, (40, 2_600, 2_600), strict=True):
+        row["latency_ms"] = latency_ms
+    seeded.store.verdicts.replace_part("detector:q:1", counts_by_minute(archived), metrics_of)
+    after = scrape(start_exporter(seeded.url).url)
+    delivered = labels_of({"stream": STREAM, "hop": STORE_READ, "verdict": "DELIVERED", "cause": ""})
+    assert after.series("khipu_verdicts")[delivered] == before.series("khipu_verdicts")[delivered] + 3
+    assert {k: v for k, v in after.series("khipu_verdicts").items() if k != delivered} == {
+        k: v for k, v in before.series("khipu_verdicts").items() if k != delivered
+    }  # the exceptions are the rows', by cause, as before
+    hop = hop_labels(STREAM, STORE_READ)
+    assert (
+        after.series("khipu_hop_latency_seconds_gcount")[hop]
+        == before.series("khipu_hop_latency_seconds_gcount")[hop] + 3
+    )
+    assert after.series("khipu_hop_latency_seconds_gsum")[hop] == pytest.approx(
+        before.series("khipu_hop_latency_seconds_gsum")[hop] + 5.24
+    )
+    bucket = {le: labels_of({"stream": STREAM, "hop": STORE_READ, "le": le}) for le in ("0.05", "2.5", "5.0", "+Inf")}
+    added = {
+        le: after.series("khipu_hop_latency_seconds_bucket")[labels]
+        - before.series("khipu_hop_latency_seconds_bucket")[labels]
+        for le, labels in bucket.items()
+    }
+    assert added == {"0.05": 1.0, "2.5": 1.0, "5.0": 3.0, "+Inf": 3.0}
 
 
 def test_consumer_partitions_show_the_stored_lag_time_lag_and_status_code(
@@ -130,13 +165,11 @@ def test_consumer_partitions_show_the_stored_lag_time_lag_and_status_code(
     assert {PartitionStatus(int(code)).name for code in statuses.values()} == {r["status"] for r in rows}
 
 
-def test_detector_metrics_are_the_newest_heartbeat_and_absent_for_a_query_without_one(
-    seeded: SeededStore, start_exporter: StartExporter
-) -> None:
+def test_detector_metrics_are_the_newest_heartbeat(seeded: SeededStore, start_exporter: StartExporter) -> None:
     scraped = scrape(start_exporter(seeded.url).url)
-    beat = seeded.store.heartbeat.latest(VERDICT_QUERY)
-    assert beat is not None and seeded.store.heartbeat.latest(ARCHIVE_QUERY) is None
-    query = labels_of({"query": VERDICT_QUERY})
+    beat = seeded.store.heartbeat.latest(DETECTOR_QUERY)
+    assert beat is not None
+    query = labels_of({"query": DETECTOR_QUERY})
     expected = {
         "khipu_detector_heartbeat_age_seconds": (NOW_MS - beat["at_ms"]) / 1000,
         "khipu_detector_input_rows_per_second": beat["input_rows_per_s"],
@@ -145,7 +178,7 @@ def test_detector_metrics_are_the_newest_heartbeat_and_absent_for_a_query_withou
         "khipu_detector_state_rows": beat["state_rows"],
     }
     for name, value in expected.items():
-        assert scraped.series(name) == {query: pytest.approx(value)}, name  # nothing for the archive query
+        assert scraped.series(name) == {query: pytest.approx(value)}, name
 
 
 def test_quarantine_and_trace_gaps_are_what_the_trace_channel_holds(

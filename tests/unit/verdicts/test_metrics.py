@@ -1,12 +1,33 @@
-"""A minute's metrics from its verdicts, as a numbered table of cases, each with the reason its answer is right."""
+"""A minute's metrics from its verdicts, as numbered tables of cases, each with the reason its answer is right:
+the metrics, the latency buckets, and the counts they are derived from, which add up and take away."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import random
+from typing import Any, NamedTuple
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
-from khipu.verdicts.metrics import MINUTE_MS, MinuteKey, MinuteMetrics, minute_metrics, minutes_touched
+from khipu.verdicts.metrics import (
+    MINUTE_MS,
+    MinuteCounts,
+    MinuteKey,
+    MinuteMetrics,
+    change_counts,
+    counts_by_hop,
+    counts_by_minute,
+    counts_by_minute_columns,
+    histogram_percentile,
+    latency_bucket,
+    latency_buckets,
+    metrics_of,
+    minute_metrics,
+    minutes_touched,
+    percentile,
+    verdict_counts,
+)
 
 KEY = MinuteKey("orders", "orders/sink", 5 * MINUTE_MS)
 
@@ -93,3 +114,222 @@ def test_false_loss_rate_is_retracted_over_every_loss_once_said() -> None:
     got = minute_metrics(KEY, outcomes)
     assert (got.confirmed_lost, got.retracted, got.false_loss_rate) == (1, 2, 0.5)  # 2 of 4 LOSTs were false
     assert minute_metrics(KEY, delivered(1)).false_loss_rate is None  # no loss said: no rate to speak of
+
+
+class Bucketed(NamedTuple):
+    number: int
+    latency_ms: int
+    bucket: int
+    reason: str
+
+
+# fmt: off
+BUCKETS = [
+    Bucketed(1, 0, 0, "zero is its own bucket"),
+    Bucketed(2, 999, 999, "below a second every millisecond is its own bucket"),
+    Bucketed(3, 1000, 1000, "1000 ms is exact: three significant digits already"),
+    Bucketed(4, 1001, 1000, "above a second, rounded down to three significant digits: 1,00x -> 1,000"),
+    Bucketed(5, 1009, 1000, "still the 1,000 bucket: a bucket is never above its latencies"),
+    Bucketed(6, 1010, 1010, "the next bucket starts 10 ms on"),
+    Bucketed(7, 9999, 9990, "four digits: tens"),
+    Bucketed(8, 10_000, 10_000, "a power of ten is its own bucket"),
+    Bucketed(9, 12_345, 12_300, "five digits: hundreds (the brief's example)"),
+    Bucketed(10, 10**9, 10**9, "a billion is a power of ten, exact"),
+    Bucketed(11, 1_234_567_890, 1_230_000_000, "ten digits: rounded down to tens of millions"),
+    Bucketed(12, -1, -1, "a negative latency (clock skew) within a second stays exact"),
+    Bucketed(13, -999, -999, "down to -999 ms"),
+    Bucketed(14, -1001, -1000, "beyond -1 s the scheme mirrors: magnitude rounded toward zero"),
+    Bucketed(15, -12_345, -12_300, "mirrored: -12,345 -> -12,300, the negative of 12,345's bucket"),
+    Bucketed(16, 2**63 - 1, 9_220_000_000_000_000_000, "the largest int64 still has a bucket"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", BUCKETS, ids=[f"{c.number}" for c in BUCKETS])
+def test_latency_bucket(case: Bucketed) -> None:
+    assert latency_bucket(case.latency_ms) == case.bucket, case.reason
+    assert latency_buckets(np.array([case.latency_ms], dtype=np.int64)).tolist() == [case.bucket], case.reason
+
+
+def test_the_vectorised_buckets_are_the_same_as_one_at_a_time() -> None:
+    rng = random.Random(11)
+    edges = [b.latency_ms for b in BUCKETS] + [10**k + d for k in range(1, 19) for d in (-1, 0, 1)]
+    drawn = [int(10 ** rng.uniform(0, 18.9)) * rng.choice((1, -1)) for _ in range(20_000)]
+    values = [v for v in edges + [-v for v in edges] + drawn if abs(v) < 2**63]
+    assert latency_buckets(np.array(values, dtype=np.int64)).tolist() == [latency_bucket(v) for v in values]
+
+
+def test_a_bucket_keeps_its_sign_is_never_further_from_zero_and_is_its_own_bucket() -> None:
+    for value in range(-25_000, 25_000, 7):
+        bucket = latency_bucket(value)
+        assert abs(bucket) <= abs(value) and (bucket == 0 or (bucket > 0) == (value > 0))
+        assert latency_bucket(bucket) == bucket and latency_bucket(-value) == -bucket
+        assert abs(value) - abs(bucket) < max(1, abs(value) // 100)  # off by less than 1 %
+
+
+def test_the_lowest_int64_has_no_magnitude_and_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="latency -9223372036854775808 ms has no int64 magnitude"):
+        latency_buckets(np.array([5, -(2**63)], dtype=np.int64))
+
+
+def test_latencies_above_a_second_are_counted_and_ranked_by_their_bucket() -> None:
+    got = minute_metrics(KEY, delivered(1_234, 12_345, 12_399, 900))
+    assert (got.latency_p50_ms, got.latency_p95_ms, got.latency_p99_ms) == (12_300, 12_300, 12_300)
+    assert MinuteCounts.of(delivered(1_234, 12_345, 12_399, 900)).latency_histogram == {900: 1, 1_230: 1, 12_300: 2}
+    assert minute_metrics(KEY, delivered(1_234, 900)).latency_p50_ms == 900  # rank 0.5 rounds to even: the lower
+
+
+def test_percentiles_of_a_histogram_are_those_of_its_latencies_when_each_is_its_own_bucket() -> None:
+    rng = random.Random(5)
+    for _ in range(200):
+        values = [rng.randint(-50, 1000) for _ in range(rng.randint(1, 60))]
+        histogram = MinuteCounts.of(delivered(*values)).latency_histogram
+        for fraction in (0.0, 0.5, 0.95, 0.99, 1.0):
+            assert histogram_percentile(histogram, fraction) == percentile(values, fraction)
+    assert histogram_percentile({}, 0.5) is None and histogram_percentile({10: -1}, 0.5) is None  # a delta's
+
+
+OUTCOMES = [
+    Stored("LOST"),
+    Stored("RESENT", 40),
+    Stored("UNRECOVERABLE"),
+    Stored("RETRACTED", 1_500),
+    Stored("DUPLICATE", 12_345),
+    Stored("PENDING"),
+    Stored("TRACE_LOST", -3),
+    *delivered(5, 5, None, 999, 1_001),
+]
+
+
+def test_counts_of_two_sets_of_verdicts_are_the_sum_of_their_counts() -> None:
+    for cut in range(len(OUTCOMES) + 1):
+        first, second = OUTCOMES[:cut], OUTCOMES[cut:]
+        assert MinuteCounts.of(first).plus(MinuteCounts.of(second)) == MinuteCounts.of(OUTCOMES), cut
+        assert metrics_of(KEY, MinuteCounts.of(first).plus(MinuteCounts.of(second))) == minute_metrics(KEY, OUTCOMES)
+
+
+def test_minus_undoes_plus_and_drops_the_buckets_it_empties() -> None:
+    whole, part = MinuteCounts.of(OUTCOMES), MinuteCounts.of(OUTCOMES[:4])
+    assert whole.minus(part).plus(part) == whole
+    assert whole.plus(part).minus(part) == whole
+    assert part.minus(part) == MinuteCounts() and part.minus(part).latency_histogram == {}
+    delta = MinuteCounts.of([Stored("DUPLICATE", 7)]).minus(MinuteCounts.of([Stored("DELIVERED", 7)]))
+    assert (delta.delivered, delta.duplicate, delta.latency_histogram) == (-1, 1, {})  # same latency: no move
+
+
+def test_resent_and_unrecoverable_count_as_confirmed_losses() -> None:
+    counts = MinuteCounts.of(OUTCOMES)
+    assert (counts.lost, counts.confirmed_lost, counts.verdicts) == (1, 2, len(OUTCOMES))
+    assert (counts.latency_count, counts.latency_sum_ms) == (8, 40 + 1_500 + 12_300 - 3 + 5 + 5 + 999 + 1_000)
+
+
+def test_the_histogram_is_compact_json_and_reads_back() -> None:
+    counts = MinuteCounts.of(OUTCOMES)
+    text = counts.histogram_json()
+    assert text == '{"-3":1,"5":2,"40":1,"999":1,"1000":1,"1500":1,"12300":1}'
+    assert MinuteCounts.histogram_of_json(text) == counts.latency_histogram
+    assert MinuteCounts.histogram_of_json(None) == {} == MinuteCounts.histogram_of_json("")
+    row = {"delivered": 4, "lost": 1, "latency_histogram": text, "pending": None}
+    assert MinuteCounts.of_row(row) == MinuteCounts(delivered=4, lost=1, latency_histogram=counts.latency_histogram)
+    with pytest.raises(ValueError, match=r"latency histogram '\[1, 2\]' is not a JSON object of bucket -> count"):
+        MinuteCounts.histogram_of_json("[1, 2]")
+
+
+def test_a_verdict_of_a_kind_the_metrics_do_not_know_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="verdict 'MAYBE' is not a kind the metrics count; expected one of"):
+        MinuteCounts.of([Stored("MAYBE")])
+
+
+def row(stream: str, hop: str, verdict: str, decided_ms: int, latency_ms: int | None) -> dict[str, Any]:
+    return {"stream": stream, "hop": hop, "verdict": verdict, "decided_ms": decided_ms, "latency_ms": latency_ms}
+
+
+def random_rows(count: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    kinds = ["DELIVERED"] * 20 + ["LOST", "DUPLICATE", "TRACE_LOST", "PENDING", "CONFIRMED_LOST", "RETRACTED",
+                                  "RESENT", "UNRECOVERABLE"]  # fmt: skip
+    return [
+        row(
+            rng.choice(("orders", "payments")),
+            rng.choice(("a -> b", "b -> c", "c -> d")),
+            rng.choice(kinds),
+            rng.randint(0, 6 * MINUTE_MS - 1),
+            None if rng.random() < 0.1 else rng.choice((rng.randint(-50, 1_200), rng.randint(0, 10**7))),
+        )
+        for _ in range(count)
+    ]
+
+
+def test_counts_by_minute_group_rows_by_stream_hop_and_the_minute_decided_in() -> None:
+    rows = [
+        row("orders", "a", "DELIVERED", MINUTE_MS - 1, 10),
+        row("orders", "a", "RESENT", 0, None),
+        row("orders", "a", "LOST", MINUTE_MS, None),  # the next minute
+        row("payments", "a", "DELIVERED", 5, 1_234),
+    ]
+    assert counts_by_minute(rows) == {
+        MinuteKey("orders", "a", 0): MinuteCounts(delivered=1, confirmed_lost=1, latency_histogram={10: 1}),
+        MinuteKey("orders", "a", MINUTE_MS): MinuteCounts(lost=1),
+        MinuteKey("payments", "a", 0): MinuteCounts(delivered=1, latency_histogram={1_230: 1}),
+    }
+
+
+def test_the_columns_variant_counts_as_the_rows_one_does() -> None:
+    rows = random_rows(5_000, seed=3)
+
+    def column(name: str) -> list[Any]:
+        return [r[name] for r in rows]
+
+    expected = counts_by_minute(rows)
+    assert len(expected) == 2 * 3 * 6
+    as_numpy = counts_by_minute_columns(
+        np.array(column("stream")),
+        np.array(column("hop"), dtype=object),
+        np.array(column("verdict")),
+        np.array(column("decided_ms"), dtype=np.int64),
+        np.array([np.nan if v is None else v for v in column("latency_ms")]),  # null as NaN
+    )
+    assert as_numpy == expected
+    as_arrow = counts_by_minute_columns(*(pa.array(column(n)) for n in ("stream", "hop", "verdict", "decided_ms",
+                                                                        "latency_ms")))  # fmt: skip
+    assert as_arrow == expected  # a pyarrow null is a verdict without a latency
+    assert counts_by_minute_columns([], [], [], [], []) == {} == counts_by_minute([])
+
+
+def test_the_columns_variant_refuses_columns_of_different_lengths_and_null_verdicts() -> None:
+    with pytest.raises(ValueError, match="one value per verdict; got lengths"):
+        counts_by_minute_columns(["s"], ["h"], ["DELIVERED"], [1, 2], [None])
+    with pytest.raises(ValueError, match=r"1 of 2 rows have no verdict \(null in the verdict column\)"):
+        counts_by_minute_columns(["s", "s"], ["h", "h"], ["DELIVERED", None], [1, 2], [None, None])
+
+
+def test_a_change_moves_one_count_from_the_previous_verdict_to_the_new_one() -> None:
+    lost = row("orders", "a", "LOST", 30_000, None)
+    retracted = row("orders", "a", "RETRACTED", 30_000, 900)
+    assert change_counts([retracted], [lost]) == {
+        MinuteKey("orders", "a", 0): MinuteCounts(lost=-1, retracted=1, latency_histogram={900: 1})
+    }
+    first = row("orders", "a", "LOST", 90_000, None)
+    assert change_counts([first], []) == {MinuteKey("orders", "a", MINUTE_MS): MinuteCounts(lost=1)}
+    moved = change_counts([row("orders", "a", "DUPLICATE", 90_000, 5)], [row("orders", "a", "DELIVERED", 30_000, 5)])
+    assert moved == {
+        MinuteKey("orders", "a", 0): MinuteCounts(delivered=-1, latency_histogram={5: -1}),
+        MinuteKey("orders", "a", MINUTE_MS): MinuteCounts(duplicate=1, latency_histogram={5: 1}),
+    }  # each in its own minute
+    assert change_counts([lost], [lost]) == {}  # nothing moves: no minute to touch
+
+
+def test_a_windows_verdicts_are_the_exceptions_rows_and_delivered_from_the_minutes() -> None:
+    minutes = [
+        {"stream": "orders", "hop": "a", "minute_ms": 0, "delivered": 5, "lost": 1, "latency_histogram": '{"7":5}'},
+        {"stream": "orders", "hop": "a", "minute_ms": MINUTE_MS, "delivered": 2, "latency_histogram": None},
+        {"stream": "orders", "hop": "b", "minute_ms": 0, "delivered": 0, "duplicate": 1},
+    ]
+    exceptions = {("orders", "a", "LOST", "skipped_by_consumer"): 1, ("orders", "a", "DELIVERED", ""): 1}
+    assert verdict_counts(exceptions, minutes) == {
+        ("orders", "a", "LOST", "skipped_by_consumer"): 1,  # causes come from the rows
+        ("orders", "a", "DELIVERED", ""): 7,  # every DELIVERED of the minutes, rows or archived
+    }
+    by_hop = counts_by_hop(minutes)
+    assert by_hop[("orders", "a")] == MinuteCounts(delivered=7, lost=1, latency_histogram={7: 5})
+    assert by_hop[("orders", "a")].latencies_at_most([5, 7, 100]) == [0, 5, 5]

@@ -1,0 +1,63 @@
+"""How far the detector has read the trace topic, as a time: every trace written before it has been read.
+
+The rules wait on this clock, not on the wall clock (:func:`khipu.detector.decide.decide`'s ``read_to_ms``):
+a group's commit seen past a message proves a loss only once every trace written before the commit (plus
+the grace) has been read — the group's RECEIVED trace may sit further down the trace topic.
+
+Per trace-topic partition, after a micro-batch:
+
+- read to its end when the batch started (its end offset is the latest offset the batch saw): every
+  trace written before the batch started is read;
+- otherwise (a backlog, the batch cut by ``maxOffsetsPerTrigger``), up to the newest record time read
+  from it: a record is written (appended) no earlier than its timestamp says, so every record appended
+  before the newest timestamp read sits at a lower offset and has been read. (With ``CreateTime``
+  timestamps this holds up to the clock skew between emitters and brokers, which the grace absorbs;
+  with ``LogAppendTime`` exactly.)
+
+The topic is read to the earliest of its partitions. So a detector working off a backlog still
+decides, a few seconds behind what it has read, instead of waiting to be caught up.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+PartitionOffsets = Mapping[int, int]
+
+
+def read_to_ms(
+    batch_start_ms: int,
+    end_offsets: PartitionOffsets,
+    latest_offsets: PartitionOffsets | None,
+    newest_read_ms: Mapping[int, int],
+) -> int | None:
+    """The time up to which the trace topic is read after a batch (see the module doc); None when a partition
+    the batch did not read to its end has no record time read yet (the caller keeps its previous answer)."""
+    if not end_offsets:
+        return None
+    bounds: list[int] = []
+    for partition, end in end_offsets.items():
+        if latest_offsets is not None and latest_offsets.get(partition) == end:
+            bounds.append(batch_start_ms)
+        elif partition in newest_read_ms:
+            bounds.append(min(newest_read_ms[partition], batch_start_ms))
+        else:
+            return None
+    return min(bounds)
+
+
+def source_offsets(raw: Any, topic: str) -> dict[int, int] | None:
+    """A Kafka source's offsets as Spark's progress reports them (``{"topic": {"0": 12, ...}}``, JSON text or
+    a mapping) for one topic; None when they are not there."""
+    try:
+        parsed = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return None
+    if not isinstance(parsed, Mapping) or not isinstance(parsed.get(topic), Mapping):
+        return None
+    try:
+        return {int(partition): int(offset) for partition, offset in parsed[topic].items()}
+    except (TypeError, ValueError):
+        return None

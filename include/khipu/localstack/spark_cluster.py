@@ -1,0 +1,142 @@
+"""A Spark standalone cluster on this machine: one master and some workers, all on 127.0.0.1.
+
+How the detector grows past one machine is a Spark cluster; this starts a small one from the pyspark
+install (``spark-class``, no download), for the cluster test and the bench, so that the same job runs
+on ``spark://`` as on ``local[*]``. Every process binds to 127.0.0.1 (``SPARK_LOCAL_IP``: web UIs too)
+and runs in its own process group, stopped by signalling that group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from khipu.localstack.processes import free_port, port_open, stop_process_group
+
+HOST = "127.0.0.1"
+
+
+class SparkClusterError(RuntimeError):
+    pass
+
+
+def spark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+@dataclass
+class SparkCluster:
+    """A running standalone master and its workers (``stop()`` ends them all)."""
+
+    directory: Path
+    master_port: int
+    master_ui_port: int
+    pids: list[int] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"spark://{HOST}:{self.master_port}"
+
+    def alive_workers(self) -> int:
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{self.master_ui_port}/json/", timeout=2) as answer:
+                return int(json.load(answer).get("aliveworkers", 0))
+        except OSError:
+            return 0
+
+    def stop(self) -> None:
+        for pid in reversed(self.pids):
+            stop_process_group(pid)
+        self.pids.clear()
+
+
+def _spawn(cluster: SparkCluster, name: str, argv: list[str], memory_mb: int) -> int:
+    log = cluster.directory / f"{name}.log"
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(spark_home()),
+        "SPARK_LOCAL_IP": HOST,  # every listener of the daemon, its web UI included, on loopback only
+        "SPARK_DAEMON_MEMORY": f"{memory_mb}m",
+        "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+    }
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [str(spark_home() / "bin" / "spark-class"), *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    cluster.pids.append(process.pid)
+    return process.pid
+
+
+def start_spark_cluster(
+    directory: Path, workers: int = 2, cores_per_worker: int = 1, worker_memory_mb: int = 3072, timeout_s: float = 90
+) -> SparkCluster:
+    """Start a master and ``workers`` workers; return once every worker has registered with the master."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cluster = SparkCluster(directory, free_port(), free_port())
+    try:
+        _spawn(
+            cluster,
+            "master",
+            [
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                HOST,
+                "--port",
+                str(cluster.master_port),
+                "--webui-port",
+                str(cluster.master_ui_port),
+            ],
+            512,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not port_open(HOST, cluster.master_port):
+            if time.monotonic() > deadline:
+                raise SparkClusterError(
+                    f"the Spark master did not listen on {HOST}:{cluster.master_port}; see {directory}"
+                )
+            time.sleep(0.3)
+        for number in range(workers):
+            work = directory / f"worker-{number}"
+            work.mkdir(exist_ok=True)
+            _spawn(
+                cluster,
+                f"worker-{number}",
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    HOST,
+                    "--webui-port",
+                    str(free_port()),
+                    "--cores",
+                    str(cores_per_worker),
+                    "--memory",
+                    f"{worker_memory_mb}m",
+                    "--work-dir",
+                    str(work),
+                    cluster.url,
+                ],
+                512,
+            )
+        while cluster.alive_workers() < workers:
+            if time.monotonic() > deadline:
+                raise SparkClusterError(
+                    f"{cluster.alive_workers()} of {workers} Spark workers registered within {timeout_s:.0f} s; "
+                    f"see the logs in {directory}"
+                )
+            time.sleep(0.5)
+        return cluster
+    except BaseException:
+        cluster.stop()
+        raise

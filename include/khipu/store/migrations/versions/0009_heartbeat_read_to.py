@@ -1,0 +1,26 @@
+"""detector heartbeat: the time up to which the trace topic is read, also while the detector works off a backlog
+
+Revision ID: 0009
+Revises: 0008
+Create Date: 2026-11-24 10:30:00
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0009"
+down_revision = "0008"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("detector_heartbeat") as batch:
+        batch.add_column(sa.Column("read_to_ms", sa.BigInteger(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("detector_heartbeat") as batch:
+        batch.drop_column("read_to_ms")
