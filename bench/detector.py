@@ -19,6 +19,7 @@ bench: the figures are the detector's. Targets: >= 25,000 traces/s sustained; LO
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import subprocess
@@ -389,6 +390,9 @@ def main() -> int:
     from khipu.detector.job import DEFAULT_MAX_OFFSETS_PER_TRIGGER
 
     args.max_per_batch = args.max_per_batch or DEFAULT_MAX_OFFSETS_PER_TRIGGER
+    if args.progress:  # the writer's line per batch: where its time went
+        logging.basicConfig(level=logging.WARNING, format="  %(asctime)s %(message)s")
+        logging.getLogger("khipu.detector.outputs").setLevel(logging.INFO)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = Path(tempfile.mkdtemp(prefix="khipu-bench-"))
     broker = start_broker(BrokerSpec.scratch(work / "kafka", settings={"log.retention.check.interval.ms": "300000"}),

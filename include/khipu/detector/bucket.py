@@ -235,9 +235,7 @@ class BucketJudge:
                 judged[mine] = True
                 continue
             clean_count += len(mine)
-            grid = self._grid(
-                plan, messages, traces, row_message, mine, memo_blobs, emitted, lookups, now_ms, clock_ms
-            )
+            grid = self._grid(plan, messages, traces, row_message, mine, memo_blobs, emitted, lookups, now_ms, clock_ms)
             judgement = judge_clean(plan, grid, now_ms, clock_ms, self.config)
             frames.append(self._delivered(plan, grid, judgement.deliver, messages, mine, now_ms))
             bits = (judgement.deliver.astype(np.int64) << np.arange(plan.size, dtype=np.int64)).sum(axis=1)

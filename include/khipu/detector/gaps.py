@@ -20,10 +20,13 @@ at ``latest`` sees every emitter mid-way: start it at ``earliest``, the default.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from khipu.detector.sequences import KEEP_RECENT, EmitterHistory, Run, absorb
+import numpy as np
+import pandas as pd
+
+from khipu.detector.sequences import KEEP_RECENT, EmitterHistory, Numbers, Run, absorb
 from khipu.store.channel import StoredEmitter, TraceChannelRepository
 
 
@@ -48,16 +51,27 @@ class EmitterState:
     gaps: Mapping[int, TraceGap] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class EmitterBatch:
-    """One emitter's numbers in a batch: (sequence number, trace time), in arrival order."""
+    """One emitter's numbers in a batch: (sequence number, trace time), in arrival order (an (n, 2) array)."""
 
     location: str  # the location of its first observation in the batch
-    seen: tuple[tuple[int, int], ...]
+    seen: Numbers
 
     @property
     def lowest_seq(self) -> int:
-        return min(seq for seq, _ in self.seen)
+        return int(self.seen[:, 0].min())
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, EmitterBatch)
+            and self.location == other.location
+            and np.array_equal(self.seen, other.seen)
+        )
+
+    @staticmethod
+    def of(location: str, seen: Iterable[tuple[int, int]]) -> EmitterBatch:
+        return EmitterBatch(location, np.asarray(list(seen), dtype=np.int64).reshape(-1, 2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +90,29 @@ class EmitterUpdate:
 
 def batches_by_emitter(observed: Iterable[tuple[str, str, int, int]]) -> dict[str, EmitterBatch]:
     """(emitter id, location, sequence number, trace time) of a batch of traces and marks, per emitter."""
-    grouped: dict[str, tuple[str, list[tuple[int, int]]]] = {}
-    for emitter_id, location, seq, at_ms in observed:
-        grouped.setdefault(emitter_id, (location, []))[1].append((int(seq), int(at_ms)))
-    return {emitter_id: EmitterBatch(location, tuple(seen)) for emitter_id, (location, seen) in grouped.items()}
+    rows = list(observed)
+    if not rows:
+        return {}
+    emitters, locations, numbers, times = zip(*rows, strict=True)
+    return batches_of_columns(emitters, locations, numbers, times)
+
+
+def batches_of_columns(
+    emitter_ids: Sequence[str], locations: Sequence[str], numbers: Sequence[int], times: Sequence[int]
+) -> dict[str, EmitterBatch]:
+    """:func:`batches_by_emitter` of a batch given as columns (grouped with numpy: no Python per number)."""
+    if not len(emitter_ids):
+        return {}
+    codes, emitters = pd.factorize(np.asarray(emitter_ids, dtype=object))
+    location = np.asarray(locations, dtype=object)
+    pairs = np.column_stack([np.asarray(numbers, dtype=np.int64), np.asarray(times, dtype=np.int64)])
+    order = np.argsort(codes, kind="stable")  # arrival order kept within each emitter
+    bounds = np.searchsorted(codes[order], np.arange(len(emitters) + 1))
+    found: dict[str, EmitterBatch] = {}
+    for code, emitter_id in enumerate(emitters):
+        rows = order[bounds[code] : bounds[code + 1]]
+        found[str(emitter_id)] = EmitterBatch(str(location[rows[0]]), pairs[rows])
+    return found
 
 
 def plan_sequence_updates(
@@ -159,7 +192,7 @@ def _fill(slots: list[_Slot], seq: int) -> None:
 
 def record_emitter_sequences(
     channel: TraceChannelRepository,
-    observed: Iterable[tuple[str, str, int, int]],
+    observed: Iterable[tuple[str, str, int, int]] | Mapping[str, EmitterBatch],
     now_ms: int,
     keep: int = KEEP_RECENT,
 ) -> int:
@@ -170,7 +203,7 @@ def record_emitter_sequences(
     emitter marks. Traces arriving out of order leave the same gaps as traces arriving in order,
     and a replayed batch changes nothing.
     """
-    batches = batches_by_emitter(observed)
+    batches = observed if isinstance(observed, Mapping) else batches_by_emitter(observed)
     if not batches:
         return 0
     planned: list[EmitterUpdate] = []

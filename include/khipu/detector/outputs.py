@@ -204,7 +204,7 @@ class DetectorWriter:
         if bad:
             added = self.store.channel.add_quarantine(bad, _now_ms())
             log.warning("batch %d: %d malformed trace records quarantined (%d new)", batch_id, len(bad), added)
-        return len(found), len(numbered)
+        return len(found), sum(len(batch.seen) for batch in numbered.values())
 
     def _verdicts(self, verdicts: pa.Table, batch_id: int) -> tuple[int, int, int]:
         """The batch's verdicts to where they go: a fresh message's plain DELIVERED verdicts to the verdict

@@ -51,7 +51,6 @@ PARSED_SCHEMA = (
     "source_partition int, source_offset long, kafka_timestamp_ms long"
 )
 TRACE_NAMES = [part.split()[0].strip("`") for part in TRACE_COLUMNS.split(", ")]
-_POSITION = ["location", "cluster", "topic", "partition", "offset"]
 _JSON = "_j"
 
 
@@ -191,22 +190,98 @@ def _typed(path: str, spark_type: str) -> Column:
     return F.expr(f"try_variant_get({_JSON}, '{path}', '{spark_type}')")
 
 
+# -- the common case, checked cheaply: a trace without attributes, its shape read once ------------------
+
+# Each field's JSON types as ``schema_of_variant`` names them; optional fields may be absent. A record of exactly
+# this shape (its fields sorted, as schema_of_variant lists them) needs only its values checked, on the columns
+# extracted anyway; any other record (attributes, a mark, anything odd) gets every rule above.
+_SHAPE_TYPES = {
+    "attributes": r"OBJECT<>",
+    "cluster": "STRING",
+    "emitter_id": "STRING",
+    "emitter_seq": "BIGINT",
+    "group": "(?:STRING|VOID)",
+    "location": "STRING",
+    "message_id": "STRING",
+    "offset": "BIGINT",
+    "partition": "BIGINT",
+    "prev_offsets": "ARRAY<(?:BIGINT|VOID)>",
+    "sampling_percent": r"(?:BIGINT|DOUBLE|DECIMAL\(\d+,\d+\))",
+    "stream": "STRING",
+    "timestamp_ms": "BIGINT",
+    "topic": "STRING",
+    "type": "STRING",
+    "v": "BIGINT",
+}
+_OPTIONAL = frozenset({"attributes", "group", "prev_offsets"})
+
+
+def _shape_pattern(version: int) -> str:
+    """The regular expression of the plain shape of a trace of this format version."""
+    fields = sorted(trace_fields(version))
+    unknown = set(fields) - set(_SHAPE_TYPES)
+    if unknown:  # a field the format gained: give it a type here
+        raise ValueError(f"trace fields without a shape type: {sorted(unknown)}")
+    if fields[-1] in _OPTIONAL:
+        raise ValueError(f"the last trace field in order, {fields[-1]!r}, must be required")
+    parts = [
+        (f"(?:{name}: {_SHAPE_TYPES[name]}, )?" if name in _OPTIONAL else f"{name}: {_SHAPE_TYPES[name]}, ")
+        for name in fields[:-1]
+    ]
+    return "^OBJECT<" + "".join(parts) + f"{fields[-1]}: {_SHAPE_TYPES[fields[-1]]}>$"
+
+
+def _plain_shape() -> Column:
+    """Whether the record has the plain shape of its version's trace."""
+    plain = F.lit(False)
+    for version in READABLE_VERSIONS:
+        plain = plain | ((F.col("_v") == version) & F.col("_shape").rlike(_shape_pattern(version)))
+    return F.coalesce(plain, F.lit(False))
+
+
+def _plain_values(known_streams: Iterable[str]) -> str:
+    """The rules of a trace of the plain shape, on the columns extracted from it (types are known to be right)."""
+    known = ", ".join(f"'{name}'" for name in sorted(known_streams)) or "NULL"
+    names = " AND ".join(
+        f"char_length(`{name}`) BETWEEN 1 AND {MAX_NAME_CHARS}"
+        for name in ("stream", "location", "cluster", "topic", "emitter_id")
+    )
+    prev = f"try_variant_get({_JSON}, '$.prev_offsets', 'array<bigint>')"
+    return (
+        f"octet_length(value) <= {MAX_TRACE_BYTES} AND char_length(message_id) BETWEEN 1 AND {MAX_ID_CHARS} "
+        f"AND {names} "
+        f"AND ((type = 'RECEIVED' AND char_length(`group`) BETWEEN 1 AND {MAX_NAME_CHARS}) "
+        "OR (type = 'SENT' AND `group` IS NULL)) "
+        "AND timestamp_ms >= 0 AND `offset` >= 0 AND emitter_seq >= 0 AND `partition` >= 0 "
+        "AND sampling_percent > 0 AND sampling_percent <= 100 "
+        f"AND ({prev} IS NULL OR size({prev}) = 0 OR (type <> 'SENT' AND size({prev}) <= {MAX_PREV_OFFSETS} "
+        f"AND coalesce(forall({prev}, o -> o >= 0), false))) "
+        f"AND stream IN ({known})"
+    )
+
+
 def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFrame:
-    """Decode a DataFrame of Spark's Kafka schema (in the JVM); split it with :func:`valid` / :func:`quarantined`."""
+    """Decode a DataFrame of Spark's Kafka schema (in the JVM); split it with :func:`valid`."""
     streams = sorted(set(known_streams))
     is_mark = f"coalesce({_kind('$.mark')} = 'BOOLEAN' AND try_variant_get({_JSON}, '$.mark', 'boolean'), false)"
-    decoded = kafka_rows.select(
-        "value",
-        "topic",
-        "partition",
-        "offset",
-        "timestamp",
-        F.expr("CASE WHEN is_valid_utf8(CAST(value AS STRING)) THEN try_parse_json(CAST(value AS STRING)) END").alias(
-            _JSON
-        ),
-    ).withColumn("_mark", F.expr(is_mark))
-    ok = F.expr(
-        f"{_JSON} IS NOT NULL AND schema_of_variant({_JSON}) LIKE 'OBJECT<%' "
+    decoded = (
+        kafka_rows.select(
+            "value",
+            "topic",
+            "partition",
+            "offset",
+            "timestamp",
+            F.expr(
+                "CASE WHEN is_valid_utf8(CAST(value AS STRING)) THEN try_parse_json(CAST(value AS STRING)) END"
+            ).alias(_JSON),
+        )
+        .withColumn("_shape", F.expr(f"schema_of_variant({_JSON})"))
+        .withColumn("_v", F.expr(f"try_variant_get({_JSON}, '$.v', 'bigint')"))
+        .withColumn("_plain", _plain_shape())
+        .withColumn("_mark", F.expr(f"NOT _plain AND {is_mark}"))
+    )
+    full = F.expr(
+        f"{_JSON} IS NOT NULL AND _shape LIKE 'OBJECT<%' "
         f"AND CASE WHEN _mark THEN {_valid_mark()} ELSE {_valid_trace(streams)} END"
     )
     entries = F.expr(
@@ -214,10 +289,9 @@ def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFra
         "'cluster', try_variant_get(e, '$[0]', 'string'), 'topic', try_variant_get(e, '$[1]', 'string'), "
         "'partition', try_variant_get(e, '$[2]', 'int'), 'offset', try_variant_get(e, '$[3]', 'bigint')))"
     )
-    checked = decoded.withColumn("_ok", ok)
     trace = ~F.col("_mark")
     attributes = _typed("$.attributes", "map<string,string>")
-    return checked.select(
+    extracted = decoded.select(
         F.when(trace, _string("$.message_id")).alias("message_id"),
         F.when(trace, _string("$.stream")).alias("stream"),
         _string("$.location").alias("location"),
@@ -231,62 +305,40 @@ def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFra
         _string("$.emitter_id").alias("emitter_id"),
         _typed("$.emitter_seq", "bigint").alias("emitter_seq"),
         F.when(trace, _typed("$.sampling_percent", "double")).alias("sampling_percent"),
-        F.when(trace & (F.size(attributes) > 0), F.to_json(attributes)).alias("attributes"),
+        F.when(trace & ~F.col("_plain") & (F.size(attributes) > 0), F.to_json(attributes)).alias("attributes"),
         F.when(
             trace & (F.size(_typed("$.prev_offsets", "array<bigint>")) > 0), _typed("$.prev_offsets", "array<bigint>")
         ).alias("prev_offsets"),
         F.when(F.col("_mark") & (F.size(entries) > 0), entries).alias("received"),
-        (~F.col("_ok")).alias("malformed"),
-        F.when(~F.col("_ok"), F.col("value")).alias("raw_value"),
+        "_plain",
+        "_shape",
+        "_mark",
+        "value",
+        F.col(_JSON),
         F.col("topic").alias("source_topic"),
         F.col("partition").alias("source_partition"),
         F.col("offset").alias("source_offset"),
         F.expr("unix_millis(timestamp)").alias("kafka_timestamp_ms"),
     )
-
-
-def valid(parsed: DataFrame) -> DataFrame:
-    """The traces (emitter marks left out)."""
-    return parsed.where("NOT malformed AND type <> 'MARK'").select(*[f"`{name}`" for name in TRACE_NAMES])
-
-
-def archived(parsed: DataFrame) -> DataFrame:
-    """The traces with their back-pointers: what the raw-trace archive keeps."""
-    return parsed.where("NOT malformed AND type <> 'MARK'").select(
-        *[f"`{name}`" for name in TRACE_NAMES], "prev_offsets"
+    ok = F.when(F.col("_plain") & F.expr(f"coalesce({_plain_values(streams)}, false)"), F.lit(True)).otherwise(full)
+    checked = extracted.withColumn("_ok", ok)
+    return checked.select(
+        *[F.col(f"`{name}`") for name in TRACE_NAMES],
+        "prev_offsets",
+        "received",
+        (~F.col("_ok")).alias("malformed"),
+        F.when(~F.col("_ok"), F.col("value")).alias("raw_value"),
+        "source_topic",
+        "source_partition",
+        "source_offset",
+        "kafka_timestamp_ms",
     )
 
 
-def sequences(parsed: DataFrame) -> DataFrame:
-    """Every emitter sequence number seen, from traces and marks: (emitter id, location, number, time)."""
-    return parsed.where("NOT malformed").select("emitter_id", "location", "emitter_seq", "timestamp_ms")
-
-
-def pointers(parsed: DataFrame) -> DataFrame:
-    """Positions an emitter says it received whose RECEIVED trace is not in this batch.
-
-    (location, cluster, topic, partition, offset), from the back-pointers of RECEIVED traces and
-    the ``received`` lists of emitter marks. A position pointed at whose trace never arrives was
-    received, and only its trace was lost.
-    """
-    ok = parsed.where("NOT malformed")
-    back = ok.where("type = 'RECEIVED' AND prev_offsets IS NOT NULL").select(
-        "location", "cluster", "topic", "partition", F.explode("prev_offsets").alias("offset")
-    )
-    marked = (
-        ok.where("type = 'MARK' AND received IS NOT NULL")
-        .select("location", F.explode("received").alias("entry"))
-        .select("location", "entry.cluster", "entry.topic", "entry.partition", "entry.offset")
-    )
-    traced = ok.where("type = 'RECEIVED'").select(*_POSITION)
-    return back.unionByName(marked).distinct().join(traced, on=_POSITION, how="left_anti")
-
-
-def quarantined(parsed: DataFrame) -> DataFrame:
-    """The malformed records: raw bytes and where they sat (their reason: :func:`quarantine_reason`)."""
-    return parsed.where("malformed").select(
-        "raw_value", "source_topic", "source_partition", "source_offset", "kafka_timestamp_ms"
-    )
+def valid(parsed: DataFrame, with_pointers: bool = False) -> DataFrame:
+    """The traces (emitter marks left out), with their back-pointers if asked."""
+    columns = [*[f"`{name}`" for name in TRACE_NAMES], *(["prev_offsets"] if with_pointers else [])]
+    return parsed.where("NOT malformed AND type <> 'MARK'").select(*columns)
 
 
 def quarantine_reason(raw: bytes | None, known_streams: Iterable[str]) -> str:

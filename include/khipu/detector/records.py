@@ -19,6 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from khipu.detector.gaps import EmitterBatch, batches_of_columns
+
 TRACE, MARK, MALFORMED = "trace", "mark", "malformed"
 POSITION = ("location", "cluster", "topic", "partition", "offset")
 POSITION_SCHEMA = pa.schema(
@@ -77,11 +79,15 @@ def pointers(records: pa.Table) -> list[tuple[str, str, str, int, int]]:
     return [tuple(row.values()) for row in missing.to_pylist()]  # type: ignore[misc]
 
 
-def sequence_numbers(records: pa.Table) -> list[tuple[str, str, int, int]]:
-    """(emitter id, location, sequence number, time) of every trace and emitter mark in the batch."""
+def sequence_numbers(records: pa.Table) -> dict[str, EmitterBatch]:
+    """Every emitter's sequence numbers in the batch (with their times), from its traces and marks."""
     numbered = records.filter(pc.not_equal(records.column("kind"), MALFORMED))
-    columns = [numbered.column(name).to_pylist() for name in ("emitter_id", "location", "emitter_seq", "timestamp_ms")]
-    return list(zip(*columns, strict=True))
+    return batches_of_columns(
+        numbered.column("emitter_id").to_numpy(zero_copy_only=False),
+        numbered.column("location").to_numpy(zero_copy_only=False),
+        numbered.column("emitter_seq").to_numpy(),
+        numbered.column("timestamp_ms").to_numpy(),
+    )
 
 
 def newest_read(records: pa.Table) -> dict[int, int]:

@@ -16,10 +16,13 @@ its gap (:class:`Absorbed.late`).
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
+Numbers = npt.NDArray[np.int64]
 KEEP_RECENT = 100_000  # numbers behind an emitter's newest within which a late trace still counts fully
 
 
@@ -66,32 +69,51 @@ class Absorbed:
     changed: bool  # whether anything new was seen
 
 
-def absorb(history: EmitterHistory, seen: Iterable[tuple[int, int]], keep: int = KEEP_RECENT) -> Absorbed:
-    """Add a batch of (sequence number, time) to an emitter's history; recompute its gaps above the base."""
+def absorb(history: EmitterHistory, seen: Iterable[tuple[int, int]] | Numbers, keep: int = KEEP_RECENT) -> Absorbed:
+    """Add a batch of (sequence number, time) to an emitter's history; recompute its gaps above the base.
+
+    ``seen``: pairs, or an (n, 2) array of them; a number seen twice counts with the time it first came with.
+    The numbers are handled as runs with numpy (a batch holds tens of thousands per emitter)."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
+    pairs = seen if isinstance(seen, np.ndarray) else np.asarray(list(seen), dtype=np.int64)
+    pairs = pairs.reshape(-1, 2).astype(np.int64, copy=False)
+    numbers, times = pairs[:, 0], pairs[:, 1]
+    below = numbers <= history.base_seq
+    late = tuple(sorted(set(numbers[below].tolist())))
+    numbers, times = numbers[~below], times[~below]
+    distinct, first = np.unique(numbers, return_index=True)  # sorted; the first arrival of each
+    at = times[first]
     runs = list(history.runs)
-    starts = [run.first_seq for run in runs]
-    late: set[int] = set()
-    fresh: dict[int, int] = {}
-    for seq, at_ms in seen:
-        if seq <= history.base_seq:
-            late.add(seq)
-            continue
-        at = bisect_right(starts, seq) - 1  # the run starting at or before seq, if any
-        if at < 0 or runs[at].last_seq < seq:
-            fresh.setdefault(seq, at_ms)
-    merged = _merge(runs, sorted(fresh.items()))
+    if runs and len(distinct):  # numbers inside a run already kept are nothing new
+        starts = np.asarray([run.first_seq for run in runs], dtype=np.int64)
+        ends = np.asarray([run.last_seq for run in runs], dtype=np.int64)
+        holder = np.searchsorted(starts, distinct, side="right") - 1
+        inside = (holder >= 0) & (distinct <= ends[np.maximum(holder, 0)])
+        distinct, at = distinct[~inside], at[~inside]
+    merged = _merge(runs, _runs_of(distinct, at))
     gaps = _gaps(history.base_seq, history.base_ms, merged)
     horizon = merged[-1].last_seq - keep if merged else history.base_seq
     folded = [run for run in merged if run.last_seq <= horizon]
     base_seq, base_ms = (folded[-1].last_seq, folded[-1].last_ms) if folded else (history.base_seq, history.base_ms)
     kept = EmitterHistory(base_seq, base_ms, tuple(run for run in merged if run.last_seq > horizon))
-    return Absorbed(kept, gaps, tuple(sorted(late)), bool(fresh))
+    return Absorbed(kept, gaps, late, bool(len(distinct)))
 
 
-def _merge(runs: list[Run], points: list[tuple[int, int]]) -> list[Run]:
-    pieces = sorted([*runs, *(Run(seq, at_ms, seq, at_ms) for seq, at_ms in points)], key=lambda run: run.first_seq)
+def _runs_of(numbers: Numbers, times: Numbers) -> list[Run]:
+    """Sorted distinct numbers (with their times) as runs of consecutive numbers."""
+    if not len(numbers):
+        return []
+    breaks = np.nonzero(np.diff(numbers) > 1)[0]
+    firsts, lasts = np.r_[0, breaks + 1], np.r_[breaks, len(numbers) - 1]
+    return [
+        Run(int(numbers[a]), int(times[a]), int(numbers[b]), int(times[b]))
+        for a, b in zip(firsts.tolist(), lasts.tolist(), strict=True)
+    ]
+
+
+def _merge(runs: list[Run], fresh: list[Run]) -> list[Run]:
+    pieces = sorted([*runs, *fresh], key=lambda run: run.first_seq)
     merged: list[Run] = []
     for run in pieces:
         if merged and run.first_seq <= merged[-1].last_seq + 1:

@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 
-from khipu.detector.parse import archived, parse_traces, pointers, quarantine_reason, quarantined, sequences, valid
+from khipu.detector import records
+from khipu.detector.job import prepare
+from khipu.detector.parse import parse_traces, quarantine_reason, valid
+from khipu.detector.routes import RoutePlans
+from khipu.registry import parse_registry
 from khipu.trace.codec import TraceDecodeError, decode_record, encode_mark, encode_trace
 from khipu.trace.model import EmitterMark, Trace, TraceType
 from tests.unit.trace.test_codec import MALFORMED, MALFORMED_MARKS, record, sent_trace
@@ -24,6 +28,13 @@ KAFKA_SCHEMA = (
     "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int"
 )
 STREAMS = ["orders"]
+PLANS = RoutePlans.of(
+    parse_registry(
+        "version: 1\nclusters: {local: {}}\nstreams:\n  orders:\n    owner: t\n    route:\n"
+        "      producers: [{location: api, writes: [local/demo.orders]}]\n"
+        "      consumers: [{group: sink, reads: [local/demo.orders]}]\n"
+    )
+)
 
 
 def kafka_rows(spark: Any, values: list[bytes | None]) -> Any:
@@ -50,6 +61,7 @@ def test_traces_marks_pointers_and_quarantine_from_kafka_rows(spark: Any) -> Non
         json.dumps({**json.loads(encode_trace(sent)), "stream": "nope"}).encode(),
     ]
     parsed = parse_traces(kafka_rows(spark, values), STREAMS).cache()
+    batch = prepare(parsed, PLANS, 4).toArrow()  # what the processor lets through, as the writer collects it
 
     assert sorted((r.message_id, r.type, r.offset) for r in valid(parsed).collect()) == [
         ("m10", "RECEIVED", 10),
@@ -57,13 +69,14 @@ def test_traces_marks_pointers_and_quarantine_from_kafka_rows(spark: Any) -> Non
         ("m14", "RECEIVED", 14),
         ("m9", "SENT", 9),
     ]
-    assert {r.message_id: r.prev_offsets for r in archived(parsed).collect()} == {
+    assert {r.message_id: r.prev_offsets for r in valid(parsed, with_pointers=True).collect()} == {
         "m9": None,
         "m10": None,
         "m13": [10],
         "m14": [13, 12, 10],
     }
-    assert sorted(tuple(r) for r in sequences(parsed).collect()) == [
+    numbered = records.sequence_numbers(batch)
+    assert sorted((e, b.location, int(n), int(t)) for e, b in numbered.items() for n, t in b.seen) == [
         ("api-e1", "api", 0, 900),
         ("sink-e1", "sink", 0, 1_000),
         ("sink-e1", "sink", 1, 1_001),
@@ -71,11 +84,11 @@ def test_traces_marks_pointers_and_quarantine_from_kafka_rows(spark: Any) -> Non
         ("sink-e1", "sink", 4, 1_004),
     ]
     # every pointer whose trace is in the batch is left out: 12 (trace lost) and the mark's x[2]@7 remain
-    assert sorted(tuple(r) for r in pointers(parsed).collect()) == [
+    assert sorted(records.pointers(batch)) == [
         ("sink", "local", "demo.orders", 0, 12),
         ("sink", "local", "x", 2, 7),
     ]
-    bad = sorted((r.source_offset, bytes(r.raw_value)) for r in quarantined(parsed).collect())
+    bad = sorted((r["source_offset"], bytes(r["raw_value"])) for r in records.malformed(batch))
     assert bad == [(5, values[5]), (6, values[6])]
     assert "not UTF-8" in quarantine_reason(bad[0][1], STREAMS)
     reason = quarantine_reason(bad[1][1], STREAMS)
@@ -89,7 +102,7 @@ def test_every_trace_field_comes_out_of_the_jvm_as_the_codec_reads_it(spark: Any
         sent_trace(message_id="ünïcode-✓", sampling_percent=100.0, offset=0, partition=0, attributes={"a": "é"}),
     ]
     parsed = parse_traces(kafka_rows(spark, [encode_trace(t) for t in traces]), STREAMS)
-    rows = {(r.message_id, r.type): r for r in archived(parsed).collect()}
+    rows = {(r.message_id, r.type): r for r in valid(parsed, with_pointers=True).collect()}
     assert len(rows) == len(traces)
     for trace in traces:
         row = rows[(trace.message_id, trace.type.value)]
@@ -150,6 +163,20 @@ PARITY: list[bytes | None] = [
     _mark(received=[["local", "orders", 0, 4, 5]]),
     _mark(received=[["local", 7, 0, 4]]),
     _mark(location=""),
+    # the plain shape checked on its values only: each of these must still be refused
+    json.dumps(record(type="RECEIVED", group="g", prev_offsets=[None])).encode(),
+    json.dumps(record(type="RECEIVED", group="g", prev_offsets=[3, None])).encode(),
+    json.dumps(record(prev_offsets=[3])).encode(),  # back-pointers on a SENT trace
+    json.dumps(record(type="RECEIVED", group=None)).encode(),
+    json.dumps(record(group="g")).encode(),  # a group on a SENT trace
+    json.dumps(record(type="SEEN")).encode(),
+    json.dumps(record(stream="")).encode(),
+    json.dumps(record(emitter_seq=-1)).encode(),
+    json.dumps(record(sampling_percent=0)).encode(),
+    json.dumps(record(partition=-1)).encode(),
+    json.dumps(record(v=1, prev_offsets=[])).encode(),  # a version-1 trace has no back-pointers
+    json.dumps({k: v for k, v in record().items() if k != "attributes"}).encode(),
+    json.dumps({k: v for k, v in record().items() if k not in ("group", "prev_offsets")}).encode(),
     b'"a string"',
     b"",
 ]

@@ -116,7 +116,15 @@ def both_ways(
     clock = now_ms if read_to_ms is None else min(now_ms, read_to_ms)
     judged = judge_clean(plan, grid, now_ms, clock, config)
     expected = decide(
-        "m1", stream, traces, world.committed_of, memo, first_seen_ms, now_ms, config, read_to_ms=read_to_ms,
+        "m1",
+        stream,
+        traces,
+        world.committed_of,
+        memo,
+        first_seen_ms,
+        now_ms,
+        config,
+        read_to_ms=read_to_ms,
         removed=world.removed,
     )
     if not judged.in_domain[0]:
@@ -272,7 +280,10 @@ def test_the_clean_judge_agrees_with_decide_on_random_messages(route: int) -> No
             finished += answer[2]
     # the domain is most of what is clean, and its answers are not only "wait"
     assert in_domain > 0.45 * judged and delivered > 0.05 * judged and finished > 0.03 * judged, (
-        judged, in_domain, delivered, finished,
+        judged,
+        in_domain,
+        delivered,
+        finished,
     )
 
 

@@ -21,7 +21,7 @@ def gap(from_seq: int, to_seq: int, noticed_ms: int = NOTICED) -> TraceGap:
 
 
 def plan(state: EmitterState, *numbers: int) -> EmitterUpdate:
-    batch = EmitterBatch("sink", tuple((n, 1000 + n) for n in numbers))
+    batch = EmitterBatch.of("sink", [(n, 1000 + n) for n in numbers])
     [update] = plan_sequence_updates({"e1": state}, {"e1": batch}, NOW)
     return update
 
@@ -86,6 +86,6 @@ def test_an_emitter_first_seen_above_zero_lost_its_first_numbers() -> None:
 
 def test_a_batch_is_grouped_per_emitter_under_its_first_location_and_planned_in_emitter_order() -> None:
     batches = batches_by_emitter([("e2", "proc", 5, 10), ("e1", "sink", 1, 11), ("e2", "proc-moved", 3, 12)])
-    assert batches == {"e2": EmitterBatch("proc", ((5, 10), (3, 12))), "e1": EmitterBatch("sink", ((1, 11),))}
+    assert batches == {"e2": EmitterBatch.of("proc", ((5, 10), (3, 12))), "e1": EmitterBatch.of("sink", ((1, 11),))}
     assert batches["e2"].lowest_seq == 3
     assert [u.emitter_id for u in plan_sequence_updates({}, batches, NOW)] == ["e1", "e2"]

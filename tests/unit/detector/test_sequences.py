@@ -85,3 +85,47 @@ def test_runs_far_behind_fold_into_the_base_and_a_later_number_is_reported_late(
 def test_keep_must_be_positive() -> None:
     with pytest.raises(ValueError, match="keep must be at least 1, got 0"):
         absorb(EmitterHistory(), [], keep=0)
+
+
+def _absorb_one_by_one(history: EmitterHistory, seen: list[tuple[int, int]], keep: int) -> tuple[object, ...]:
+    """The first implementation, number by number (the reference for the runs-at-once one)."""
+    from bisect import bisect_right
+
+    runs = list(history.runs)
+    starts = [run.first_seq for run in runs]
+    late: set[int] = set()
+    fresh: dict[int, int] = {}
+    for seq, at_ms in seen:
+        if seq <= history.base_seq:
+            late.add(seq)
+            continue
+        at = bisect_right(starts, seq) - 1
+        if at < 0 or runs[at].last_seq < seq:
+            fresh.setdefault(seq, at_ms)
+    pieces = sorted([*runs, *(Run(seq, ms, seq, ms) for seq, ms in sorted(fresh.items()))], key=lambda r: r.first_seq)
+    merged: list[Run] = []
+    for run in pieces:
+        if merged and run.first_seq <= merged[-1].last_seq + 1:
+            last = merged[-1]
+            if run.last_seq > last.last_seq:
+                merged[-1] = Run(last.first_seq, last.first_ms, run.last_seq, run.last_ms)
+        else:
+            merged.append(run)
+    horizon = merged[-1].last_seq - keep if merged else history.base_seq
+    folded = [run for run in merged if run.last_seq <= horizon]
+    base = (folded[-1].last_seq, folded[-1].last_ms) if folded else (history.base_seq, history.base_ms)
+    return base, tuple(r for r in merged if r.last_seq > horizon), tuple(sorted(late)), bool(fresh)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_numbers_absorbed_as_runs_say_what_absorbing_them_one_by_one_says(seed: int) -> None:
+    rng = random.Random(seed)
+    history = EmitterHistory()
+    for _ in range(60):
+        numbers = [rng.randrange(0, 400) for _ in range(rng.randrange(0, 40))]
+        batch = [(n, 5_000 + rng.randrange(1000)) for n in numbers]
+        expected = _absorb_one_by_one(history, batch, keep=120)
+        result = absorb(history, batch, keep=120)
+        got = ((result.history.base_seq, result.history.base_ms), result.history.runs, result.late, result.changed)
+        assert got == expected
+        history = result.history
