@@ -23,12 +23,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from khipu.detector.clean import NONE, CleanGrid, delivered_cells, judge_clean
@@ -126,19 +127,18 @@ def no_log_start(cluster: str, topic: str, partition: int) -> int | None:
 
 @dataclass(frozen=True)
 class BucketState:
-    traces: pd.DataFrame  # TRACE_STATE's columns
-    messages: pd.DataFrame  # MESSAGE_STATE's columns
+    traces: pa.Table  # TRACE_STATE
+    messages: pa.Table  # MESSAGE_STATE
 
     @staticmethod
     def empty() -> BucketState:
-        return BucketState(TRACE_STATE.empty_table().to_pandas(), MESSAGE_STATE.empty_table().to_pandas())
+        return BucketState(TRACE_STATE.empty_table(), MESSAGE_STATE.empty_table())
 
     def encode(self) -> bytes:
         """The state as one compressed Arrow IPC stream of two tables (traces, then messages)."""
         sink = pa.BufferOutputStream()
-        options = ipc.IpcWriteOptions(compression="zstd")
-        for frame, schema in ((self.traces, TRACE_STATE), (self.messages, MESSAGE_STATE)):
-            table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
+        options = ipc.IpcWriteOptions(compression="zstd", use_threads=False)
+        for table, schema in ((self.traces, TRACE_STATE), (self.messages, MESSAGE_STATE)):
             with ipc.new_stream(sink, schema, options=options) as writer:
                 writer.write_table(table)
         return bytes(sink.getvalue())
@@ -148,7 +148,7 @@ class BucketState:
         source = pa.BufferReader(blob)
         traces = ipc.open_stream(source).read_all()
         messages = ipc.open_stream(source).read_all()
-        return BucketState(traces.to_pandas(), messages.to_pandas())
+        return BucketState(traces, messages)
 
 
 @dataclass(frozen=True)
@@ -170,215 +170,242 @@ class Evaluation:
     judged_messages: int = 0  # messages decide was called for
     clean_messages: int = 0  # messages the clean judge answered for
     dropped_unknown: int = 0  # messages of streams the registry does not define (dropped)
-    counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Messages:
+    """The bucket's messages as numpy columns, worked on in place during one evaluation."""
+
+    ids: np.ndarray  # object (str)
+    stream: np.ndarray  # object (str)
+    first_seen_ms: np.ndarray
+    judged: np.ndarray
+    emitted: np.ndarray
+    memo: np.ndarray  # object (bytes)
+    passed_at: np.ndarray  # object (str | None)
+    next_check_ms: np.ndarray
+
+    @staticmethod
+    def of(table: pa.Table) -> _Messages:
+        def column(name: str) -> np.ndarray:
+            return np.asarray(table.column(name).to_numpy(zero_copy_only=False)).copy()
+
+        return _Messages(*(column(name) for name in MESSAGE_STATE.names))
+
+    def table(self, keep: np.ndarray) -> pa.Table:
+        columns = [self.ids, self.stream, self.first_seen_ms, self.judged, self.emitted, self.memo, self.passed_at,
+                   self.next_check_ms]  # fmt: skip
+        return pa.Table.from_arrays(
+            [pa.array(values[keep], type=field.type) for values, field in zip(columns, MESSAGE_STATE, strict=True)],
+            schema=MESSAGE_STATE,
+        )
 
 
 class BucketJudge:
     def __init__(self, plans: RoutePlans, config: DetectorConfig) -> None:
         self.plans, self.config = plans, config
         self.by_stream = plans.by_stream
-        self._hop_stream = np.full(sum(p.size for p in plans.plans), -1, dtype=np.int64)
+        size = sum(p.size for p in plans.plans)
+        self._hop_stream = np.full(size, -1, dtype=np.int64)
+        self._first_hop = np.zeros(size, dtype=np.int64)
+        self._hop_topic = np.zeros(size, dtype=np.int64)
         for number, plan in enumerate(plans.plans):
-            self._hop_stream[plan.first_hop : plan.first_hop + plan.size] = number
+            hops = slice(plan.first_hop, plan.first_hop + plan.size)
+            self._hop_stream[hops] = number
+            self._first_hop[hops] = plan.first_hop
+            self._hop_topic[hops] = plan.hop_topic
+        self._stream_number = {plan.stream.name: number for number, plan in enumerate(plans.plans)}
+        self._blank_memo = {
+            plan.stream.name: np.full(plan.size, NONE, dtype=np.int64).tobytes() for plan in plans.plans
+        }
 
     # -- one evaluation ------------------------------------------------------------------------------------
 
-    def evaluate(self, state: BucketState, new: pd.DataFrame | None, now_ms: int, lookups: Lookups) -> Evaluation:
+    def evaluate(
+        self, state: BucketState, new: pa.Table | pd.DataFrame | None, now_ms: int, lookups: Lookups
+    ) -> Evaluation:
         """Add the bucket's new traces (TRACE_STATE's columns), judge what can be judged, return the new state."""
-        traces = state.traces
-        messages = state.messages
-        touched: set[str] = set()
+        traces, table = state.traces, state.messages
+        arriving = pa.array([], pa.string())
         if new is not None and len(new):
-            new = new.loc[:, list(TRACE_STATE.names)]
-            traces = pd.concat([traces, new], ignore_index=True) if len(traces) else new.reset_index(drop=True)
-            arriving = new.drop_duplicates("message_id", keep="first")
-            touched = set(arriving["message_id"])
-            fresh = arriving[~arriving["message_id"].isin(messages["message_id"])]
+            if isinstance(new, pd.DataFrame):
+                new = pa.Table.from_pandas(
+                    new.loc[:, list(TRACE_STATE.names)], schema=TRACE_STATE, preserve_index=False
+                )
+            new = new.select(list(TRACE_STATE.names)).cast(TRACE_STATE)
+            traces = pa.concat_tables([traces, new]) if traces.num_rows else new
+            arriving = pc.unique(new.column("message_id"))
+            fresh = arriving.filter(pc.invert(pc.is_in(arriving, value_set=table.column("message_id"))))
             if len(fresh):
-                messages = pd.concat([messages, self._new_messages(fresh, now_ms)], ignore_index=True)
-        if not len(messages):
+                table = pa.concat_tables([table, self._new_messages(new, fresh, now_ms)])
+        if not table.num_rows:
             return Evaluation(BucketState.empty(), _no_verdicts(), None)
-        messages = messages.reset_index(drop=True)
+        messages = _Messages.of(table)
         read_to = lookups.read_to() if lookups.read_to is not None else None
         clock_ms = now_ms if read_to is None else min(now_ms, read_to)
+        touched = pc.is_in(table.column("message_id"), value_set=arriving).to_numpy(zero_copy_only=False)
 
-        unknown = ~messages["stream"].isin(self.by_stream).to_numpy()
-        expired = (now_ms - messages["first_seen_ms"].to_numpy()) > self.config.max_wait_ms + SAFETY_MS
-        index = pd.Index(messages["message_id"])
-        row_message = index.get_indexer(traces["message_id"])
-        judged = messages["judged"].to_numpy().copy()
-        emitted = messages["emitted"].to_numpy().copy()
-        memo_blobs = messages["memo"].to_numpy().copy()
-        passed_at = messages["passed_at"].to_numpy().copy()
-        next_check = messages["next_check_ms"].to_numpy().copy()
-        turned = self._not_clean(messages, traces, row_message) & ~judged & ~unknown
+        unknown = np.asarray([s not in self.by_stream for s in messages.stream], dtype=bool)
+        expired = (now_ms - messages.first_seen_ms) > self.config.max_wait_ms + SAFETY_MS
+        ids = table.column("message_id")
+        row_message = pc.index_in(traces.column("message_id"), value_set=ids).to_numpy(zero_copy_only=False)
+        row_message = row_message.astype(np.int64)
+        turned = self._not_clean(messages, traces, row_message) & ~messages.judged & ~unknown
         if turned.any():  # new traces made them unclean: decide takes over with what the clean judge knew
-            before = _rows_by_message(
-                state.traces, index.get_indexer(state.traces["message_id"]), set(np.nonzero(turned)[0].tolist())
-            )
+            before_rows = pc.index_in(state.traces.column("message_id"), value_set=ids).to_numpy(zero_copy_only=False)
+            before = _rows_by_message(state.traces, before_rows.astype(np.int64), set(np.nonzero(turned)[0].tolist()))
             for position in np.nonzero(turned)[0]:
-                plan = self.by_stream[messages.at[position, "stream"]]
-                passed_at[position] = json.dumps(
-                    _memo_of_rows(plan, memo_blobs[position], before.get(int(position), []))
-                )
-                next_check[position] = 0
-            judged |= turned
+                plan = self.by_stream[messages.stream[position]]
+                rows = before.get(int(position), [])
+                messages.passed_at[position] = json.dumps(_memo_of_rows(plan, messages.memo[position], rows))
+                messages.next_check_ms[position] = 0
+            messages.judged |= turned
         done = unknown | expired
         frames: list[pd.DataFrame] = []
         clean_count = 0
 
         for plan in self.plans.plans:
-            mine = np.nonzero((messages["stream"].to_numpy() == plan.stream.name) & ~judged & ~done)[0]
+            mine = np.nonzero((messages.stream == plan.stream.name) & ~messages.judged & ~done)[0]
             if not len(mine):
                 continue
             if not plan.simple:  # a message of this route may take some of its hops only: decide judges it
-                judged[mine] = True
+                messages.judged[mine] = True
                 continue
             clean_count += len(mine)
-            grid = self._grid(plan, messages, traces, row_message, mine, memo_blobs, emitted, lookups, now_ms, clock_ms)
+            grid = self._grid(plan, messages, traces, row_message, mine, lookups, clock_ms)
             judgement = judge_clean(plan, grid, now_ms, clock_ms, self.config)
             frames.append(self._delivered(plan, grid, judgement.deliver, messages, mine, now_ms))
             bits = (judgement.deliver.astype(np.int64) << np.arange(plan.size, dtype=np.int64)).sum(axis=1)
-            emitted[mine] |= bits
+            messages.emitted[mine] |= bits
             staying = judgement.in_domain
-            memo_blobs[mine[staying]] = [row.tobytes() for row in judgement.memo_ms[staying]]
+            memo = judgement.memo_ms[staying]
+            messages.memo[mine[staying]] = [row.tobytes() for row in memo]
             done[mine[staying & judgement.done]] = True
-            next_check[mine[staying]] = judgement.next_check_ms[staying]
+            messages.next_check_ms[mine[staying]] = judgement.next_check_ms[staying]
             leaving = mine[~staying]  # decide takes them from here, with what the clean judge knew
             for local, position in zip(np.nonzero(~staying)[0], leaving, strict=True):
-                passed_at[position] = json.dumps(_memo_of(plan, grid, judgement.memo_ms, int(local)))
-                next_check[position] = 0
-            judged[leaving] = True
+                messages.passed_at[position] = json.dumps(_memo_of(plan, grid, judgement.memo_ms, int(local)))
+                messages.next_check_ms[position] = 0
+            messages.judged[leaving] = True
 
-        decided_by_rules = np.nonzero(
-            judged & ~done & (messages["message_id"].isin(touched).to_numpy() | (next_check <= now_ms))
-        )[0]
-        if len(decided_by_rules):
-            by_message = _rows_by_message(traces, row_message, set(decided_by_rules.tolist()))
-            for position in decided_by_rules:
-                verdicts, finished, memo, wanted = self._decide(
-                    messages.iloc[position], by_message.get(int(position), []), emitted[position],
-                    passed_at[position], now_ms, read_to, lookups,
-                )  # fmt: skip
+        by_rules = np.nonzero(messages.judged & ~done & (touched | (messages.next_check_ms <= now_ms)))[0]
+        if len(by_rules):
+            by_message = _rows_by_message(traces, row_message, set(by_rules.tolist()))
+            for position in by_rules:
+                verdicts, finished, memo_text, wanted = self._decide(
+                    messages, int(position), by_message.get(int(position), []), now_ms, read_to, lookups
+                )
                 if verdicts:
                     frames.append(_frame_of(verdicts))
-                    emitted[position] |= self._bits(messages.at[position, "stream"], verdicts)
+                    messages.emitted[position] |= self._bits(messages.stream[position], verdicts)
                 done[position] = finished
-                passed_at[position] = memo
-                next_check[position] = wanted
+                messages.passed_at[position] = memo_text
+                messages.next_check_ms[position] = wanted
 
         if expired.any():
             log.warning(
                 "%d messages dropped %d ms past their maximum wait (a bug kept them)", int(expired.sum()), SAFETY_MS
             )
         keep = ~done
-        kept_messages = messages.assign(judged=judged, emitted=emitted, memo=memo_blobs, passed_at=passed_at,
-                                        next_check_ms=next_check)[keep].reset_index(drop=True)  # fmt: skip
-        kept_traces = traces[keep[row_message]].reset_index(drop=True) if len(traces) else traces
+        kept_traces = traces.filter(pa.array(keep[row_message])) if traces.num_rows else traces
         frames = [frame for frame in frames if len(frame)]
         verdicts = pd.concat(frames, ignore_index=True) if frames else _no_verdicts()
-        wake = int(next_check[keep].min()) if keep.any() else None
+        wake = int(messages.next_check_ms[keep].min()) if keep.any() else None
         return Evaluation(
-            BucketState(kept_traces, kept_messages),
+            BucketState(kept_traces, messages.table(keep)),
             verdicts,
             None if wake is None else max(wake, now_ms + 1),
-            judged_messages=len(decided_by_rules),
+            judged_messages=len(by_rules),
             clean_messages=clean_count,
             dropped_unknown=int(unknown.sum()),
         )
 
     # -- pieces ---------------------------------------------------------------------------------------------
 
-    def _new_messages(self, fresh: pd.DataFrame, now_ms: int) -> pd.DataFrame:
-        streams = fresh["stream"].to_numpy()
-        sizes = np.asarray([self.by_stream[s].size if s in self.by_stream else 0 for s in streams], dtype=np.int64)
-        return pd.DataFrame(
-            {
-                "message_id": fresh["message_id"].to_numpy(),
-                "stream": streams,
-                "first_seen_ms": np.full(len(fresh), now_ms, dtype=np.int64),
-                "judged": np.zeros(len(fresh), dtype=bool),
-                "emitted": np.zeros(len(fresh), dtype=np.int64),
-                "memo": [np.full(size, NONE, dtype=np.int64).tobytes() for size in sizes],
-                "passed_at": [None] * len(fresh),
-                "next_check_ms": np.zeros(len(fresh), dtype=np.int64),
-            }
+    def _new_messages(self, new: pa.Table, fresh: pa.Array, now_ms: int) -> pa.Table:
+        """Rows for messages first seen now; a message's stream is its first trace's."""
+        first = pc.index_in(fresh, value_set=new.column("message_id"))
+        streams = new.column("stream").take(first).to_pylist()
+        n = len(fresh)
+        return pa.Table.from_arrays(
+            [
+                fresh,
+                pa.array(streams, pa.string()),
+                pa.array(np.full(n, now_ms, dtype=np.int64)),
+                pa.array(np.zeros(n, dtype=bool)),
+                pa.array(np.zeros(n, dtype=np.int64)),
+                pa.array([self._blank_memo.get(stream, b"") for stream in streams], pa.binary()),
+                pa.nulls(n, pa.string()),
+                pa.array(np.zeros(n, dtype=np.int64)),
+            ],
+            schema=MESSAGE_STATE,
         )
 
-    def _not_clean(self, messages: pd.DataFrame, traces: pd.DataFrame, row_message: np.ndarray) -> np.ndarray:
+    def _not_clean(self, messages: _Messages, traces: pa.Table, row_message: np.ndarray) -> np.ndarray:
         """Messages the clean judge cannot take: a trace of no hop of their stream's route, of another stream,
         a resend, a hop traced twice, or two positions on one topic."""
-        n = len(messages)
+        n = len(messages.ids)
         bad = np.zeros(n, dtype=bool)
-        if not len(traces):
+        if not traces.num_rows:
             return bad
-        hop = traces["hop"].to_numpy().astype(np.int64)
-        stream_number = {plan.stream.name: number for number, plan in enumerate(self.plans.plans)}
-        message_stream = np.asarray([stream_number.get(s, -1) for s in messages["stream"].to_numpy()], dtype=np.int64)
+        hop = traces.column("hop").to_numpy(zero_copy_only=False).astype(np.int64)
+        message_stream = np.asarray([self._stream_number.get(s, -1) for s in messages.stream], dtype=np.int64)
         row_stream = np.where(hop >= 0, self._hop_stream[np.maximum(hop, 0)], -1)
         wrong = (hop < 0) | (row_stream != message_stream[row_message])
-        attributes = traces["attributes"].to_numpy()
-        marked = np.nonzero(pd.notna(attributes))[0]
-        for row in marked:  # rare: recovery attributes, or a resend's marks
-            wrong[row] |= _is_resend(traces, int(row))
+        marked = np.nonzero(traces.column("attributes").is_valid().to_numpy(zero_copy_only=False))[0]
+        if len(marked):  # rare: recovery attributes, or a resend's marks
+            for row, record in zip(marked, traces.take(marked).to_pylist(), strict=True):
+                wrong[row] |= resend_of(_trace(record)) is not None
         np.logical_or.at(bad, row_message[wrong], True)
         ok = ~wrong
-        first = np.zeros(len(self._hop_stream), dtype=np.int64)
-        for plan in self.plans.plans:
-            first[plan.first_hop : plan.first_hop + plan.size] = plan.first_hop
-        local = np.where(ok, hop - first[np.maximum(hop, 0)], 0)
+        local = np.where(ok, hop - self._first_hop[np.maximum(hop, 0)], 0)
         cell = row_message * MAX_HOPS + local
         counts = np.bincount(cell[ok], minlength=n * MAX_HOPS)
-        twice = counts.reshape(n, MAX_HOPS).max(axis=1) > 1
-        bad |= twice
-        topic_of = np.zeros(len(self._hop_stream), dtype=np.int64)
-        for plan in self.plans.plans:
-            topic_of[plan.first_hop : plan.first_hop + plan.size] = plan.hop_topic
-        topic_cell = (row_message * MAX_HOPS + topic_of[np.maximum(hop, 0)])[ok]
-        partition = traces["partition"].to_numpy().astype(np.int64)[ok]
-        offset = traces["offset"].to_numpy().astype(np.int64)[ok]
-        for values in (partition, offset):
+        bad |= counts.reshape(n, MAX_HOPS).max(axis=1) > 1
+        topic_cell = (row_message * MAX_HOPS + self._hop_topic[np.maximum(hop, 0)])[ok]
+        for name in ("partition", "offset"):
+            values = traces.column(name).to_numpy(zero_copy_only=False).astype(np.int64)[ok]
             low = np.full(n * MAX_HOPS, np.iinfo(np.int64).max, dtype=np.int64)
             high = np.full(n * MAX_HOPS, np.iinfo(np.int64).min, dtype=np.int64)
             np.minimum.at(low, topic_cell, values)
             np.maximum.at(high, topic_cell, values)
-            spread = (high > low).reshape(n, MAX_HOPS).any(axis=1)
-            bad |= spread
+            bad |= (high > low).reshape(n, MAX_HOPS).any(axis=1)
         return bad
 
     def _grid(
         self,
         plan: RoutePlan,
-        messages: pd.DataFrame,
-        traces: pd.DataFrame,
+        messages: _Messages,
+        traces: pa.Table,
         row_message: np.ndarray,
         mine: np.ndarray,
-        memo_blobs: np.ndarray,
-        emitted: np.ndarray,
         lookups: Lookups,
-        now_ms: int,
         clock_ms: int,
     ) -> CleanGrid:
         n, hops, topics = len(mine), plan.size, len(plan.topics)
-        slot = np.full(len(messages), -1, dtype=np.int64)
+        slot = np.full(len(messages.ids), -1, dtype=np.int64)
         slot[mine] = np.arange(n)
         rows = np.nonzero(slot[row_message] >= 0)[0]
         m = slot[row_message[rows]]
-        h = traces["hop"].to_numpy()[rows].astype(np.int64) - plan.first_hop
+
+        def column(name: str) -> np.ndarray:
+            return np.asarray(traces.column(name).to_numpy(zero_copy_only=False))[rows].astype(np.int64)
+
+        h = column("hop") - plan.first_hop
         t = np.asarray(plan.hop_topic, dtype=np.int64)[h]
         present = np.zeros((n, hops), dtype=bool)
         present[m, h] = True
         ts = np.full((n, hops), NONE, dtype=np.int64)
-        ts[m, h] = traces["timestamp_ms"].to_numpy()[rows]
+        ts[m, h] = column("timestamp_ms")
         has_position = np.zeros((n, topics), dtype=bool)
         has_position[m, t] = True
         partition = np.full((n, topics), NONE, dtype=np.int64)
-        partition[m, t] = traces["partition"].to_numpy()[rows]
+        partition[m, t] = column("partition")
         offset = np.full((n, topics), NONE, dtype=np.int64)
-        offset[m, t] = traces["offset"].to_numpy()[rows]
-        memo = np.frombuffer(b"".join(memo_blobs[mine]), dtype=np.int64).reshape(n, hops).copy()
-        done_before = ((emitted[mine][:, None] >> np.arange(hops, dtype=np.int64)) & 1).astype(bool)
-        first_seen = messages["first_seen_ms"].to_numpy()[mine].astype(np.int64)
+        offset[m, t] = column("offset")
+        memo = np.frombuffer(b"".join(messages.memo[mine]), dtype=np.int64).reshape(n, hops).copy()
+        done_before = ((messages.emitted[mine][:, None] >> np.arange(hops, dtype=np.int64)) & 1).astype(bool)
+        first_seen = messages.first_seen_ms[mine].astype(np.int64)
         committed = np.full((n, hops), NONE, dtype=np.int64)
         log_start = np.full((n, hops), NONE, dtype=np.int64)
         overdue = clock_ms - first_seen >= self.config.grace_ms
@@ -408,7 +435,7 @@ class BucketJudge:
         plan: RoutePlan,
         grid: CleanGrid,
         deliver: np.ndarray,
-        messages: pd.DataFrame,
+        messages: _Messages,
         mine: np.ndarray,
         now_ms: int,
     ) -> pd.DataFrame:
@@ -426,7 +453,7 @@ class BucketJudge:
         rows = mine[cells.message]
         return pd.DataFrame(
             {
-                "message_id": messages["message_id"].to_numpy()[rows],
+                "message_id": messages.ids[rows],
                 "stream": plan.stream.name,
                 "hop": hop_id[cells.hop],
                 "hop_kind": kind[cells.hop],
@@ -443,30 +470,31 @@ class BucketJudge:
                 "e2e_latency_ms": _nullable(cells.e2e_latency_ms),
                 "decided_ms": now_ms,
                 "detail": detail[cells.hop],
-                "first_seen_ms": messages["first_seen_ms"].to_numpy()[rows],
+                "first_seen_ms": messages.first_seen_ms[rows],
                 "judged_by": "clean",
             }
         )
 
     def _decide(
         self,
-        message: pd.Series,
+        messages: _Messages,
+        position: int,
         rows: Sequence[Mapping[str, Any]],
-        emitted: int,
-        passed_at: str | None,
         now_ms: int,
         read_to: int | None,
         lookups: Lookups,
     ) -> tuple[list[Verdict], bool, str | None, int]:
-        plan = self.by_stream[message["stream"]]
+        plan = self.by_stream[messages.stream[position]]
+        passed_at = messages.passed_at[position]
         traces = [_trace(row) for row in rows]
         if not traces:
             return [], True, passed_at, 0
         memo = json.loads(passed_at) if passed_at else {}
         decision = decide(
-            str(message["message_id"]), plan.stream, traces, lookups.committed, memo, int(message["first_seen_ms"]),
-            now_ms, self.config, lookups.pointed_at, read_to, lookups.removed,
+            str(messages.ids[position]), plan.stream, traces, lookups.committed, memo,
+            int(messages.first_seen_ms[position]), now_ms, self.config, lookups.pointed_at, read_to, lookups.removed,
         )  # fmt: skip
+        emitted = int(messages.emitted[position])
         reported = {plan.hops[i].id for i in range(plan.size) if emitted >> i & 1}
         fresh = [v for v in decision.verdicts if v.hop not in reported]
         wanted = max(int(decision.next_check_ms or now_ms), now_ms + 1)
@@ -506,18 +534,12 @@ def _memo_of_rows(plan: RoutePlan, blob: bytes, rows: Sequence[Mapping[str, Any]
     return found
 
 
-def _is_resend(traces: pd.DataFrame, row: int) -> bool:
-    return resend_of(_trace(traces.iloc[row])) is not None
-
-
-def _rows_by_message(
-    traces: pd.DataFrame, row_message: np.ndarray, wanted: set[int]
-) -> dict[int, list[dict[str, Any]]]:
+def _rows_by_message(traces: pa.Table, row_message: np.ndarray, wanted: set[int]) -> dict[int, list[dict[str, Any]]]:
     found: dict[int, list[dict[str, Any]]] = {}
     picked = np.nonzero(np.isin(row_message, list(wanted)))[0]
     if not len(picked):
         return found
-    for position, record in zip(row_message[picked], traces.iloc[picked].to_dict("records"), strict=True):
+    for position, record in zip(row_message[picked], traces.take(picked).to_pylist(), strict=True):
         found.setdefault(int(position), []).append(record)
     return found
 
