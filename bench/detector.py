@@ -1,43 +1,60 @@
 """Detector figures from one run on this machine (not tests), against issue 11's targets:
 
-1. throughput: sustained traces/s from a backlog on the broker to decided verdicts, beside the limit
-   measured in the same run — the same source and shuffle with no state (``groupBy(message_id).count()``
-   per micro-batch) — with a slow consumer group holding 10 % of the messages in flight for two minutes;
-2. LOST latency: from the responsible group's commit passing a lost message to its LOST verdict in the
+1. limit: the same source and shuffle with no state (decode, ``groupBy(message_id).count()`` per micro-batch),
+   traces/s over a backlog;
+2. backlog: the detector working off the same backlog (to decided verdicts), traces/s, with a slow consumer
+   group holding 10 % of the messages in flight;
+3. live: traces produced at a steady rate (25,000/s by default) for minutes, the groups committing a second
+   behind, the slow group two minutes behind on 10 % of the messages: does the detector keep up, with how
+   many messages in flight and how much state;
+4. LOST latency: from the responsible group's commit passing a lost message to its LOST verdict in the
    store, p50 / p95, with the production default settings (grace, trigger, recheck, batch bound);
-3. state: bytes per message in flight at two traffic levels (10x apart, the same messages in flight);
-4. scale-out: throughput on a Spark standalone cluster (a master and one, then two workers on 127.0.0.1).
+5. state: bytes per message in flight at two traffic levels (10x apart, the same messages in flight);
+6. cluster: the same job on a Spark standalone cluster (a master and one, then two workers on 127.0.0.1).
 
-    .venv/bin/python bench/detector.py [--messages 600000] [--only throughput|latency|state|cluster] [--progress]
+    .venv/bin/python bench/detector.py [--only limit|backlog|live|latency|state|cluster ...] [--progress]
 
 Synthetic traces of demo-shaped messages (5 hops, ``config/registry.yaml``'s demo.orders) are written
 straight to trace topics of the bench's own broker, and the groups' committed offsets are set by the
-bench: the figures are the detector's. Targets: >= 25,000 traces/s sustained; LOST p95 <= 15 s;
-<= 1 KB of state per message in flight, flat in traffic.
+bench: the figures are the detector's. The broker runs on the same two CPUs. Targets: >= 25,000
+traces/s sustained; LOST p95 <= 15 s; <= 1 KB of state per message in flight, flat in traffic.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import multiprocessing
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from khipu.detector.job import DEFAULT_BUCKETS, DETECTOR_QUERY, DetectorJob, connector_jars, start_detector
+from khipu.detector.job import (
+    DEFAULT_BUCKETS,
+    DEFAULT_MAX_OFFSETS_PER_TRIGGER,
+    DETECTOR_QUERY,
+    DetectorJob,
+    connector_jars,
+    prepare,
+    start_detector,
+)
 from khipu.detector.model import DetectorConfig
+from khipu.detector.parse import parse_traces
+from khipu.detector.routes import RoutePlans
 from khipu.kafka import KafkaAdmin, KafkaConnection
 from khipu.localstack.broker import BrokerSpec, start_broker
 from khipu.localstack.processes import stop_process_group
 from khipu.localstack.spark_cluster import start_spark_cluster
+from khipu.registry import load_registry
 from khipu.store import Store
 from khipu.trace import Trace, TraceType, encode_trace
 
@@ -46,34 +63,47 @@ REGISTRY = ROOT / "config" / "registry.yaml"
 IN, OUT = "demo.orders", "demo.orders-enriched"
 ENRICHER, STORE_SINK, AUDIT_SINK = "demo-enricher", "demo-sink-store", "demo-sink-audit"
 GROUPS = {ENRICHER: IN, STORE_SINK: OUT, AUDIT_SINK: OUT}
-PARTITIONS = 10  # of the data topics: the slow group lags on one of them, 10 % of the messages
+PARTITIONS = 10  # of the data topics: the slow group lags on partition 0, 10 % of the messages
 TRACE_PARTITIONS = 4
 HOPS = 5
+PRODUCED: dict[str, int] = {}  # backlog topics written in this run, and their traces
+PARTS = ("limit", "backlog", "live", "latency", "state", "cluster")
+
+
+def held(message: int) -> bool:
+    """The slow group reads this message late (data partition 0)."""
+    return message % PARTITIONS == 0
 
 
 def traces_of(message: int, run: str, now_ms: int, *, audit: bool = True, store: bool = True) -> list[Trace]:
-    """The five traces of one demo message (without demo-sink-audit's / demo-sink-store's RECEIVED if asked)."""
+    """The five traces of one demo message (without demo-sink-audit's / demo-sink-store's RECEIVED if asked).
+    Each emitter numbers its traces in the order it emits them: the slow group's late reads come from an
+    emitter of their own (its other reads skip the held messages), so no sequence number goes missing."""
     mid, partition, offset = f"{run}-{message:09d}", message % PARTITIONS, message // PARTITIONS
     back = tuple(o for o in (offset - 1, offset - 2, offset - 3) if o >= 0)  # as an emitter points back
+    audit_emitter = f"{AUDIT_SINK}-late-{run}" if held(message) else f"{AUDIT_SINK}-{run}"
+    audit_seq = message // PARTITIONS if held(message) else message - (message + PARTITIONS - 1) // PARTITIONS
 
-    def trace(location: str, kind: TraceType, topic: str, group: str | None, n: int) -> Trace:
-        return Trace(mid, "demo.orders", location, "local", kind, now_ms + n, topic, partition, offset, group,
-                     f"{location}-{run}", 2 * message + (n == 2) if location == ENRICHER else message, 100.0,
-                     prev_offsets=back if kind is TraceType.RECEIVED else ())  # fmt: skip
+    def trace(location: str, kind: TraceType, topic: str, group: str | None, n: int, emitter: str, seq: int) -> Trace:
+        return Trace(mid, "demo.orders", location, "local", kind, now_ms + n, topic, partition, offset, group, emitter,
+                     seq, 100.0, prev_offsets=back if kind is TraceType.RECEIVED else ())  # fmt: skip
 
     hops = [
-        trace("demo-producer", TraceType.SENT, IN, None, 0),
-        trace(ENRICHER, TraceType.RECEIVED, IN, ENRICHER, 1),
-        trace(ENRICHER, TraceType.SENT, OUT, None, 2),
-        trace(STORE_SINK, TraceType.RECEIVED, OUT, STORE_SINK, 3),
-        trace(AUDIT_SINK, TraceType.RECEIVED, OUT, AUDIT_SINK, 4),
+        trace("demo-producer", TraceType.SENT, IN, None, 0, f"demo-producer-{run}", message),
+        trace(ENRICHER, TraceType.RECEIVED, IN, ENRICHER, 1, f"{ENRICHER}-{run}", 2 * message),
+        trace(ENRICHER, TraceType.SENT, OUT, None, 2, f"{ENRICHER}-{run}", 2 * message + 1),
+        trace(STORE_SINK, TraceType.RECEIVED, OUT, STORE_SINK, 3, f"{STORE_SINK}-{run}", message),
+        trace(AUDIT_SINK, TraceType.RECEIVED, OUT, AUDIT_SINK, 4, audit_emitter, audit_seq),
     ]
     return [t for t in hops if (audit or t.location != AUDIT_SINK) and (store or t.location != STORE_SINK)]
 
 
-def produce(bootstrap: str, topic: str, traces: Iterable[Trace]) -> int:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "queue.buffering.max.messages": 1_000_000,
-                         "batch.num.messages": 10_000, "compression.type": "lz4"})  # fmt: skip
+def new_producer(bootstrap: str) -> Producer:
+    return Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "queue.buffering.max.messages": 1_000_000,
+                     "batch.num.messages": 10_000, "compression.type": "lz4"})  # fmt: skip
+
+
+def send(producer: Producer, topic: str, traces: Iterable[Trace]) -> int:
     count = 0
     for trace in traces:
         while True:
@@ -81,8 +111,15 @@ def produce(bootstrap: str, topic: str, traces: Iterable[Trace]) -> int:
                 producer.produce(topic, encode_trace(trace), trace.message_id.encode())
                 break
             except BufferError:
-                producer.poll(0.1)
+                producer.poll(0.05)
         count += 1
+    producer.poll(0)
+    return count
+
+
+def produce(bootstrap: str, topic: str, traces: Iterable[Trace]) -> int:
+    producer = new_producer(bootstrap)
+    count = send(producer, topic, traces)
     producer.flush(600)
     return count
 
@@ -96,6 +133,12 @@ def commit(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> N
 def past(messages: int) -> dict[int, int]:
     """Committed offsets past the first ``messages`` messages on every data partition."""
     return {p: (messages + PARTITIONS - 1) // PARTITIONS + 1 for p in range(PARTITIONS)}
+
+
+def first_offsets(message: int) -> dict[int, int]:
+    """Per data partition, the offset of the first message from ``message`` on: committed there, a group has
+    read everything before it and nothing from it on."""
+    return {p: (message + (p - message) % PARTITIONS) // PARTITIONS for p in range(PARTITIONS)}
 
 
 def job_for(bootstrap: str, work: Path, name: str, topic: str, **options: Any) -> DetectorJob:
@@ -122,6 +165,10 @@ def decided(store: Store, stream: str = "demo.orders") -> int:
     return sum(sum(int(row[k] or 0) for k in kinds) for row in store.verdicts.read_metrics(stream))
 
 
+def read_rows(store: Store) -> int:
+    return sum(b["input_rows"] for b in store.heartbeat.series(DETECTOR_QUERY, 0) if b["batch_id"] >= 0)
+
+
 def wait_for(what: str, condition: Callable[[], bool], timeout_s: float, every_s: float = 1.0) -> float:
     started = time.monotonic()
     while not condition():
@@ -133,7 +180,7 @@ def wait_for(what: str, condition: Callable[[], bool], timeout_s: float, every_s
 
 def sustained(beats: list[dict[str, Any]], total: int) -> tuple[float, int, float]:
     """(traces/s from the second batch until the backlog was read, batches, median rows per batch) from the
-    heartbeat: the first batch (query start, plan compilation, Python workers forking) is warm-up."""
+    heartbeat: the first batch (plan compilation, Python workers forking) is warm-up."""
     batches = sorted((b for b in beats if b["batch_id"] >= 0 and b["input_rows"] > 0), key=lambda b: b["batch_id"])
     read, last = 0, len(batches) - 1
     for n, beat in enumerate(batches):
@@ -149,10 +196,25 @@ def sustained(beats: list[dict[str, Any]], total: int) -> tuple[float, int, floa
     return rows / seconds, len(steady) + 1, statistics.median(b["input_rows"] for b in steady)
 
 
-def stateless_limit(spark: Any, bootstrap: str, topic: str, total: int, max_per_batch: int) -> float:
-    """The same source and shuffle with no state: decode, groupBy(message_id).count() per micro-batch."""
-    from khipu.detector.parse import parse_traces, valid
+def backlog_topic(bootstrap: str, args: argparse.Namespace) -> tuple[str, int]:
+    """The backlog both the limit and the detector read: every message but the slow group's late reads."""
+    topic, now = "bench.backlog", time.time_ns() // 1_000_000
+    if topic in PRODUCED:
+        return topic, PRODUCED[topic]
+    KafkaAdmin(KafkaConnection(bootstrap)).ensure_topics({topic: TRACE_PARTITIONS})
+    started = time.monotonic()
+    total = produce(
+        bootstrap, topic, (t for m in range(args.messages) for t in traces_of(m, "bk", now, audit=not held(m)))
+    )
+    print(f"  backlog: {total:,} traces produced in {time.monotonic() - started:.0f} s", flush=True)
+    PRODUCED[topic] = total
+    return topic, total
 
+
+def stateless_limit(spark: Any, bootstrap: str, args: argparse.Namespace) -> float:
+    """The same source and shuffle with no state: decode, groupBy(message_id).count() per micro-batch."""
+    topic, total = backlog_topic(bootstrap, args)
+    plans = RoutePlans.of(load_registry(REGISTRY))
     seen: list[tuple[float, int]] = []
 
     def count(batch: Any, batch_id: int) -> None:
@@ -161,10 +223,10 @@ def stateless_limit(spark: Any, bootstrap: str, topic: str, total: int, max_per_
 
     source = (
         spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
-        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(max_per_batch)).load()
+        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(args.max_per_batch)).load()
     )  # fmt: skip
     query = (
-        valid(parse_traces(source, ["demo.orders"]))
+        prepare(parse_traces(source, ["demo.orders"]), plans, args.buckets)
         .writeStream.foreachBatch(count)
         .option("checkpointLocation", tempfile.mkdtemp(prefix="khipu-bench-limit-"))
         .trigger(processingTime="1 second")
@@ -174,48 +236,31 @@ def stateless_limit(spark: Any, bootstrap: str, topic: str, total: int, max_per_
         wait_for("the stateless query", lambda: sum(n for _, n in seen) >= total, 1800, 0.5)
     finally:
         query.stop()
-    if len(seen) < 3:
-        return 0.0
-    rows = sum(n for _, n in seen[1:])
-    return rows / (seen[-1][0] - seen[0][0])
+    steady = seen[1:]  # the first batch is warm-up
+    seconds = steady[-1][0] - seen[0][0] if steady else 0
+    rate = sum(n for _, n in steady) / seconds if seconds > 0 else 0.0
+    print(f"limit: {rate:,.0f} traces/s (decode + shuffle by message id, no state; {total:,} traces, "
+          f"{len(seen)} batches of at most {args.max_per_batch:,})", flush=True)  # fmt: skip
+    return rate
 
 
-def throughput(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) -> None:
-    """A backlog of decidable messages; demo-sink-audit reads data partition 0 (10 % of them) two minutes late."""
-    topic, now, run = "bench.traces", time.time_ns() // 1_000_000, "tp"
-    KafkaAdmin(KafkaConnection(bootstrap)).ensure_topics({topic: TRACE_PARTITIONS})
-    slow = [m for m in range(args.messages) if m % PARTITIONS == 0]
-    started = time.monotonic()
-    total = produce(
-        bootstrap, topic, (t for m in range(args.messages) for t in traces_of(m, run, now, audit=m % PARTITIONS != 0))
-    )
-    print(f"  produced {total:,} traces in {time.monotonic() - started:.0f} s", flush=True)
+def backlog(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) -> float:
+    """The detector works off the backlog; demo-sink-audit reads data partition 0 (10 %) ``hold_s`` late."""
+    topic, total = backlog_topic(bootstrap, args)
     for group, group_topic in GROUPS.items():
-        offsets = past(args.messages)
-        if group == AUDIT_SINK:
-            offsets[0] = 0  # the slow group: nothing of partition 0 read or committed yet
-        commit(bootstrap, group, group_topic, offsets)
-    limit = stateless_limit(spark, bootstrap, topic, total, args.max_per_batch)
-    print(f"  stateless limit: {limit:,.0f} traces/s", flush=True)
-
-    job = job_for(bootstrap, work, "throughput", topic, max_offsets_per_trigger=args.max_per_batch,
-                  buckets=args.buckets, detector=DetectorConfig(grace_ms=args.grace_ms))  # fmt: skip
+        commit(bootstrap, group, group_topic, {**past(args.messages), **({0: 0} if group == AUDIT_SINK else {})})
+    job = job_for(bootstrap, work, "backlog", topic, max_offsets_per_trigger=args.max_per_batch, buckets=args.buckets)
     store = Store(job.store_url)
     queries = start_detector(spark, job)
     started = time.monotonic()
     try:
-        held = started + args.hold_s
-        read_all = wait_for(
-            "the backlog",
-            lambda: sum(b["input_rows"] for b in store.heartbeat.series(DETECTOR_QUERY, 0)) >= total,
-            1800,
-        )
-        beats = store.heartbeat.series(DETECTOR_QUERY, 0)
-        rate, batches, per_batch = sustained(beats, total)
-        in_flight = store.heartbeat.latest(DETECTOR_QUERY) or {}
-        decided_then = decided(store)
-        time.sleep(max(0.0, held - time.monotonic()))
-        late = produce(bootstrap, topic, (t for m in slow for t in traces_of(m, run, now) if t.location == AUDIT_SINK))
+        read_all = wait_for("the backlog", lambda: read_rows(store) >= total, 1800)
+        rate, batches, per_batch = sustained(store.heartbeat.series(DETECTOR_QUERY, 0), total)
+        beat = store.heartbeat.latest(DETECTOR_QUERY) or {}
+        time.sleep(max(0.0, started + args.hold_s - time.monotonic()))
+        now = time.time_ns() // 1_000_000
+        reads = (t for m in range(0, args.messages, PARTITIONS) for t in traces_of(m, "bk", now))
+        late = produce(bootstrap, topic, (t for t in reads if t.location == AUDIT_SINK))
         commit(bootstrap, AUDIT_SINK, OUT, past(args.messages))
         wait_for("every verdict", lambda: decided(store) >= HOPS * args.messages, 900, 2)
         if args.progress:
@@ -223,16 +268,126 @@ def throughput(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace)
     finally:
         for query in queries:
             query.stop()
+        store.close()
     print(
-        f"throughput: {rate:,.0f} traces/s sustained ({total:,} traces backlog read in {read_all:.0f} s, {batches} "
-        f"batches, median {per_batch:,.0f} rows; {args.buckets} buckets); stateless limit in the same run: "
-        f"{limit:,.0f} traces/s ({rate / limit:.0%} of it). With {in_flight.get('state_rows', 0):,} messages in flight "
-        f"({in_flight.get('state_bytes', 0) / max(1, in_flight.get('state_rows') or 1):,.0f} bytes each) when the "
-        f"backlog was read, {decided_then:,} verdicts decided then; the slow group's {late:,} traces and commit at "
-        f"{args.hold_s:.0f} s: all {HOPS * args.messages:,} verdicts decided.",
+        f"backlog: {rate:,.0f} traces/s ({total:,} traces read in {read_all:.0f} s, {batches} batches, median "
+        f"{per_batch:,.0f} rows); {beat.get('state_rows', 0):,} messages in flight when it was read "
+        f"({beat.get('state_bytes', 0):,} state bytes); the slow group's {late:,} late reads at {args.hold_s:.0f} s, "
+        f"then all {HOPS * args.messages:,} verdicts decided",
         flush=True,
     )
-    store.close()
+    return rate
+
+
+def live_traffic(bootstrap: str, topic: str, rate: int, seconds: float, hold_s: float, report: Any) -> None:
+    """(A process of its own.) Traces at ``rate`` per second for ``seconds``; every second the groups commit past
+    what was produced a second before, demo-sink-audit reads and commits data partition 0 ``hold_s`` late."""
+    producer, run = new_producer(bootstrap), "lv"
+    committers = {g: Consumer({"bootstrap.servers": bootstrap, "group.id": g, "enable.auto.commit": False})
+                  for g in GROUPS}  # fmt: skip
+    per_second = rate // HOPS
+    held_queue: deque[tuple[float, int]] = deque()
+    produced, message, started = 0, 0, time.monotonic()
+    history: deque[tuple[float, int]] = deque()  # (when, messages produced by then)
+    late_upto = 0  # held messages below this one have had their late read
+    tick = 0
+    while True:
+        now = time.monotonic()
+        elapsed = now - started
+        if elapsed < seconds:
+            due = int(elapsed * per_second)
+            clock = time.time_ns() // 1_000_000
+            batch = range(message, due)
+            produced += send(producer, topic, (t for m in batch for t in traces_of(m, run, clock, audit=not held(m))))
+            held_queue.extend((now + hold_s, m) for m in batch if held(m))
+            message = due
+        clock = time.time_ns() // 1_000_000
+        late = []
+        while held_queue and held_queue[0][0] <= now:
+            late.append(held_queue.popleft()[1])
+        produced += send(
+            producer, topic, (t for m in late for t in traces_of(m, run, clock) if t.location == AUDIT_SINK)
+        )
+        if late:
+            late_upto = late[-1] + 1
+        history.append((now, message))
+        if now - tick >= 1:  # commit past what was produced a second ago
+            tick = now
+            while len(history) > 1 and history[1][0] <= now - 1:
+                history.popleft()
+            settled = history[0][1]
+            for group, consumer in committers.items():
+                offsets = past(settled) if settled else {}
+                if group == AUDIT_SINK and offsets:
+                    offsets[0] = (late_upto + PARTITIONS - 1) // PARTITIONS  # the slow group, behind on partition 0
+                if offsets:
+                    consumer.commit(offsets=[TopicPartition(GROUPS[group], p, o) for p, o in offsets.items()],
+                                    asynchronous=False)  # fmt: skip
+        report.value = produced
+        if elapsed >= seconds and not held_queue:
+            break
+        time.sleep(0.02)
+    producer.flush(120)
+    for group, consumer in committers.items():  # everything read and committed past at the end
+        consumer.commit(offsets=[TopicPartition(GROUPS[group], p, o) for p, o in past(message).items()],
+                        asynchronous=False)  # fmt: skip
+        consumer.close()
+    report.value = produced
+
+
+def live(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) -> None:
+    topic = "bench.live"
+    KafkaAdmin(KafkaConnection(bootstrap)).ensure_topics({topic: TRACE_PARTITIONS})
+    job = job_for(bootstrap, work, "live", topic, buckets=args.buckets)  # production defaults otherwise
+    store = Store(job.store_url)
+    queries = start_detector(spark, job)
+    try:
+        wait_for("the detector's first batch", lambda: store.heartbeat.latest(DETECTOR_QUERY) is not None, 300)
+        context = multiprocessing.get_context("spawn")
+        produced = context.Value("q", 0)
+        traffic = context.Process(
+            target=live_traffic, args=(bootstrap, topic, args.live_rate, args.live_s, args.hold_s, produced)
+        )
+        started = time.time()
+        traffic.start()
+        window_from = started + args.warmup_s
+        samples: list[tuple[float, int, int, int]] = []  # (time, produced, read, in flight)
+        while traffic.is_alive():
+            time.sleep(5)
+            beat = store.heartbeat.latest(DETECTOR_QUERY) or {}
+            samples.append((time.time(), int(produced.value), read_rows(store), int(beat.get("state_rows") or 0)))
+            if args.progress:
+                print(f"  {samples[-1][0] - started:5.0f} s: produced {samples[-1][1]:,}, read {samples[-1][2]:,}, "
+                      f"{samples[-1][3]:,} in flight", flush=True)  # fmt: skip
+        ended = time.time()
+        total = int(produced.value)
+        caught_up = wait_for("the detector to read everything", lambda: read_rows(store) >= total, 900)
+        settled = wait_for("every verdict", lambda: decided(store) >= HOPS * total // HOPS, 900, 2)
+        beats = [b for b in store.heartbeat.series(DETECTOR_QUERY, 0) if b["batch_id"] >= 0]
+    finally:
+        for query in queries:
+            query.stop()
+        store.close()
+    window = [s for s in samples if s[0] >= window_from and s[0] <= started + args.live_s]
+    if len(window) < 2:
+        print("live: the run was too short to measure", flush=True)
+        return
+    offered = (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0])
+    read = (window[-1][2] - window[0][2]) / (window[-1][0] - window[0][0])
+    behind = [s[1] - s[2] for s in window]
+    flights = [s[3] for s in window]
+    durations = [b["batch_duration_ms"] for b in beats if b["input_rows"]]
+    state_bytes = max((b["state_bytes"] or 0) for b in beats) if beats else 0
+    seconds = window[-1][0] - window[0][0]
+    print(
+        f"live: offered {offered:,.0f} traces/s, the detector read {read:,.0f} traces/s over {seconds:.0f} s (after "
+        f"{args.warmup_s:.0f} s warm-up); produced but not yet read: median {statistics.median(behind):,.0f}, max "
+        f"{max(behind):,} traces; messages in flight: median {statistics.median(flights):,.0f}, max {max(flights):,} "
+        f"(the slow group holds {args.hold_s:.0f} s of 10 %), state at most {state_bytes:,} bytes; batches: median "
+        f"{statistics.median(durations) / 1000:.1f} s; caught up {caught_up:.0f} s and every verdict decided "
+        f"{settled:.0f} s after the traffic ended ({total:,} traces in {ended - started:.0f} s)",
+        flush=True,
+    )
 
 
 def print_progress(beats: list[dict[str, Any]]) -> None:
@@ -260,18 +415,16 @@ def lost_latency(spark: Any, bootstrap: str, work: Path, args: argparse.Namespac
             if verdict["message_id"] not in seen:
                 seen[verdict["message_id"]] = time.time()
 
-    background = 1_000_000
+    producer, background = new_producer(bootstrap), 1_000_000
     try:
         wait_for("the detector's first batch", lambda: store.heartbeat.latest(DETECTOR_QUERY) is not None, 300)
         for n in range(args.lost):
             message = (base + n) * PARTITIONS  # partition 0, offset base + n
-            traffic = [
-                t
-                for m in range(background, background + args.background)
-                for t in traces_of(m, "bg", time.time_ns() // 1_000_000)
-            ]
+            clock = time.time_ns() // 1_000_000
+            traffic = [t for m in range(background, background + args.background) for t in traces_of(m, "bg", clock)]
             background += args.background
-            produce(bootstrap, topic, [*traffic, *traces_of(message, "lost", time.time_ns() // 1_000_000, store=False)])
+            send(producer, topic, [*traffic, *traces_of(message, "lost", clock, store=False)])
+            producer.flush(30)
             time.sleep(0.3)
             for group, group_topic in GROUPS.items():
                 commit(bootstrap, group, group_topic, {0: base + n + 1})
@@ -285,10 +438,11 @@ def lost_latency(spark: Any, bootstrap: str, work: Path, args: argparse.Namespac
     finally:
         for query in queries:
             query.stop()
+        store.close()
     latencies = sorted(seen[m] - committed_at[m] for m in seen if m in committed_at)
     defaults = DetectorConfig()
     settings = (f"grace {defaults.grace_ms / 1000:g} s, trigger {job.trigger_seconds:g} s, recheck "
-                f"{defaults.recheck_ms / 1000:g} s, {args.background * 5 * 2:,} background traces/s")  # fmt: skip
+                f"{defaults.recheck_ms / 1000:g} s; {args.background * HOPS * 2:,.0f} background traces/s")  # fmt: skip
     if latencies:
         p95 = latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))]
         print(
@@ -299,45 +453,37 @@ def lost_latency(spark: Any, bootstrap: str, work: Path, args: argparse.Namespac
         )
     else:
         print(f"LOST latency: no LOST verdict within 180 s ({settings})", flush=True)
-    store.close()
 
 
 def state_per_message(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) -> None:
     """The same messages in flight (demo-sink-audit has not read them) while 10x more traffic flows past."""
     now = time.time_ns() // 1_000_000
-    held = args.in_flight
-    for level, flowing in (("low", held * 2), ("high", held * 20)):
+    count = args.in_flight
+    for level, flowing in (("low", count * 2), ("high", count * 20)):
         topic, run = f"bench.state.{level}", f"st{level}"
         KafkaAdmin(KafkaConnection(bootstrap)).ensure_topics({topic: TRACE_PARTITIONS})
-        messages = held + flowing
-        total = produce(bootstrap, topic, (t for m in range(messages) for t in traces_of(m, run, now, audit=m >= held)))
-        offsets = past(messages)
+        messages = count + flowing
+        # the flowing messages first, every group past them; then the held ones, which demo-sink-audit has not read
+        total = produce(
+            bootstrap, topic, (t for m in range(messages) for t in traces_of(m, run, now, audit=m < flowing))
+        )
         for group, group_topic in GROUPS.items():
-            commit(
-                bootstrap,
-                group,
-                group_topic,
-                offsets if group != AUDIT_SINK else {**offsets, **dict.fromkeys(range(PARTITIONS), 0)},
-            )
-        job = job_for(bootstrap, work, f"state-{level}", topic, max_offsets_per_trigger=args.max_per_batch,
-                      buckets=args.buckets)  # fmt: skip
+            commit(bootstrap, group, group_topic, first_offsets(flowing) if group == AUDIT_SINK else past(messages))
+        job = job_for(bootstrap, work, f"state-{level}", topic, buckets=args.buckets)
         store = Store(job.store_url)
-        # nothing of the held messages is past demo-sink-audit's commit: committed 0 means they stay in flight
         queries = start_detector(spark, job)
         try:
-            # the held messages' hops up to demo-sink-store are decided at once; the write into the enriched
-            # topic and demo-sink-audit's hop wait for demo-sink-audit
-            wait_for(f"{level} traffic decided", lambda: decided(store) >= HOPS * flowing + 3 * held, 900, 2)
-            wait_for(f"{level}: only the held messages in flight",
-                     lambda: (store.heartbeat.latest(DETECTOR_QUERY) or {}).get("state_rows") == held, 300)  # fmt: skip
+            wait_for(f"{level}: the traffic read", lambda s=store, t=total: read_rows(s) >= t, 900)  # type: ignore[misc]
+            time.sleep(15)  # a grace and a few batches: what can be decided is
             beat = store.heartbeat.latest(DETECTOR_QUERY) or {}
         finally:
             for query in queries:
                 query.stop()
-        print(f"state, {level} traffic ({total:,} traces, {flowing:,} messages decided): {beat['state_rows']:,} "
-              f"messages in flight, {beat['state_bytes']:,} state bytes, {beat['state_bytes'] / held:,.0f} bytes "
-              f"per message in flight", flush=True)  # fmt: skip
-        store.close()
+            store.close()
+        in_flight = int(beat.get("state_rows") or 0)
+        print(f"state, {level} traffic ({total:,} traces): {in_flight:,} messages in flight, "
+              f"{beat.get('state_bytes', 0):,} state bytes, {(beat.get('state_bytes') or 0) / max(1, in_flight):,.0f} "
+              "bytes per message in flight", flush=True)  # fmt: skip
 
 
 def cluster_throughput(bootstrap: str, work: Path, args: argparse.Namespace) -> None:
@@ -354,42 +500,45 @@ def cluster_throughput(bootstrap: str, work: Path, args: argparse.Namespace) -> 
         store = Store(job.store_url)
         command = [sys.executable, str(ROOT / "spark" / "detector.py"), "--registry", str(REGISTRY),
                    "--bootstrap-servers", bootstrap, "--trace-topic", topic, "--lost-topic", "",
-                   "--checkpoint", str(job.checkpoint_dir), "--archive", str(job.archive_dir), "--master", cluster.url,
+                   "--checkpoint", str(job.checkpoint_dir), "--archive", str(job.archive_dir),
+                   "--verdict-archive", str(job.verdicts_dir), "--master", cluster.url,
                    "--max-offsets-per-trigger", str(args.max_per_batch), "--buckets", str(args.buckets)]  # fmt: skip
         env = {**os.environ, "KHIPU_STORE_URL": job.store_url, "PYSPARK_PYTHON": sys.executable}
-        log = (work / f"cluster-{workers}.log").open("wb")
-        driver = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_for(f"{workers} worker(s): the backlog",
-                     lambda: sum(b["input_rows"] for b in store.heartbeat.series(DETECTOR_QUERY, 0)) >= total, 1800)  # fmt: skip
-            rate, batches, per_batch = sustained(store.heartbeat.series(DETECTOR_QUERY, 0), total)
-            wait_for(f"{workers} worker(s): every verdict", lambda: decided(store) >= HOPS * messages, 600, 2)
-        finally:
-            stop_process_group(driver.pid)
-            cluster.stop()
-            log.close()
-        print(f"cluster, {workers} worker(s) x 1 core: {rate:,.0f} traces/s sustained ({total:,} traces, {batches} "
+        with (work / f"cluster-{workers}.log").open("wb") as log:
+            driver = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                wait_for(f"{workers} worker(s): the backlog", lambda s=store, t=total: read_rows(s) >= t, 1800)  # type: ignore[misc]
+                rate, batches, per_batch = sustained(store.heartbeat.series(DETECTOR_QUERY, 0), total)
+                wait_for(f"{workers} worker(s): every verdict", lambda s=store: decided(s) >= HOPS * messages, 600, 2)  # type: ignore[misc]
+            finally:
+                stop_process_group(driver.pid)
+                cluster.stop()
+                store.close()
+        print(f"cluster, {workers} worker(s) x 1 core: {rate:,.0f} traces/s ({total:,} traces backlog, {batches} "
               f"batches, median {per_batch:,.0f} rows), every verdict decided", flush=True)  # fmt: skip
-        store.close()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=600_000, help="throughput: messages in the backlog (x5 traces)")
-    parser.add_argument("--hold-s", type=float, default=120.0, help="throughput: the slow group's delay")
-    parser.add_argument("--grace-ms", type=int, default=DetectorConfig().grace_ms)
-    parser.add_argument("--max-per-batch", type=int, default=None, help="maxOffsetsPerTrigger (default: the job's)")
+    parser.add_argument("--only", nargs="+", choices=PARTS, help="run these parts only (default: all)")
+    parser.add_argument("--messages", type=int, default=300_000, help="limit, backlog: messages (x5 traces)")
+    parser.add_argument("--hold-s", type=float, default=120.0, help="how late the slow group reads 10 %% of them")
+    parser.add_argument("--live-rate", type=int, default=25_000, help="live: traces per second offered")
+    parser.add_argument("--live-s", type=float, default=240.0, help="live: how long the traffic runs")
+    parser.add_argument("--warmup-s", type=float, default=30.0, help="live: left out of the figures")
+    parser.add_argument(
+        "--max-per-batch", type=int, default=DEFAULT_MAX_OFFSETS_PER_TRIGGER, help="maxOffsetsPerTrigger"
+    )
     parser.add_argument("--buckets", type=int, default=DEFAULT_BUCKETS)
     parser.add_argument("--lost", type=int, default=40)
     parser.add_argument("--background", type=int, default=200, help="latency: background messages per loss")
     parser.add_argument("--in-flight", type=int, default=10_000, help="state: messages held in flight")
     parser.add_argument("--cluster-messages", type=int, default=100_000)
-    parser.add_argument("--only", choices=("throughput", "latency", "state", "cluster"), help="run one part only")
-    parser.add_argument("--progress", action="store_true", help="throughput: every batch's rows, time and state")
+    parser.add_argument(
+        "--progress", action="store_true", help="every batch's rows, time and state; the writer's steps"
+    )
     args = parser.parse_args()
-    from khipu.detector.job import DEFAULT_MAX_OFFSETS_PER_TRIGGER
-
-    args.max_per_batch = args.max_per_batch or DEFAULT_MAX_OFFSETS_PER_TRIGGER
+    parts = set(args.only or PARTS)
     if args.progress:  # the writer's line per batch: where its time went
         logging.basicConfig(level=logging.WARNING, format="  %(asctime)s %(message)s")
         logging.getLogger("khipu.detector.outputs").setLevel(logging.INFO)
@@ -402,6 +551,7 @@ def main() -> int:
     spark = (
         SparkSession.builder.master("local[*]")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.memory", "4g")
@@ -411,15 +561,19 @@ def main() -> int:
     spark.sparkContext.setLogLevel("ERROR")
     try:
         broker.admin().ensure_topics({IN: PARTITIONS, OUT: PARTITIONS})
-        print(f"detector bench: {os.cpu_count()} CPUs, {args.buckets} buckets, batches of at most "
-              f"{args.max_per_batch:,} records, work in {work}", flush=True)  # fmt: skip
-        if args.only in (None, "throughput"):
-            throughput(spark, broker.bootstrap_servers, work, args)
-        if args.only in (None, "latency"):
+        print(f"detector bench: {os.cpu_count()} CPUs (the broker on them too), {args.buckets} buckets, batches of at "
+              f"most {args.max_per_batch:,} records, work in {work}", flush=True)  # fmt: skip
+        if "limit" in parts:
+            stateless_limit(spark, broker.bootstrap_servers, args)
+        if "backlog" in parts:
+            backlog(spark, broker.bootstrap_servers, work, args)
+        if "live" in parts:
+            live(spark, broker.bootstrap_servers, work, args)
+        if "latency" in parts:
             lost_latency(spark, broker.bootstrap_servers, work, args)
-        if args.only in (None, "state"):
+        if "state" in parts:
             state_per_message(spark, broker.bootstrap_servers, work, args)
-        if args.only in (None, "cluster"):
+        if "cluster" in parts:
             spark.stop()
             cluster_throughput(broker.bootstrap_servers, work, args)
         return 0

@@ -23,6 +23,7 @@ from khipu.detector.driver import write_driver_record
 from khipu.detector.job import (
     DEFAULT_BUCKETS,
     DEFAULT_MAX_OFFSETS_PER_TRIGGER,
+    DEFAULT_TRIGGER_S,
     DetectorJob,
     connector_jars,
     read_connections_file,
@@ -57,7 +58,9 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
         "--verdict-archive", type=Path, default=settings.verdict_archive_dir, help="plain DELIVERED verdicts"
     )
     parser.add_argument("--starting-offsets", default="earliest")
-    parser.add_argument("--trigger-seconds", type=float, default=float(os.environ.get("KHIPU_DETECTOR_TRIGGER_S", "5")))
+    parser.add_argument(
+        "--trigger-seconds", type=float, default=float(os.environ.get("KHIPU_DETECTOR_TRIGGER_S", DEFAULT_TRIGGER_S))
+    )
     parser.add_argument(
         "--max-offsets-per-trigger",
         type=int,

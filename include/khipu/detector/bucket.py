@@ -159,7 +159,7 @@ class Lookups:
     log_start: LogStartLookup = no_log_start
     pointed_at: PointerLookup = nothing_pointed_at
     removed: RemovalLookup = nothing_removed
-    read_to: Callable[[], int | None] | None = None  # the time up to which the trace topic is read
+    read_to: Callable[[int], int | None] | None = None  # given the batch's time: how far the trace topic is read
 
 
 @dataclass(frozen=True)
@@ -241,7 +241,7 @@ class BucketJudge:
         if not table.num_rows:
             return Evaluation(BucketState.empty(), _no_verdicts(), None)
         messages = _Messages.of(table)
-        read_to = lookups.read_to() if lookups.read_to is not None else None
+        read_to = lookups.read_to(now_ms) if lookups.read_to is not None else None
         clock_ms = now_ms if read_to is None else min(now_ms, read_to)
         touched = pc.is_in(table.column("message_id"), value_set=arriving).to_numpy(zero_copy_only=False)
 

@@ -1,5 +1,6 @@
-"""What the detector asks of the clusters: committed offsets and log starts, from the snapshot store when
-fresh, the broker otherwise; stream progress and back-pointers from the store.
+"""What the detector asks of the clusters: committed offsets (the broker first, the snapshot store when it cannot
+answer) and log starts (the snapshot store when fresh, the broker otherwise); stream progress and back-pointers
+from the store.
 
 One provider per Python worker, cached per (cluster, group) for ``cache_ms``: deciding a
 micro-batch of messages costs a few group lookups, not one per message.
@@ -20,30 +21,30 @@ log = logging.getLogger(__name__)
 
 
 class StreamReadProgress:
-    """``read_to()``: the time up to which every named query has read its whole input (cached ``cache_ms``);
-    0 until each has been caught up once: a detector still working through a backlog decides nothing
-    yet. The verdict query needs the archive query too: it records the back-pointers verdicts rely on."""
+    """``read_to(batch_ms)``: the time up to which every named query has read its whole input, read from the store
+    once per micro-batch (``batch_ms``, the batch's time, keys the cache: the writer records the figure before
+    the batch runs); 0 until known: a detector that does not know how far it has read decides nothing yet."""
 
-    def __init__(self, store_url: str, query_names: tuple[str, ...], cache_ms: int = 1_000) -> None:
-        self.store_url, self.query_names, self.cache_ms = store_url, query_names, cache_ms
+    def __init__(self, store_url: str, query_names: tuple[str, ...]) -> None:
+        self.store_url, self.query_names = store_url, query_names
         self._store: Store | None = None
-        self._cached: tuple[int, int | None] | None = None
+        self._cached: tuple[int | None, int | None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.update(_store=None, _cached=None)
         return state
 
-    def __call__(self) -> int | None:
-        now = time.time_ns() // 1_000_000
-        if self._cached is None or now - self._cached[0] >= self.cache_ms:
+    def __call__(self, batch_ms: int | None = None) -> int | None:
+        if self._cached is None or batch_ms is None or self._cached[0] != batch_ms:
             if self._store is None:
                 self._store = Store(self.store_url)
             try:
-                self._cached = (now, min(self._store.heartbeat.read_to_ms(name) or 0 for name in self.query_names))
+                found = min(self._store.heartbeat.read_to_ms(name) or 0 for name in self.query_names)
             except Exception as exc:  # unknown progress: decide on nothing yet rather than too early
                 log.warning("stream progress of %s unavailable: %s", ", ".join(self.query_names), exc)
-                self._cached = (now, 0)
+                found = 0
+            self._cached = (batch_ms, found)
         return self._cached[1]
 
 
@@ -100,7 +101,11 @@ class ClusterClients:
 
 
 class CommittedOffsets:
-    """``lookup(cluster, group, topic, partition)`` -> the group's committed offset, or None when unknown."""
+    """``lookup(cluster, group, topic, partition)`` -> the group's committed offset, or None when unknown.
+
+    Asked of the broker (OffsetFetch, cached ``cache_ms`` per group): a commit is seen within seconds, which is
+    what LOST's latency rests on. When the broker cannot answer, the offset-snapshot store's newest snapshot
+    stands in if it is fresh (``store_fresh_ms``); otherwise the offsets are unknown and messages wait."""
 
     def __init__(
         self, clients: ClusterClients, store_fresh_ms: int = 15_000, cache_ms: int = 2_000, clock_ms: Any = None
@@ -131,19 +136,20 @@ class CommittedOffsets:
         return cached[1].get((topic, partition))
 
     def _fetch(self, cluster: str, group: str, now: int) -> dict[tuple[str, int], int]:
+        admin = self.clients.admin(cluster)
+        why = f"no connection for cluster {cluster!r}"
+        if admin is not None:
+            try:
+                offsets = admin.committed_offsets(group)
+                return {position: offset for position, offset in offsets.items() if offset is not None}
+            except KafkaUnavailable as exc:
+                why = str(exc)
         from_store = self._from_store(cluster, group, now)
         if from_store is not None:
+            log.warning("committed offsets of %s from the snapshot store: the broker did not answer (%s)", group, why)
             return from_store
-        admin = self.clients.admin(cluster)
-        if admin is None:
-            log.warning("no connection for cluster %r: committed offsets of %s unknown", cluster, group)
-            return {}
-        try:
-            offsets = admin.committed_offsets(group)
-        except KafkaUnavailable as exc:
-            log.warning("committed offsets of %s unavailable: %s", group, exc)
-            return {}
-        return {position: offset for position, offset in offsets.items() if offset is not None}
+        log.warning("committed offsets of %s unknown (%s; no fresh snapshot either): its messages wait", group, why)
+        return {}
 
     def _from_store(self, cluster: str, group: str, now: int) -> dict[tuple[str, int], int] | None:
         store = self.clients.store()
@@ -151,8 +157,8 @@ class CommittedOffsets:
             return None
         try:
             latest = store.snapshots.latest_committed(cluster, group)
-        except Exception as exc:  # the store is a shortcut; the broker is the fallback
-            log.warning("store unavailable for committed offsets (%s); asking the broker", exc)
+        except Exception as exc:  # the store stands in for the broker; without either, unknown
+            log.warning("store unavailable for committed offsets (%s)", exc)
             return None
         if latest is None or now - latest[0] > self.store_fresh_ms:
             return None

@@ -36,7 +36,7 @@ from khipu.detector.committed import (
     StreamReadProgress,
 )
 from khipu.detector.model import DETECTOR_QUERY, DetectorConfig
-from khipu.detector.outputs import BatchFigures, DetectorWriter, HeartbeatListener
+from khipu.detector.outputs import BatchFigures, DetectorWriter, HeartbeatListener, ReadProgress
 from khipu.detector.parse import parse_traces
 from khipu.detector.processor import INPUT_SCHEMA, MALFORMED, MARK, OUTPUT_SCHEMA, TRACE, VerdictProcessor
 from khipu.detector.routes import RoutePlans
@@ -48,6 +48,7 @@ from khipu.settings import project_root
 __all__ = ["DETECTOR_QUERY", "DetectorJob", "connector_jars", "start_detector"]
 CONNECTOR_JARS = project_root() / ".jvm" / "spark-kafka"
 DEFAULT_BUCKETS = 32
+DEFAULT_TRIGGER_S = 2.0  # a batch at least this often: LOST within seconds; under load batches grow instead
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 250_000  # a batch's bound: ten seconds of work here, well inside the staleness limit
 
 
@@ -77,7 +78,7 @@ class DetectorJob:
     lost_topic: str | None = "khipu.lost"
     cluster_connections: Mapping[str, KafkaConnection] = field(default_factory=dict)  # per registry cluster
     starting_offsets: str = "earliest"
-    trigger_seconds: float = 5.0
+    trigger_seconds: float = DEFAULT_TRIGGER_S
     max_offsets_per_trigger: int | None = DEFAULT_MAX_OFFSETS_PER_TRIGGER
     shuffle_partitions: int = 4
     buckets: int = DEFAULT_BUCKETS  # messages' state is kept per hash bucket of their ids; fixed for a checkpoint
@@ -239,6 +240,9 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         known_streams=tuple(registry.streams),
         part=f"detector:{hashlib.sha1(str(job.checkpoint_dir.resolve()).encode()).hexdigest()[:12]}",
         figures=figures,
+        progress=ReadProgress(
+            job.checkpoint_dir / DETECTOR_QUERY, DETECTOR_QUERY, job.trace_topic, job.trace_connection
+        ),
     )
     query = (
         judged.writeStream.queryName(DETECTOR_QUERY)

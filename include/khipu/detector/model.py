@@ -72,9 +72,11 @@ class DetectorConfigError(InvalidSetting):
 
 @dataclass(frozen=True, slots=True)
 class DetectorConfig:
-    grace_ms: int = 30_000  # after a group's commit passes a message, wait this long for its trace
+    # after a group's commit is seen past a message, wait this long (read on the trace topic) for its trace: the
+    # traced consumer flushes its traces before it commits, so a few seconds cover an emitter's delivery
+    grace_ms: int = 3_000
     max_wait_ms: int = 900_000  # undecided this long after the first trace: PENDING, state dropped
-    recheck_ms: int = 5_000  # how often an undecided message looks at committed offsets again
+    recheck_ms: int = 2_000  # how often an undecided message looks at committed offsets again
 
     def __post_init__(self) -> None:
         for name in ("grace_ms", "max_wait_ms", "recheck_ms"):

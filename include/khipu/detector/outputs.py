@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,19 +29,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Producer
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from khipu.detector import records
 from khipu.detector.clock import read_to_ms, source_offsets
 from khipu.detector.gaps import record_emitter_sequences
 from khipu.detector.model import VerdictKind
-from khipu.detector.parse import TRACE_NAMES, quarantine_reason
+from khipu.detector.parse import quarantine_reason
 from khipu.detector.processor import MALFORMED, MARK, STATS, TRACE, VERDICT
-from khipu.kafka import KafkaConnection
+from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
 from khipu.reconcile.book import Recorded, VerdictBook, verdict_of, verdict_row
 from khipu.reconcile.settle import Change
 from khipu.store import Store
+from khipu.trace import archive
 from khipu.trace.archive import HOUR_MS, hour_of
 from khipu.verdicts.archive import COLUMNS as ARCHIVE_COLUMNS
 from khipu.verdicts.archive import VerdictArchive, conform, verdict_table
@@ -62,6 +63,7 @@ class BatchFigures:
     def __init__(self) -> None:
         self._buckets: dict[int, tuple[int, int]] = {}
         self.newest_read_ms: dict[int, int] = {}
+        self.read_to_ms: int | None = None  # the writer's newest figure of how far the topic is read
 
     def report(self, bucket: int, messages: int, state_bytes: int) -> None:
         self._buckets[bucket] = (messages, state_bytes)
@@ -78,6 +80,43 @@ class BatchFigures:
         return sum(b for _, b in self._buckets.values())
 
 
+class ReadProgress:
+    """After each batch, how far the trace topic is read (:func:`khipu.detector.clock.read_to_ms`), recorded in
+    the store before the next batch runs: that batch decides with it. A partition is read to its end when its
+    latest offset, asked now, is where this batch ended (its offsets from the query's offset log); otherwise to
+    the newest record time read from it."""
+
+    def __init__(self, checkpoint: Path, query: str, topic: str, connection: KafkaConnection) -> None:
+        self.checkpoint, self.query, self.topic, self.connection = checkpoint, query, topic, connection
+        self._admin: KafkaAdmin | None = None
+
+    def advance(self, batch_id: int, newest_read_ms: Mapping[int, int], store: Store) -> int | None:
+        ends = self._batch_ends(batch_id)
+        if not ends:
+            return None
+        asked = _now_ms()
+        if self._admin is None:
+            self._admin = KafkaAdmin(self.connection, timeout_s=10)
+        try:
+            marks = self._admin.watermarks([(self.topic, partition) for partition in ends]).found
+        except KafkaUnavailable as exc:
+            log.warning("latest offsets of %s unknown (%s): how far it is read stays where it was", self.topic, exc)
+            return None
+        latest = {partition: end for (_, partition), (_, end) in marks.items()}
+        read_to = read_to_ms(asked, ends, latest, newest_read_ms)
+        if read_to is not None:
+            store.heartbeat.record_read_to(self.query, read_to, asked)
+        return read_to
+
+    def _batch_ends(self, batch_id: int) -> dict[int, int] | None:
+        """Where the batch ended on each partition, from the query's offset log (its last line: the source's)."""
+        try:
+            lines = (self.checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
+        except OSError:
+            return None
+        return source_offsets(lines[-1], self.topic) if lines else None
+
+
 class DetectorWriter:
     """foreachBatch of the detector's query: what the processor let through and decided, to where it goes."""
 
@@ -92,12 +131,14 @@ class DetectorWriter:
         known_streams: tuple[str, ...],
         part: str = "detector",
         figures: BatchFigures | None = None,
+        progress: ReadProgress | None = None,
     ) -> None:
         self.store_url, self.archive_path, self.keep_pointers_ms = store_url, archive_path, keep_pointers_ms
         self.verdict_archive_path = verdict_archive_path
         self.lost_topic, self.connection, self.known_streams = lost_topic, connection, known_streams
         self.part = part  # the metric parts' prefix: one per checkpoint (its batch ids are this writer's)
         self.figures = figures if figures is not None else BatchFigures()
+        self.progress = progress  # how far the topic is read, recorded after each batch (None: not recorded)
         self._store: Store | None = None
         self._verdict_archive: VerdictArchive | None = None
         self._producer: Producer | None = None
@@ -127,13 +168,12 @@ class DetectorWriter:
             clock = now
 
         try:
-            collected = batch.select(*sorted({*DECIDED_COLUMNS, *records.COLUMNS})).toArrow()
+            collected = batch.select(*sorted({*DECIDED_COLUMNS, *records.COLUMNS, *archive.SCHEMA.names})).toArrow()
             lap("judge")
             kinds = collected.column("kind")
             passed = collected.filter(pc.is_in(kinds, pa.array([TRACE, MARK, MALFORMED])))
             traces = int(pc.sum(pc.equal(passed.column("kind"), TRACE)).as_py() or 0)
-            if traces:
-                self._archive_traces(batch, batch_id)
+            self._archive_traces(passed, batch_id)
             lap("archive")
             for partition, newest in records.newest_read(passed).items():
                 self.figures.read(partition, newest)
@@ -146,6 +186,10 @@ class DetectorWriter:
             verdicts = collected.filter(pc.equal(kinds, VERDICT)).select(list(DECIDED_COLUMNS))
             archived, stored, lost = self._verdicts(verdicts, batch_id)
             lap("verdicts")
+            if self.progress is not None:  # after the pointers are stored: the next batch may decide on them
+                read_to = self.progress.advance(batch_id, self.figures.newest_read_ms, self.store)
+                if read_to is not None:
+                    self.figures.read_to_ms = read_to
             log.info(
                 "batch %d: %d traces, %d verdicts (%d LOST), %d archived, %d stored; %d pointers, %d sequence "
                 "numbers; %d messages in flight; %s",
@@ -163,25 +207,17 @@ class DetectorWriter:
         finally:
             batch.unpersist()
 
-    def _archive_traces(self, batch: DataFrame, batch_id: int) -> None:
-        """The batch's traces to the raw-trace archive: Parquet by hour and batch (a replay overwrites its own)."""
-        traces = (
-            batch.where(F.col("kind") == TRACE)
-            .select(
-                *[F.col(f"`{name}`") for name in TRACE_NAMES],
-                F.when(F.col("prev_offsets").isNotNull(), F.split("prev_offsets", ",").cast("array<bigint>")).alias(
-                    "prev_offsets"
-                ),
-            )
-            .withColumn("hour", F.date_format(F.timestamp_millis("timestamp_ms"), "yyyy-MM-dd-HH"))
-            .withColumn("batch_id", F.lit(batch_id))
+    def _archive_traces(self, passed: pa.Table, batch_id: int) -> None:
+        """The batch's traces to the raw-trace archive: Parquet by hour and batch (a replay replaces its own)."""
+        traces = passed.filter(pc.equal(passed.column("kind"), TRACE))
+        back = traces.column("prev_offsets")
+        pointers = pc.if_else(
+            pc.is_valid(back),
+            pc.split_pattern(pc.fill_null(back, ""), ","),
+            pa.nulls(traces.num_rows, pa.list_(pa.string())),
         )
-        (
-            traces.write.mode("overwrite")
-            .option("partitionOverwriteMode", "dynamic")
-            .partitionBy("hour", "batch_id")
-            .parquet(self.archive_path)
-        )
+        table = traces.set_column(traces.schema.get_field_index("prev_offsets"), "prev_offsets", pointers)
+        archive.write_batch(Path(self.archive_path), batch_id, table.select(archive.SCHEMA.names))
 
     def _channel(self, passed: pa.Table, batch_id: int) -> tuple[int, int]:
         """Back-pointers, emitter sequence numbers and malformed records: the trace channel's own health."""
@@ -362,11 +398,7 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
         )
 
     def _read_to(self, progress: Any, sources: list[Any]) -> int | None:
-        if self.topic is None or self.figures is None or len(sources) != 1:
-            return None
-        end = source_offsets(sources[0].endOffset, self.topic)
-        latest = source_offsets(sources[0].latestOffset, self.topic)
-        return None if end is None else read_to_ms(_ms(progress.timestamp), end, latest, self.figures.newest_read_ms)
+        return self.figures.read_to_ms if self.figures is not None else None
 
     def onQueryIdle(self, event: Any) -> None:
         """An idle query has read everything there is: a caught-up heartbeat with no rows."""
@@ -383,7 +415,7 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
                 "state_rows": None,
                 "state_bytes": None,
                 "caught_up": True,
-                "read_to_ms": _ms(event.timestamp),
+                "read_to_ms": None,
             }
         )
 

@@ -59,7 +59,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
         committed: CommittedLookup,
         config: DetectorConfig,
         pointed_at: PointerLookup = nothing_pointed_at,
-        read_to: Callable[[], int | None] | None = None,
+        read_to: Callable[[int], int | None] | None = None,
         removed: RemovalLookup = nothing_removed,
         log_start: LogStartLookup | None = None,
     ) -> None:

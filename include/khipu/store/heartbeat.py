@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import case, delete, func, insert, select
+from sqlalchemy import case, delete, func, insert, select, update
 
 from khipu.store import schema
 from khipu.store.engine import StoreEngine
@@ -30,19 +30,33 @@ class HeartbeatRepository:
                 )
             )
 
+    def record_read_to(self, query_name: str, read_to_ms: int, at_ms: int) -> None:
+        """The time up to which the query has read the trace topic, as its writer knows it before and after a
+        batch runs (it only moves forward)."""
+        table = schema.detector_progress
+        with self._engine.begin() as tx:
+            current = tx.execute(select(table.c.read_to_ms).where(table.c.query_name == query_name)).scalar()
+            if current is None:
+                tx.execute(insert(table).values(query_name=query_name, read_to_ms=read_to_ms, at_ms=at_ms))
+            elif read_to_ms > current:
+                tx.execute(
+                    update(table).where(table.c.query_name == query_name).values(read_to_ms=read_to_ms, at_ms=at_ms)
+                )
+
     def read_to_ms(self, query_name: str) -> int | None:
         """The time up to which ``query_name`` has read the trace topic: every trace written before it has been
-        read. The newest of the batches' own figure (``read_to_ms``) and the start of the newest batch that read
-        its whole input (heartbeats written before the figure existed)."""
-        table = schema.detector_heartbeat
+        read. The newest of its writer's figure, the batches' reported figure, and the start of the newest batch
+        that read its whole input."""
+        heartbeat, progress = schema.detector_heartbeat, schema.detector_progress
         with self._engine.begin() as tx:
             recorded, caught_up = tx.execute(
                 select(
-                    func.max(table.c.read_to_ms),
-                    func.max(case((table.c.caught_up.is_(True), table.c.at_ms), else_=None)),
-                ).where(table.c.query_name == query_name)
+                    func.max(heartbeat.c.read_to_ms),
+                    func.max(case((heartbeat.c.caught_up.is_(True), heartbeat.c.at_ms), else_=None)),
+                ).where(heartbeat.c.query_name == query_name)
             ).one()
-        found = [int(value) for value in (recorded, caught_up) if value is not None]
+            written = tx.execute(select(progress.c.read_to_ms).where(progress.c.query_name == query_name)).scalar()
+        found = [int(value) for value in (recorded, caught_up, written) if value is not None]
         return max(found) if found else None
 
     def latest(self, query_name: str) -> dict[str, Any] | None:

@@ -254,6 +254,14 @@ detector_heartbeat = Table(
     Index("ix_detector_heartbeat_time", "query_name", "at_ms"),
 )
 
+detector_progress = Table(  # the time up to which a query has read the trace topic, set before each batch runs
+    "detector_progress",
+    metadata,
+    Column("query_name", String(64), primary_key=True),
+    Column("read_to_ms", BigInteger, nullable=False),
+    Column("at_ms", BigInteger, nullable=False),
+)
+
 emitter_progress = Table(
     "emitter_progress",
     metadata,

@@ -1,19 +1,27 @@
-"""Reading the raw-trace archive (Parquet by UTC hour, written by the detector) outside Spark.
+"""The raw-trace archive: Parquet by UTC hour and micro-batch, written by the detector, read outside Spark too.
 
-The view, the API and ``khipu trace`` ask for the traces of a few messages; they know roughly when
-(from the verdicts' first-seen and decision times), so only those hours' folders are opened.
+Layout: ``<archive>/hour=YYYY-MM-DD-HH/batch_id=N/part-0.parquet`` (hour: of the trace's own time), the
+columns of :data:`SCHEMA`; reconciliation reads it with Spark (partition discovery gives ``hour`` and
+``batch_id``). The view, the API and ``khipu trace`` ask for the traces of a few messages; they know roughly
+when (from the verdicts' first-seen and decision times), so only those hours' folders are opened.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import uuid
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 HOUR_MS = 3_600_000
 COLUMNS = (
@@ -31,6 +39,52 @@ COLUMNS = (
     "emitter_seq",
     "attributes",
 )
+
+
+# an archived trace: the decoded trace columns and its back-pointers (as Spark wrote them before: same types)
+SCHEMA = pa.schema(
+    [
+        ("message_id", pa.string()),
+        ("stream", pa.string()),
+        ("location", pa.string()),
+        ("cluster", pa.string()),
+        ("type", pa.string()),
+        ("timestamp_ms", pa.int64()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("group", pa.string()),
+        ("emitter_id", pa.string()),
+        ("emitter_seq", pa.int64()),
+        ("sampling_percent", pa.float64()),
+        ("attributes", pa.string()),
+        ("prev_offsets", pa.list_(pa.int64())),
+    ]
+)
+
+
+def write_batch(archive_dir: Path, batch_id: int, traces: pa.Table) -> list[str]:
+    """Archive a micro-batch's traces (:data:`SCHEMA`'s columns): one file per UTC hour of their times, each
+    written under a temporary name and renamed into place. Idempotent: the batch's earlier files go first, in
+    every hour (a replayed batch writes the same traces again). Returns the hours written."""
+    for folder in archive_dir.glob(f"hour=*/batch_id={batch_id}"):
+        shutil.rmtree(folder)
+    if not traces.num_rows:
+        return []
+    traces = traces.select(SCHEMA.names).cast(SCHEMA)
+    hours = pc.divide(traces.column("timestamp_ms"), HOUR_MS)  # whole hours since the epoch
+    written = []
+    for hour in sorted(pc.unique(hours).to_pylist()):
+        folder = archive_dir / hour_folder(int(hour) * HOUR_MS) / f"batch_id={batch_id}"
+        folder.mkdir(parents=True, exist_ok=True)
+        temporary = folder / f".part-0.{uuid.uuid4().hex}.tmp"
+        try:
+            pq.write_table(traces.filter(pc.equal(hours, hour)), temporary, compression="zstd")
+            os.replace(temporary, folder / "part-0.parquet")
+        finally:
+            temporary.unlink(missing_ok=True)
+        written.append(hour_of(int(hour) * HOUR_MS))
+    return written
 
 
 @dataclass(frozen=True, slots=True)

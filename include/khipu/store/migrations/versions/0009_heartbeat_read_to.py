@@ -1,4 +1,4 @@
-"""detector heartbeat: the time up to which the trace topic is read, also while the detector works off a backlog
+"""detector progress: the time up to which the trace topic is read, per batch before it runs, and in the heartbeat
 
 Revision ID: 0009
 Revises: 0008
@@ -19,8 +19,15 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("detector_heartbeat") as batch:
         batch.add_column(sa.Column("read_to_ms", sa.BigInteger(), nullable=True))
+    op.create_table(
+        "detector_progress",
+        sa.Column("query_name", sa.String(64), primary_key=True),
+        sa.Column("read_to_ms", sa.BigInteger(), nullable=False),
+        sa.Column("at_ms", sa.BigInteger(), nullable=False),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("detector_progress")
     with op.batch_alter_table("detector_heartbeat") as batch:
         batch.drop_column("read_to_ms")
