@@ -170,6 +170,7 @@ class Evaluation:
     judged_messages: int = 0  # messages decide was called for
     clean_messages: int = 0  # messages the clean judge answered for
     dropped_unknown: int = 0  # messages of streams the registry does not define (dropped)
+    changed: bool = True  # False: the state is what it was (nothing to write back)
 
 
 @dataclass
@@ -191,6 +192,12 @@ class _Messages:
             return np.asarray(table.column(name).to_numpy(zero_copy_only=False)).copy()
 
         return _Messages(*(column(name) for name in MESSAGE_STATE.names))
+
+    def same_as(self, other: _Messages) -> bool:
+        numbers = ("judged", "emitted", "next_check_ms")
+        return all(np.array_equal(getattr(self, name), getattr(other, name)) for name in numbers) and all(
+            list(getattr(self, name)) == list(getattr(other, name)) for name in ("memo", "passed_at")
+        )
 
     def table(self, keep: np.ndarray) -> pa.Table:
         columns = [self.ids, self.stream, self.first_seen_ms, self.judged, self.emitted, self.memo, self.passed_at,
@@ -241,6 +248,7 @@ class BucketJudge:
         if not table.num_rows:
             return Evaluation(BucketState.empty(), _no_verdicts(), None)
         messages = _Messages.of(table)
+        as_stored = _Messages.of(table) if new is None or not len(new) else None  # to tell whether anything changed
         read_to = lookups.read_to(now_ms) if lookups.read_to is not None else None
         clock_ms = now_ms if read_to is None else min(now_ms, read_to)
         touched = pc.is_in(table.column("message_id"), value_set=arriving).to_numpy(zero_copy_only=False)
@@ -311,13 +319,15 @@ class BucketJudge:
         frames = [frame for frame in frames if len(frame)]
         verdicts = pd.concat(frames, ignore_index=True) if frames else _no_verdicts()
         wake = int(messages.next_check_ms[keep].min()) if keep.any() else None
+        changed = as_stored is None or bool(done.any()) or not messages.same_as(as_stored)
         return Evaluation(
-            BucketState(kept_traces, messages.table(keep)),
+            BucketState(kept_traces, messages.table(keep)) if changed else state,
             verdicts,
             None if wake is None else max(wake, now_ms + 1),
             judged_messages=len(by_rules),
             clean_messages=clean_count,
             dropped_unknown=int(unknown.sum()),
+            changed=changed,
         )
 
     # -- pieces ---------------------------------------------------------------------------------------------

@@ -205,7 +205,10 @@ class DetectorWriter:
                 ", ".join(f"{step} {seconds * 1000:.0f} ms" for step, seconds in spent.items()),
             )
         finally:
-            batch.unpersist()
+            try:
+                batch.unpersist()
+            except Exception as exc:  # the query stopping under the batch: nothing left to release
+                log.debug("batch %d not unpersisted: %s", batch_id, exc)
 
     def _archive_traces(self, passed: pa.Table, batch_id: int) -> None:
         """The batch's traces to the raw-trace archive: Parquet by hour and batch (a replay replaces its own)."""

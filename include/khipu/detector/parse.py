@@ -240,30 +240,62 @@ def _plain_shape() -> Column:
 
 
 def _plain_values(known_streams: Iterable[str]) -> str:
-    """The rules of a trace of the plain shape, on the columns extracted from it (types are known to be right)."""
+    """The rules of a trace of a known shape (the encoder's template, or the plain variant shape), on the columns
+    extracted from it: their JSON types are known to be right, only their values are checked."""
     known = ", ".join(f"'{name}'" for name in sorted(known_streams)) or "NULL"
     names = " AND ".join(
         f"char_length(`{name}`) BETWEEN 1 AND {MAX_NAME_CHARS}"
         for name in ("stream", "location", "cluster", "topic", "emitter_id")
     )
-    prev = f"try_variant_get({_JSON}, '$.prev_offsets', 'array<bigint>')"
     return (
         f"octet_length(value) <= {MAX_TRACE_BYTES} AND char_length(message_id) BETWEEN 1 AND {MAX_ID_CHARS} "
         f"AND {names} "
         f"AND ((type = 'RECEIVED' AND char_length(`group`) BETWEEN 1 AND {MAX_NAME_CHARS}) "
         "OR (type = 'SENT' AND `group` IS NULL)) "
-        "AND timestamp_ms >= 0 AND `offset` >= 0 AND emitter_seq >= 0 AND `partition` >= 0 "
+        f"AND timestamp_ms >= 0 AND `offset` >= 0 AND emitter_seq >= 0 AND `partition` BETWEEN 0 AND {MAX_PARTITION} "
         "AND sampling_percent > 0 AND sampling_percent <= 100 "
-        f"AND ({prev} IS NULL OR size({prev}) = 0 OR (type <> 'SENT' AND size({prev}) <= {MAX_PREV_OFFSETS} "
-        f"AND coalesce(forall({prev}, o -> o >= 0), false))) "
+        f"AND (_prev IS NULL OR size(_prev) = 0 OR (type <> 'SENT' AND size(_prev) <= {MAX_PREV_OFFSETS} "
+        "AND coalesce(forall(_prev, o -> o >= 0), false))) "
         f"AND stream IN ({known})"
     )
 
 
+# -- the commonest case of all, cheaper still: a trace exactly as khipu's own encoder writes it ----------
+
+# Java regular expressions; every repetition possessive (no backtracking, no recursion on long input).
+_STRING = r'"[^"\\\x00-\x1f]*+(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*+)*+"'  # a JSON string
+_INTEGER = r"(?:0|[1-9][0-9]{0,18}+)"  # >= 0, as an integer
+_NUMBER = r"-?(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?+(?:[eE][+-]?+[0-9]++)?+"
+# khipu.trace.codec.encode_trace's template (format version 2, no attributes): matched, its fields are read by
+# from_json with these types (a JSON string where a string is due, an integer where one is)
+ENCODER_TEMPLATE = (
+    r'^\{"v":2,"message_id":<S>,"stream":<S>,"location":<S>,"cluster":<S>,"type":"(?:SENT|RECEIVED)",'
+    r'"timestamp_ms":<N>,"topic":<S>,"partition":<N>,"offset":<N>,"group":(?:null|<S>),"emitter_id":<S>,'
+    r'"emitter_seq":<N>,"sampling_percent":<F>,"attributes":\{\},"prev_offsets":\[(?:<N>(?:,<N>)*+)?+\]\}$'
+)
+for _mark_, _pattern_ in (("<S>", _STRING), ("<N>", _INTEGER), ("<F>", _NUMBER)):
+    ENCODER_TEMPLATE = ENCODER_TEMPLATE.replace(_mark_, _pattern_)
+_TEMPLATE_SCHEMA = (
+    "message_id string, stream string, location string, cluster string, type string, timestamp_ms bigint, "
+    "topic string, partition bigint, offset bigint, `group` string, emitter_id string, emitter_seq bigint, "
+    "sampling_percent double, prev_offsets array<bigint>"
+)
+
+
+def _field(name: str, variant: Column) -> Column:
+    """A field read from the template's parse for a templated record, else from its variant."""
+    return F.when(F.col("_tpl"), F.col(f"_t.`{name}`")).otherwise(variant)
+
+
 def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFrame:
-    """Decode a DataFrame of Spark's Kafka schema (in the JVM); split it with :func:`valid`."""
+    """Decode a DataFrame of Spark's Kafka schema (in the JVM); split it with :func:`valid`.
+
+    Three ways, each at most as lenient as the next: a record exactly as khipu's encoder writes it is read
+    with ``from_json`` (its shape checked by one regular expression); any other is parsed to a VARIANT, and
+    one of the plain variant shape has only its values checked; everything else gets every rule."""
     streams = sorted(set(known_streams))
     is_mark = f"coalesce({_kind('$.mark')} = 'BOOLEAN' AND try_variant_get({_JSON}, '$.mark', 'boolean'), false)"
+    text = F.col("value").cast("string")
     decoded = (
         kafka_rows.select(
             "value",
@@ -271,14 +303,15 @@ def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFra
             "partition",
             "offset",
             "timestamp",
-            F.expr(
-                "CASE WHEN is_valid_utf8(CAST(value AS STRING)) THEN try_parse_json(CAST(value AS STRING)) END"
-            ).alias(_JSON),
+            F.expr("is_valid_utf8(CAST(value AS STRING))").alias("_utf8"),
         )
+        .withColumn("_tpl", F.col("_utf8") & text.rlike(ENCODER_TEMPLATE))
+        .withColumn("_t", F.when(F.col("_tpl"), F.from_json(text, _TEMPLATE_SCHEMA)))
+        .withColumn(_JSON, F.when(F.col("_utf8") & ~F.col("_tpl"), F.expr("try_parse_json(CAST(value AS STRING))")))
         .withColumn("_shape", F.expr(f"schema_of_variant({_JSON})"))
         .withColumn("_v", F.expr(f"try_variant_get({_JSON}, '$.v', 'bigint')"))
         .withColumn("_plain", _plain_shape())
-        .withColumn("_mark", F.expr(f"NOT _plain AND {is_mark}"))
+        .withColumn("_mark", F.expr(f"NOT _tpl AND NOT _plain AND {is_mark}"))
     )
     full = F.expr(
         f"{_JSON} IS NOT NULL AND _shape LIKE 'OBJECT<%' "
@@ -291,25 +324,27 @@ def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFra
     )
     trace = ~F.col("_mark")
     attributes = _typed("$.attributes", "map<string,string>")
+    prev = _field("prev_offsets", _typed("$.prev_offsets", "array<bigint>"))
     extracted = decoded.select(
-        F.when(trace, _string("$.message_id")).alias("message_id"),
-        F.when(trace, _string("$.stream")).alias("stream"),
-        _string("$.location").alias("location"),
-        F.when(trace, _string("$.cluster")).alias("cluster"),
-        F.when(F.col("_mark"), F.lit("MARK")).otherwise(_string("$.type")).alias("type"),
-        _typed("$.timestamp_ms", "bigint").alias("timestamp_ms"),
-        F.when(trace, _string("$.topic")).alias("topic"),
-        F.when(trace, _typed("$.partition", "int")).alias("partition"),
-        F.when(trace, _typed("$.offset", "bigint")).alias("offset"),
-        F.when(trace, _string("$.group")).alias("group"),
-        _string("$.emitter_id").alias("emitter_id"),
-        _typed("$.emitter_seq", "bigint").alias("emitter_seq"),
-        F.when(trace, _typed("$.sampling_percent", "double")).alias("sampling_percent"),
-        F.when(trace & ~F.col("_plain") & (F.size(attributes) > 0), F.to_json(attributes)).alias("attributes"),
-        F.when(
-            trace & (F.size(_typed("$.prev_offsets", "array<bigint>")) > 0), _typed("$.prev_offsets", "array<bigint>")
-        ).alias("prev_offsets"),
+        F.when(trace, _field("message_id", _string("$.message_id"))).alias("message_id"),
+        F.when(trace, _field("stream", _string("$.stream"))).alias("stream"),
+        _field("location", _string("$.location")).alias("location"),
+        F.when(trace, _field("cluster", _string("$.cluster"))).alias("cluster"),
+        F.when(F.col("_mark"), F.lit("MARK")).otherwise(_field("type", _string("$.type"))).alias("type"),
+        _field("timestamp_ms", _typed("$.timestamp_ms", "bigint")).alias("timestamp_ms"),
+        F.when(trace, _field("topic", _string("$.topic"))).alias("topic"),
+        F.when(trace, _field("partition", _typed("$.partition", "bigint"))).alias("_partition"),
+        F.when(trace, _field("offset", _typed("$.offset", "bigint"))).alias("offset"),
+        F.when(trace, _field("group", _string("$.group"))).alias("group"),
+        _field("emitter_id", _string("$.emitter_id")).alias("emitter_id"),
+        _field("emitter_seq", _typed("$.emitter_seq", "bigint")).alias("emitter_seq"),
+        F.when(trace, _field("sampling_percent", _typed("$.sampling_percent", "double"))).alias("sampling_percent"),
+        F.when(trace & ~F.col("_tpl") & ~F.col("_plain") & (F.size(attributes) > 0), F.to_json(attributes)).alias(
+            "attributes"
+        ),
+        F.when(trace, prev).alias("_prev"),
         F.when(F.col("_mark") & (F.size(entries) > 0), entries).alias("received"),
+        "_tpl",
         "_plain",
         "_shape",
         "_mark",
@@ -319,12 +354,12 @@ def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFra
         F.col("partition").alias("source_partition"),
         F.col("offset").alias("source_offset"),
         F.expr("unix_millis(timestamp)").alias("kafka_timestamp_ms"),
-    )
-    ok = F.when(F.col("_plain") & F.expr(f"coalesce({_plain_values(streams)}, false)"), F.lit(True)).otherwise(full)
-    checked = extracted.withColumn("_ok", ok)
+    ).withColumn("partition", F.col("_partition").try_cast("int"))
+    known_shape = (F.col("_tpl") | F.col("_plain")) & F.expr(f"coalesce({_plain_values(streams)}, false)")
+    checked = extracted.withColumn("_ok", F.when(known_shape, F.lit(True)).otherwise(full))
     return checked.select(
         *[F.col(f"`{name}`") for name in TRACE_NAMES],
-        "prev_offsets",
+        F.when(F.size("_prev") > 0, F.col("_prev")).alias("prev_offsets"),
         "received",
         (~F.col("_ok")).alias("malformed"),
         F.when(~F.col("_ok"), F.col("value")).alias("raw_value"),

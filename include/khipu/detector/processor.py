@@ -48,7 +48,8 @@ OUTPUT_SCHEMA = (
     "in_flight long, state_bytes long"
 )
 OUTPUT_COLUMNS = [part.split()[0].strip("`") for part in OUTPUT_SCHEMA.split(", ")]
-STATE_SCHEMA = "blob binary, timer_ms long"
+STATE_SCHEMA = "blob binary"  # the bucket's messages in flight (BucketState.encode)
+TIMER_SCHEMA = "timer_ms long"  # apart: a timer moved without anything new does not rewrite the blob
 _RENAMED = {"hop": "hop_id"}  # a verdict's hop id (the input's ``hop`` is the trace's hop number)
 
 
@@ -76,6 +77,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.state = handle.getValueState("bucket", STATE_SCHEMA)
+        self.timer = handle.getValueState("timer", TIMER_SCHEMA)
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
@@ -100,7 +102,8 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
     def _evaluate(self, bucket: int, traces: pd.DataFrame | None, now_ms: int, fired: bool) -> Iterator[pd.DataFrame]:
         stored = self.state.get()
         state = BucketState.decode(bytes(stored[0])) if stored else BucketState.empty()
-        timer = 0 if fired or not stored else int(stored[1])
+        registered = self.timer.get()
+        timer = 0 if fired or not registered else int(registered[0])
         new = traces.loc[:, list(TRACE_STATE.names)] if traces is not None and len(traces) else None
         evaluation = self.judge.evaluate(state, new, now_ms, self.lookups)
         wanted = evaluation.next_check_ms or 0
@@ -109,12 +112,17 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
                 self.handle.deleteTimer(timer)
             if wanted:
                 self.handle.registerTimer(wanted)
-        blob = b""
-        if len(evaluation.state.messages):
+                self.timer.update((wanted,))
+            elif registered:
+                self.timer.clear()
+        blob = bytes(stored[0]) if stored else b""
+        if not len(evaluation.state.messages):
+            if stored:
+                self.state.clear()
+            blob = b""
+        elif evaluation.changed or not stored:  # else the stored state stands
             blob = evaluation.state.encode()
-            self.state.update((blob, wanted))
-        elif stored:
-            self.state.clear()
+            self.state.update((blob,))
         if len(evaluation.verdicts):
             yield _shaped(evaluation.verdicts.rename(columns=_RENAMED).assign(kind=VERDICT, bucket=bucket))
         stats = {"kind": STATS, "bucket": bucket, "in_flight": len(evaluation.state.messages), "state_bytes": len(blob)}

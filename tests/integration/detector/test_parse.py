@@ -8,6 +8,7 @@ the JVM" equals "the codec raises", and the quarantine's reason is the codec's.
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -128,6 +129,15 @@ def test_every_trace_field_comes_out_of_the_jvm_as_the_codec_reads_it(spark: Any
         assert tuple(row.prev_offsets or ()) == decoded.prev_offsets
 
 
+def templated(**raw: str) -> bytes:
+    """A trace in the encoder's own template (the detector's cheapest path) with fields replaced by raw JSON text."""
+    text = encode_trace(sent_trace(attributes={}, type=TraceType.RECEIVED, group="g", prev_offsets=(3, 2))).decode()
+    for name, value in raw.items():
+        field = f'"{name}":{value}'
+        text = re.sub(rf'"{name}":(\[[^\]]*\]|"(?:[^"\\]|\\.)*"|[^,}}]*)', lambda _, f=field: f, text, count=1)
+    return text.encode()
+
+
 def _mark(**changes: Any) -> bytes:
     return json.dumps(json.loads(encode_mark(EmitterMark("sink-1", "sink", 3, 5))) | changes).encode()
 
@@ -177,6 +187,23 @@ PARITY: list[bytes | None] = [
     json.dumps(record(v=1, prev_offsets=[])).encode(),  # a version-1 trace has no back-pointers
     json.dumps({k: v for k, v in record().items() if k != "attributes"}).encode(),
     json.dumps({k: v for k, v in record().items() if k not in ("group", "prev_offsets")}).encode(),
+    # in the encoder's own template, read without the variant: valid ones and every value out of range
+    templated(),
+    templated(type='"SENT"', group="null", prev_offsets="[]"),
+    templated(message_id='"\\u00fc\\"x\\\\y"', sampling_percent="1e-07"),
+    templated(message_id='""'),
+    templated(message_id='"' + "x" * 257 + '"'),
+    templated(stream='"nope"'),
+    templated(group="null"),
+    templated(type='"SENT"'),  # a group and back-pointers on a SENT trace
+    templated(type='"SENT"', group="null"),  # back-pointers on a SENT trace
+    templated(partition=str(2**31)),
+    templated(offset="99999999999999999999"),
+    templated(timestamp_ms=str(2**63)),
+    templated(sampling_percent="0"),
+    templated(sampling_percent="100.5"),
+    templated(prev_offsets="[" + ",".join(map(str, range(17))) + "]"),
+    templated(location='"' + "l" * 250 + '"'),
     b'"a string"',
     b"",
 ]
