@@ -97,24 +97,19 @@ MESSAGE_STATE = pa.schema(
         ("next_check_ms", pa.int64()),  # judged: when decide wants to look again
     ]
 )
-VERDICT_COLUMNS = (
+VERDICT_COLUMNS = (  # a verdict as the processor emits it: its hop by number (RoutePlans.described says the rest)
     "message_id",
-    "stream",
-    "hop",
-    "hop_kind",
+    "hop",  # the global hop number
     "verdict",
     "cause",
     "count",
-    "topic",
     "partition",
     "offset",
-    "group",
-    "location",
     "observed_ms",
     "latency_ms",
     "e2e_latency_ms",
     "decided_ms",
-    "detail",
+    "detail",  # None: a plain DELIVERED's ("received once" / "written once")
     "first_seen_ms",
     "judged_by",  # clean: by the clean judge (a fresh message's plain DELIVERED); decide: by decide
 )
@@ -222,6 +217,7 @@ class BucketJudge:
             self._first_hop[hops] = plan.first_hop
             self._hop_topic[hops] = plan.hop_topic
         self._stream_number = {plan.stream.name: number for number, plan in enumerate(plans.plans)}
+        self._hop_number = plans.numbers()
         self._blank_memo = {
             plan.stream.name: np.full(plan.size, NONE, dtype=np.int64).tobytes() for plan in plans.plans
         }
@@ -304,7 +300,7 @@ class BucketJudge:
                     messages, int(position), by_message.get(int(position), []), now_ms, read_to, lookups
                 )
                 if verdicts:
-                    frames.append(_frame_of(verdicts))
+                    frames.append(_frame_of(verdicts, self._hop_number))
                     messages.emitted[position] |= self._bits(messages.stream[position], verdicts)
                 done[position] = finished
                 messages.passed_at[position] = memo_text
@@ -452,34 +448,21 @@ class BucketJudge:
         cells = delivered_cells(plan, grid, deliver)
         if not len(cells.hop):
             return _no_verdicts()
-        hop_id = np.asarray([h.id for h in plan.hops], dtype=object)
-        kind = np.asarray([h.kind.value for h in plan.hops], dtype=object)
-        topic = np.asarray([h.topic.topic for h in plan.hops], dtype=object)
-        group = np.asarray([h.group for h in plan.hops], dtype=object)
-        location = np.asarray([h.location for h in plan.hops], dtype=object)
-        detail = np.asarray(
-            ["received once" if plan.is_read[i] else "written once" for i in range(plan.size)], dtype=object
-        )
         rows = mine[cells.message]
         return pd.DataFrame(
             {
                 "message_id": messages.ids[rows],
-                "stream": plan.stream.name,
-                "hop": hop_id[cells.hop],
-                "hop_kind": kind[cells.hop],
+                "hop": cells.hop + plan.first_hop,
                 "verdict": "DELIVERED",
                 "cause": None,
                 "count": 1,
-                "topic": topic[cells.hop],
                 "partition": cells.partition,
                 "offset": cells.offset,
-                "group": group[cells.hop],
-                "location": location[cells.hop],
                 "observed_ms": cells.observed_ms,
                 "latency_ms": _nullable(cells.latency_ms),
                 "e2e_latency_ms": _nullable(cells.e2e_latency_ms),
                 "decided_ms": now_ms,
-                "detail": detail[cells.hop],
+                "detail": None,
                 "first_seen_ms": messages.first_seen_ms[rows],
                 "judged_by": "clean",
             }
@@ -576,11 +559,12 @@ def _trace(row: Mapping[str, Any]) -> Trace:
     )
 
 
-def _frame_of(verdicts: Sequence[Verdict]) -> pd.DataFrame:
+def _frame_of(verdicts: Sequence[Verdict], numbers: Mapping[tuple[str, str], int]) -> pd.DataFrame:
     rows = []
     for verdict in verdicts:
         row = verdict_row(verdict)
-        rows.append({**{name: row.get(name) for name in VERDICT_COLUMNS}, "judged_by": "decide"})
+        hop = numbers[(verdict.stream, verdict.hop)]
+        rows.append({**{name: row.get(name) for name in VERDICT_COLUMNS}, "hop": hop, "judged_by": "decide"})
     frame = pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
     for name in ("partition", "offset", "observed_ms", "latency_ms", "e2e_latency_ms", "first_seen_ms"):
         frame[name] = pd.array(frame[name].to_numpy(dtype=object), dtype="Int64")

@@ -238,6 +238,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         job.trace_connection,
         keep_pointers_ms=2 * job.detector.max_wait_ms + 3_600_000,
         known_streams=tuple(registry.streams),
+        hops=plans.described(),
         part=f"detector:{hashlib.sha1(str(job.checkpoint_dir.resolve()).encode()).hexdigest()[:12]}",
         figures=figures,
         progress=ReadProgress(

@@ -130,6 +130,7 @@ class DetectorWriter:
         keep_pointers_ms: int,
         known_streams: tuple[str, ...],
         part: str = "detector",
+        hops: Mapping[str, list[Any]] | None = None,
         figures: BatchFigures | None = None,
         progress: ReadProgress | None = None,
     ) -> None:
@@ -137,6 +138,7 @@ class DetectorWriter:
         self.verdict_archive_path = verdict_archive_path
         self.lost_topic, self.connection, self.known_streams = lost_topic, connection, known_streams
         self.part = part  # the metric parts' prefix: one per checkpoint (its batch ids are this writer's)
+        self.hops = hops or {}  # RoutePlans.described: what each hop number in a verdict row stands for
         self.figures = figures if figures is not None else BatchFigures()
         self.progress = progress  # how far the topic is read, recorded after each batch (None: not recorded)
         self._store: Store | None = None
@@ -183,7 +185,9 @@ class DetectorWriter:
                 collected.filter(pc.equal(kinds, STATS)).select(["bucket", "in_flight", "state_bytes"]).to_pylist()
             ):
                 self.figures.report(int(row["bucket"]), int(row["in_flight"]), int(row["state_bytes"]))
-            verdicts = collected.filter(pc.equal(kinds, VERDICT)).select(list(DECIDED_COLUMNS))
+            verdicts = expand_verdicts(
+                collected.filter(pc.equal(kinds, VERDICT)).select(list(DECIDED_COLUMNS)), self.hops
+            )
             archived, stored, lost = self._verdicts(verdicts, batch_id)
             lap("verdicts")
             if self.progress is not None:  # after the pointers are stored: the next batch may decide on them
@@ -313,10 +317,22 @@ class DetectorWriter:
 
 # the processor's output columns a verdict (or a bucket's stats) needs
 DECIDED_COLUMNS = (
-    "kind", "bucket", "in_flight", "state_bytes", "message_id", "stream", "hop_id", "hop_kind", "verdict", "cause",
-    "count", "topic", "partition", "offset", "group", "location", "observed_ms", "latency_ms", "e2e_latency_ms",
-    "decided_ms", "detail", "first_seen_ms", "judged_by",
+    "kind", "bucket", "in_flight", "state_bytes", "message_id", "hop", "verdict", "cause", "count", "partition",
+    "offset", "observed_ms", "latency_ms", "e2e_latency_ms", "decided_ms", "detail", "first_seen_ms", "judged_by",
 )  # fmt: skip
+
+
+def expand_verdicts(verdicts: pa.Table, hops: Mapping[str, list[Any]]) -> pa.Table:
+    """The processor's verdict rows with their hops spelt out (:meth:`khipu.detector.routes.RoutePlans.described`):
+    stream, hop (its id), hop_kind, topic, group, location, and a plain DELIVERED's detail."""
+    number = verdicts.column("hop").cast(pa.int64())
+    described = {name: pa.array(values, pa.string()) for name, values in hops.items()}
+    columns = {name: verdicts.column(name) for name in verdicts.column_names if name != "hop"}
+    for name in ("stream", "hop", "hop_kind", "topic", "group", "location"):
+        columns[name] = described[name].take(number)
+    detail = verdicts.column("detail").cast(pa.string())
+    columns["detail"] = pc.coalesce(detail, described["delivered_detail"].take(number))
+    return pa.table(columns)
 
 
 def _plain_new(change: Change) -> bool:
@@ -334,7 +350,6 @@ def _archive_rows(verdicts: pa.Table) -> pa.Table:
     """The clean judge's DELIVERED verdicts as the verdict archive keeps them (its columns, no Python per row)."""
     n = verdicts.num_rows
     columns = {name: verdicts.column(name) for name in verdicts.column_names}
-    columns["hop"] = columns.pop("hop_id")
     columns["group_id"] = columns.pop("group")
     columns["decided_by"] = pa.array(["detector"] * n, pa.string())
     columns["evidence_kind"] = pa.nulls(n, pa.string())
@@ -347,8 +362,8 @@ def _next_hour(hour: str) -> str:
 
 
 def _verdict_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A processor output row of a verdict as the verdict book reads it."""
-    return {**row, "hop": row["hop_id"]}
+    """A verdict row (spelt out) as the verdict book reads it."""
+    return row
 
 
 def _offsets(raw: Any) -> Any:

@@ -42,15 +42,15 @@ INPUT_SCHEMA = (
     "raw_value binary, source_topic string, source_partition int, source_offset long, kafka_timestamp_ms long"
 )
 # what leaves it: the input's columns, and the verdicts' and the stats' own
+# (a verdict names its hop by number, in ``hop``: RoutePlans.described says the rest; the writer fills it in)
 OUTPUT_SCHEMA = (
-    f"{INPUT_SCHEMA}, hop_id string, hop_kind string, verdict string, cause string, count int, observed_ms long, "
-    "latency_ms long, e2e_latency_ms long, decided_ms long, detail string, first_seen_ms long, judged_by string, "
-    "in_flight long, state_bytes long"
+    f"{INPUT_SCHEMA}, verdict string, cause string, count int, observed_ms long, latency_ms long, "
+    "e2e_latency_ms long, decided_ms long, detail string, first_seen_ms long, judged_by string, in_flight long, "
+    "state_bytes long"
 )
 OUTPUT_COLUMNS = [part.split()[0].strip("`") for part in OUTPUT_SCHEMA.split(", ")]
 STATE_SCHEMA = "blob binary"  # the bucket's messages in flight (BucketState.encode)
 TIMER_SCHEMA = "timer_ms long"  # apart: a timer moved without anything new does not rewrite the blob
-_RENAMED = {"hop": "hop_id"}  # a verdict's hop id (the input's ``hop`` is the trace's hop number)
 
 
 class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
@@ -124,7 +124,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
             blob = evaluation.state.encode()
             self.state.update((blob,))
         if len(evaluation.verdicts):
-            yield _shaped(evaluation.verdicts.rename(columns=_RENAMED).assign(kind=VERDICT, bucket=bucket))
+            yield _shaped(evaluation.verdicts.assign(kind=VERDICT, bucket=bucket))
         stats = {"kind": STATS, "bucket": bucket, "in_flight": len(evaluation.state.messages), "state_bytes": len(blob)}
         yield _shaped(pd.DataFrame([stats]))
 
@@ -142,4 +142,4 @@ def _shaped(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(columns)
 
 
-assert set(VERDICT_COLUMNS) - {"hop"} <= set(OUTPUT_COLUMNS)
+assert set(VERDICT_COLUMNS) <= set(OUTPUT_COLUMNS)

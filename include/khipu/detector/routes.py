@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from khipu.registry.model import ConsumerSpec, Hop, HopKind, Registry, Stream, TopicRef
 
@@ -202,6 +203,26 @@ class RoutePlans:
                     plan.first_hop + local
                 )
         return keys
+
+    def described(self) -> dict[str, list[Any]]:
+        """Per global hop number, what a verdict row says of its hop: stream, hop (id), hop_kind, topic, group,
+        location, and the detail of a plain DELIVERED (verdicts travel with the number only)."""
+        rows = [(plan.stream.name, hop) for plan in self.plans for hop in plan.hops]
+        return {
+            "stream": [stream for stream, _ in rows],
+            "hop": [hop.id for _, hop in rows],
+            "hop_kind": [hop.kind.value for _, hop in rows],
+            "topic": [hop.topic.topic for _, hop in rows],
+            "group": [hop.group for _, hop in rows],
+            "location": [hop.location for _, hop in rows],
+            "delivered_detail": ["received once" if hop.kind is HopKind.READ else "written once" for _, hop in rows],
+        }
+
+    def numbers(self) -> dict[tuple[str, str], int]:
+        """(stream, hop id) -> the hop's global number."""
+        return {
+            (plan.stream.name, hop.id): plan.first_hop + n for plan in self.plans for n, hop in enumerate(plan.hops)
+        }
 
 
 def hop_key(stream: str, trace_type: str, cluster: str, topic: str, actor: str) -> str:

@@ -179,7 +179,12 @@ def random_messages(rng: random.Random, count: int) -> list[tuple[int, Trace]]:
     return out
 
 
+HOP_IDS = RoutePlans.of(REGISTRY).described()["hop"]
+
+
 def key(v: Mapping[str, Any] | Verdict) -> tuple[Any, ...]:
+    if isinstance(v, Mapping):  # the bucket's row: its hop by number
+        v = {**v, "hop": HOP_IDS[int(v["hop"])]}
     get = (lambda name: v[name]) if isinstance(v, Mapping) else (lambda name: getattr(v, name))
     kind = get("verdict") if isinstance(v, Mapping) else v.kind.value
     cause = get("cause") if isinstance(v, Mapping) else (v.cause.value if v.cause else None)

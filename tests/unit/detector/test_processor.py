@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from khipu.detector.bucket import BucketState
 from khipu.detector.model import DetectorConfig
+from khipu.detector.outputs import DECIDED_COLUMNS, expand_verdicts
 from khipu.detector.processor import INPUT_SCHEMA, MARK, STATS, TRACE, VERDICT, VerdictProcessor
 from khipu.detector.routes import RoutePlans, hop_key
 from khipu.trace.model import Trace
@@ -70,7 +72,12 @@ def new_tester(committed: dict[tuple[str, str], int]) -> Any:
 
 
 def verdicts(out: pd.DataFrame) -> pd.DataFrame:
-    return out[out["kind"] == VERDICT] if len(out) else out
+    """The verdict rows, their hops spelt out as the writer does."""
+    if not len(out):
+        return out
+    rows = out[out["kind"] == VERDICT][list(DECIDED_COLUMNS)]
+    table = pa.Table.from_pandas(rows.astype({"hop": "int64"}), preserve_index=False)
+    return expand_verdicts(table, RoutePlans.of(REGISTRY).described()).to_pandas()  # type: ignore[arg-type]
 
 
 def in_flight(tws: Any) -> int:
@@ -110,7 +117,7 @@ def test_a_skipped_message_is_reported_lost_once_with_its_cause_by_the_rules() -
     tws.testInPandas(0, frame(clean(skip={S1})))
     out = verdicts(tws.setProcessingTime(40_000))
     lost = out[out["verdict"] == "LOST"]
-    assert [(row.hop_id, row.cause, row.judged_by) for row in lost.itertuples()] == [
+    assert [(row.hop, row.cause, row.judged_by) for row in lost.itertuples()] == [
         (S1, "skipped_by_consumer", "decide")
     ]
     assert len(verdicts(tws.setProcessingTime(100_000))) == 0  # decided and dropped: nothing is emitted twice
@@ -123,12 +130,12 @@ def test_hops_decided_early_are_emitted_once_while_the_rest_waits() -> None:
     tws.setProcessingTime(10_000)
     tws.testInPandas(0, frame(clean()))
     early = verdicts(tws.setProcessingTime(40_000))
-    assert sorted(early["hop_id"]) == [PROC_IN, S1, SRC]
+    assert sorted(early["hop"]) == [PROC_IN, S1, SRC]
     assert len(verdicts(tws.setProcessingTime(45_000))) == 0  # rechecked, nothing new to say
     committed[("s2", "out")] = 8  # s2 catches up
     tws.setProcessingTime(50_000)
     late = verdicts(tws.setProcessingTime(85_000))
-    assert sorted(late["hop_id"]) == [S2, PROC_OUT]
+    assert sorted(late["hop"]) == [S2, PROC_OUT]
     assert in_flight(tws) == 0
 
 
@@ -145,7 +152,7 @@ def test_many_messages_share_a_bucket_clean_ones_judged_together_a_duplicate_by_
     out = verdicts(tws.setProcessingTime(40_000))
     assert len(out) == 21 * 5
     assert set(out[out["message_id"] != "dup"]["judged_by"]) == {"clean"}
-    dup = out[out["message_id"] == "dup"].set_index("hop_id")
+    dup = out[out["message_id"] == "dup"].set_index("hop")
     assert (dup.loc[S2, "verdict"], dup.loc[S2, "cause"], dup.loc[S2, "count"]) == ("DUPLICATE", "rewind_replay", 2)
     assert in_flight(tws) == 0
 
@@ -154,7 +161,7 @@ def test_latencies_of_clean_messages_are_the_rules() -> None:
     tws = new_tester(PAST)
     tws.setProcessingTime(10_000)
     tws.testInPandas(0, frame(clean()))
-    out = verdicts(tws.setProcessingTime(40_000)).set_index("hop_id")
+    out = verdicts(tws.setProcessingTime(40_000)).set_index("hop")
     assert (out.loc[PROC_IN, "latency_ms"], out.loc[PROC_OUT, "latency_ms"], out.loc[S2, "latency_ms"]) == (
         100,
         100,
