@@ -274,7 +274,8 @@ def test_an_all_archived_message_is_final_and_one_with_an_open_sql_verdict_is_re
     assert rows[("m-twice", WRITE)]["verdict"] == "DELIVERED"  # the PENDING decided
     assert (rows[("m-twice", READ)]["verdict"], rows[("m-twice", READ)]["count"]) == ("DUPLICATE", 2)
     assert [(h["from_verdict"], h["to_verdict"]) for h in store.verdicts.history("m-twice") if h["hop"] == READ] == [
-        ("DELIVERED", "DUPLICATE")  # the archived verdict, changed: the SQL row now wins over it
+        (None, "DELIVERED"),  # the archived verdict's first decision, written when something replaces it
+        ("DELIVERED", "DUPLICATE"),  # the archived verdict, changed: the SQL row now wins over it
     ]
     assert {(v["message_id"], v["hop"]) for v in verdict_archive.read()} & set(rows) == {("m-twice", READ)}
     assert not any(m in ("m-fine", "m-after") for m, _ in rows)  # never re-decided, never copied into SQL
