@@ -26,6 +26,7 @@ from khipu.detector.job import (
     DEFAULT_TRIGGER_S,
     DetectorJob,
     connector_jars,
+    driver_settings,
     read_connections_file,
     start_detector,
 )
@@ -118,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     builder = SparkSession.builder.appName("khipu-detector")
     if "PYSPARK_GATEWAY_PORT" not in os.environ:  # started directly; under spark-submit master and jars are set
         builder = builder.master(master).config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
+        for key, value in driver_settings(master).items():
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     queries = start_detector(spark, job)

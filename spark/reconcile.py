@@ -23,7 +23,7 @@ from pathlib import Path
 
 from khipu.detector.committed import ClusterClients, CommittedOffsets, PointedPositions, RecordRemovals
 from khipu.detector.decide import Lookups
-from khipu.detector.job import read_connections_file
+from khipu.detector.job import driver_settings, read_connections_file
 from khipu.detector.model import DetectorConfig
 from khipu.errors import InvalidSetting
 from khipu.reconcile.book import VerdictBook
@@ -76,7 +76,10 @@ def main(argv: list[str]) -> int:
 
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.appName("khipu-reconcile").master(args.master).getOrCreate()
+    builder = SparkSession.builder.appName("khipu-reconcile").master(args.master)
+    for key, value in driver_settings(args.master).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     store = Store(store_url)
     try:
         clients = ClusterClients(connections, store_url)

@@ -89,6 +89,8 @@ def spark() -> Iterator[Any]:
         SparkSession.builder.master("local[2]")
         .appName("khipu-tests")
         .config("spark.ui.enabled", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")  # the driver's listeners on loopback only
+        .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
         .getOrCreate()

@@ -45,7 +45,7 @@ from khipu.kafka import KafkaConnection
 from khipu.registry.loader import load_registry
 from khipu.settings import project_root
 
-__all__ = ["DETECTOR_QUERY", "DetectorJob", "connector_jars", "start_detector"]
+__all__ = ["DETECTOR_QUERY", "DetectorJob", "connector_jars", "driver_settings", "start_detector"]
 CONNECTOR_JARS = project_root() / ".jvm" / "spark-kafka"
 DEFAULT_BUCKETS = 32
 DEFAULT_TRIGGER_S = 2.0  # a batch at least this often: LOST within seconds; under load batches grow instead
@@ -64,6 +64,18 @@ def connector_jars(directory: Path = CONNECTOR_JARS) -> list[Path]:
             "connector jars", str(directory), "spark-sql-kafka-0-10 and its dependencies there; run `make install`"
         )
     return jars
+
+
+def driver_settings(master: str) -> dict[str, str]:
+    """Where a directly started driver listens. With ``local[*]`` or a cluster on this machine, on 127.0.0.1
+    only (its RPC, block manager and web UI: nothing reachable from elsewhere); with a cluster elsewhere the
+    executors must reach the driver, so Spark's own choice (``spark.driver.host``/``SPARK_LOCAL_IP``) stands.
+    The web UI follows ``SPARK_LOCAL_IP``, so that is set too, unless the environment already sets it."""
+    host = master.removeprefix("spark://").split(":")[0]
+    if not (master.startswith("local") or host in ("127.0.0.1", "localhost")):
+        return {}
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    return {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,7 +159,6 @@ class DetectorWriter:
         return self._verdict_archive
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        batch.persist()
         spent: dict[str, float] = {}
         clock = time.perf_counter()
 
@@ -169,50 +168,41 @@ class DetectorWriter:
             spent[step] = now - clock
             clock = now
 
-        try:
-            collected = batch.select(*sorted({*DECIDED_COLUMNS, *records.COLUMNS, *archive.SCHEMA.names})).toArrow()
-            lap("judge")
-            kinds = collected.column("kind")
-            passed = collected.filter(pc.is_in(kinds, pa.array([TRACE, MARK, MALFORMED])))
-            traces = int(pc.sum(pc.equal(passed.column("kind"), TRACE)).as_py() or 0)
-            self._archive_traces(passed, batch_id)
-            lap("archive")
-            for partition, newest in records.newest_read(passed).items():
-                self.figures.read(partition, newest)
-            found, numbered = self._channel(passed, batch_id)
-            lap("channel")
-            for row in (
-                collected.filter(pc.equal(kinds, STATS)).select(["bucket", "in_flight", "state_bytes"]).to_pylist()
-            ):
-                self.figures.report(int(row["bucket"]), int(row["in_flight"]), int(row["state_bytes"]))
-            verdicts = expand_verdicts(
-                collected.filter(pc.equal(kinds, VERDICT)).select(list(DECIDED_COLUMNS)), self.hops
-            )
-            archived, stored, lost = self._verdicts(verdicts, batch_id)
-            lap("verdicts")
-            if self.progress is not None:  # after the pointers are stored: the next batch may decide on them
-                read_to = self.progress.advance(batch_id, self.figures.newest_read_ms, self.store)
-                if read_to is not None:
-                    self.figures.read_to_ms = read_to
-            log.info(
-                "batch %d: %d traces, %d verdicts (%d LOST), %d archived, %d stored; %d pointers, %d sequence "
-                "numbers; %d messages in flight; %s",
-                batch_id,
-                traces,
-                verdicts.num_rows,
-                lost,
-                archived,
-                stored,
-                found,
-                numbered,
-                self.figures.messages,
-                ", ".join(f"{step} {seconds * 1000:.0f} ms" for step, seconds in spent.items()),
-            )
-        finally:
-            try:
-                batch.unpersist()
-            except Exception as exc:  # the query stopping under the batch: nothing left to release
-                log.debug("batch %d not unpersisted: %s", batch_id, exc)
+        # one Spark job per batch: the one collected table feeds every output, so nothing is cached
+        collected = batch.select(*sorted({*DECIDED_COLUMNS, *records.COLUMNS, *archive.SCHEMA.names})).toArrow()
+        lap("judge")
+        kinds = collected.column("kind")
+        passed = collected.filter(pc.is_in(kinds, pa.array([TRACE, MARK, MALFORMED])))
+        traces = int(pc.sum(pc.equal(passed.column("kind"), TRACE)).as_py() or 0)
+        self._archive_traces(passed, batch_id)
+        lap("archive")
+        for partition, newest in records.newest_read(passed).items():
+            self.figures.read(partition, newest)
+        found, numbered = self._channel(passed, batch_id)
+        lap("channel")
+        for row in collected.filter(pc.equal(kinds, STATS)).select(["bucket", "in_flight", "state_bytes"]).to_pylist():
+            self.figures.report(int(row["bucket"]), int(row["in_flight"]), int(row["state_bytes"]))
+        verdicts = expand_verdicts(collected.filter(pc.equal(kinds, VERDICT)).select(list(DECIDED_COLUMNS)), self.hops)
+        archived, stored, lost = self._verdicts(verdicts, batch_id)
+        lap("verdicts")
+        if self.progress is not None:  # after the pointers are stored: the next batch may decide on them
+            read_to = self.progress.advance(batch_id, self.figures.newest_read_ms, self.store)
+            if read_to is not None:
+                self.figures.read_to_ms = read_to
+        log.info(
+            "batch %d: %d traces, %d verdicts (%d LOST), %d archived, %d stored; %d pointers, %d sequence "
+            "numbers; %d messages in flight; %s",
+            batch_id,
+            traces,
+            verdicts.num_rows,
+            lost,
+            archived,
+            stored,
+            found,
+            numbered,
+            self.figures.messages,
+            ", ".join(f"{step} {seconds * 1000:.0f} ms" for step, seconds in spent.items()),
+        )
 
     def _archive_traces(self, passed: pa.Table, batch_id: int) -> None:
         """The batch's traces to the raw-trace archive: Parquet by hour and batch (a replay replaces its own)."""

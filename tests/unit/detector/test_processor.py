@@ -117,9 +117,7 @@ def test_a_skipped_message_is_reported_lost_once_with_its_cause_by_the_rules() -
     tws.testInPandas(0, frame(clean(skip={S1})))
     out = verdicts(tws.setProcessingTime(40_000))
     lost = out[out["verdict"] == "LOST"]
-    assert [(row.hop, row.cause, row.judged_by) for row in lost.itertuples()] == [
-        (S1, "skipped_by_consumer", "decide")
-    ]
+    assert [(row.hop, row.cause, row.judged_by) for row in lost.itertuples()] == [(S1, "skipped_by_consumer", "decide")]
     assert len(verdicts(tws.setProcessingTime(100_000))) == 0  # decided and dropped: nothing is emitted twice
     assert in_flight(tws) == 0
 
