@@ -403,7 +403,7 @@ def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
         age = (now_ms() - int(beat["at_ms"])) / 1000
         print(
             f"detector: last heartbeat {age:.0f}s ago, batch {beat['batch_id']}, {beat['input_rows_per_s']:.0f} "
-            f"rows/s in, state rows {beat['state_rows']}, caught up: {bool(beat['caught_up'])}"
+            f"rows/s in, {beat['state_rows']} messages in flight, caught up: {bool(beat['caught_up'])}"
         )
     return 0
 

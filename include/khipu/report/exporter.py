@@ -291,7 +291,9 @@ def detector_families(reading: StoreReading, now_ms: int) -> list[Metric]:
         "khipu_detector_processed_rows_per_second", "Rows processed a second in the newest batch."
     )
     duration = _query_gauge("khipu_detector_batch_duration_seconds", "How long the newest batch took.")
-    state_rows = _query_gauge("khipu_detector_state_rows", "Rows in the query's state after the newest batch.")
+    state_rows = _query_gauge(
+        "khipu_detector_state_rows", "Messages the query holds in state (in flight, undecided) after the newest batch."
+    )
     for query, beat in sorted(reading.heartbeats.items()):
         if beat is None:
             continue
