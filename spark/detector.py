@@ -13,6 +13,7 @@ argument. Restarting resumes from the checkpoint.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -87,8 +88,8 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
     if args.connections_file:
         trace, clusters, store_url = read_connections_file(args.connections_file)
     else:
-        env = {**os.environ, "KHIPU_BOOTSTRAP_SERVERS": args.bootstrap_servers}
-        trace, clusters, store_url = settings.kafka(env), {}, settings.store_url
+        trace = dataclasses.replace(settings, bootstrap_servers=args.bootstrap_servers).kafka()
+        clusters, store_url = {}, settings.store_url
     job = DetectorJob(
         registry_path=args.registry,
         trace_connection=trace,

@@ -28,8 +28,11 @@ def test_defaults_are_the_detector_configs_and_the_state_folder() -> None:
 
 
 def test_arguments_override_and_an_empty_lost_topic_turns_it_off() -> None:
-    job, _ = load_entry().parse_args(["--grace-ms", "5000", "--lost-topic", "", "--trigger-seconds", "2"])
+    job, _ = load_entry().parse_args(
+        ["--grace-ms", "5000", "--lost-topic", "", "--trigger-seconds", "2", "--bootstrap-servers", "127.0.0.1:19092"]
+    )
     assert (job.detector.grace_ms, job.lost_topic, job.trigger_seconds) == (5000, None, 2.0)
+    assert job.trace_connection.bootstrap_servers == "127.0.0.1:19092"  # the argument, not the environment's
 
 
 def test_a_connections_file_gives_the_clusters_and_the_store_and_must_be_private(tmp_path: Path) -> None:
