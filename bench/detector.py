@@ -12,7 +12,7 @@
 5. state: bytes per message in flight at two traffic levels (10x apart, the same messages in flight);
 6. cluster: the same job on a Spark standalone cluster (a master and one, then two workers on 127.0.0.1).
 
-    .venv/bin/python bench/detector.py [--only limit|backlog|live|latency|state|cluster ...] [--progress]
+    .venv/bin/python bench/detector.py [--only limit|backlog|live|latency|state|cluster ...] [--progress] [--keep]
 
 Synthetic traces of demo-shaped messages (5 hops, ``config/registry.yaml``'s demo.orders) are written
 straight to trace topics of the bench's own broker, and the groups' committed offsets are set by the
@@ -26,6 +26,7 @@ import argparse
 import logging
 import multiprocessing
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -211,7 +212,7 @@ def backlog_topic(bootstrap: str, args: argparse.Namespace) -> tuple[str, int]:
     return topic, total
 
 
-def stateless_limit(spark: Any, bootstrap: str, args: argparse.Namespace) -> float:
+def stateless_limit(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) -> float:
     """The same source and shuffle with no state: decode, groupBy(message_id).count() per micro-batch."""
     topic, total = backlog_topic(bootstrap, args)
     plans = RoutePlans.of(load_registry(REGISTRY))
@@ -228,7 +229,7 @@ def stateless_limit(spark: Any, bootstrap: str, args: argparse.Namespace) -> flo
     query = (
         prepare(parse_traces(source, ["demo.orders"]), plans, args.buckets)
         .writeStream.foreachBatch(count)
-        .option("checkpointLocation", tempfile.mkdtemp(prefix="khipu-bench-limit-"))
+        .option("checkpointLocation", tempfile.mkdtemp(prefix="limit-", dir=work))
         .trigger(processingTime="1 second")
         .start()
     )
@@ -290,7 +291,7 @@ def live_traffic(bootstrap: str, topic: str, rate: int, seconds: float, hold_s: 
     produced, message, started = 0, 0, time.monotonic()
     history: deque[tuple[float, int]] = deque()  # (when, messages produced by then)
     late_upto = 0  # held messages below this one have had their late read
-    tick = 0
+    tick = 0.0
     while True:
         now = time.monotonic()
         elapsed = now - started
@@ -533,10 +534,11 @@ def main() -> int:
     parser.add_argument("--lost", type=int, default=40)
     parser.add_argument("--background", type=int, default=200, help="latency: background messages per loss")
     parser.add_argument("--in-flight", type=int, default=10_000, help="state: messages held in flight")
-    parser.add_argument("--cluster-messages", type=int, default=100_000)
+    parser.add_argument("--cluster-messages", type=int, default=200_000)
     parser.add_argument(
         "--progress", action="store_true", help="every batch's rows, time and state; the writer's steps"
     )
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, topics, stores) afterwards")
     args = parser.parse_args()
     parts = set(args.only or PARTS)
     if args.progress:  # the writer's line per batch: where its time went
@@ -564,7 +566,7 @@ def main() -> int:
         print(f"detector bench: {os.cpu_count()} CPUs (the broker on them too), {args.buckets} buckets, batches of at "
               f"most {args.max_per_batch:,} records, work in {work}", flush=True)  # fmt: skip
         if "limit" in parts:
-            stateless_limit(spark, broker.bootstrap_servers, args)
+            stateless_limit(spark, broker.bootstrap_servers, work, args)
         if "backlog" in parts:
             backlog(spark, broker.bootstrap_servers, work, args)
         if "live" in parts:
@@ -580,6 +582,10 @@ def main() -> int:
     finally:
         spark.stop()
         stop_process_group(broker.pid)
+        if args.keep:
+            print(f"work kept in {work}", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
