@@ -417,14 +417,17 @@ def lost_latency(spark: Any, bootstrap: str, work: Path, args: argparse.Namespac
                 seen[verdict["message_id"]] = time.time()
 
     producer, background = new_producer(bootstrap), 1_000_000
+    sent, started = 0, time.monotonic()
     try:
         wait_for("the detector's first batch", lambda: store.heartbeat.latest(DETECTOR_QUERY) is not None, 300)
+        started = time.monotonic()
         for n in range(args.lost):
             message = (base + n) * PARTITIONS  # partition 0, offset base + n
             clock = time.time_ns() // 1_000_000
             traffic = [t for m in range(background, background + args.background) for t in traces_of(m, "bg", clock)]
             background += args.background
             send(producer, topic, [*traffic, *traces_of(message, "lost", clock, store=False)])
+            sent += len(traffic)
             producer.flush(30)
             time.sleep(0.3)
             for group, group_topic in GROUPS.items():
@@ -432,6 +435,7 @@ def lost_latency(spark: Any, bootstrap: str, work: Path, args: argparse.Namespac
             committed_at[f"lost-{message:09d}"] = time.time()
             look()
             time.sleep(0.2)
+        rate = sent / max(1e-9, time.monotonic() - started)
         deadline = time.time() + 180
         while len(seen) < args.lost and time.time() < deadline:
             look()
@@ -443,7 +447,7 @@ def lost_latency(spark: Any, bootstrap: str, work: Path, args: argparse.Namespac
     latencies = sorted(seen[m] - committed_at[m] for m in seen if m in committed_at)
     defaults = DetectorConfig()
     settings = (f"grace {defaults.grace_ms / 1000:g} s, trigger {job.trigger_seconds:g} s, recheck "
-                f"{defaults.recheck_ms / 1000:g} s; {args.background * HOPS * 2:,.0f} background traces/s")  # fmt: skip
+                f"{defaults.recheck_ms / 1000:g} s; {rate:,.0f} background traces/s")  # fmt: skip
     if latencies:
         p95 = latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))]
         print(
@@ -532,7 +536,7 @@ def main() -> int:
     )
     parser.add_argument("--buckets", type=int, default=DEFAULT_BUCKETS)
     parser.add_argument("--lost", type=int, default=40)
-    parser.add_argument("--background", type=int, default=200, help="latency: background messages per loss")
+    parser.add_argument("--background", type=int, default=200, help="latency: background messages per loss (x5 traces)")
     parser.add_argument("--in-flight", type=int, default=10_000, help="state: messages held in flight")
     parser.add_argument("--cluster-messages", type=int, default=200_000)
     parser.add_argument(
