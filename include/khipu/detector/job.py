@@ -15,10 +15,10 @@ passes its path.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +36,7 @@ from khipu.detector.committed import (
     StreamReadProgress,
 )
 from khipu.detector.model import DETECTOR_QUERY, DetectorConfig
-from khipu.detector.outputs import BatchFigures, DetectorWriter, HeartbeatListener, ReadProgress
+from khipu.detector.outputs import BatchFigures, BatchKeys, DetectorWriter, HeartbeatListener, ReadProgress
 from khipu.detector.parse import parse_traces
 from khipu.detector.processor import INPUT_SCHEMA, MALFORMED, MARK, OUTPUT_SCHEMA, TRACE, VerdictProcessor
 from khipu.detector.routes import RoutePlans
@@ -44,6 +44,7 @@ from khipu.errors import InvalidSetting
 from khipu.kafka import KafkaConnection
 from khipu.registry.loader import load_registry
 from khipu.settings import project_root
+from khipu.store import Store
 
 __all__ = ["DETECTOR_QUERY", "DetectorJob", "connector_jars", "driver_settings", "start_detector"]
 CONNECTOR_JARS = project_root() / ".jvm" / "spark-kafka"
@@ -54,6 +55,26 @@ DEFAULT_MAX_OFFSETS_PER_TRIGGER = 250_000  # a batch's bound: ten seconds of wor
 
 class DetectorJobError(InvalidSetting):
     kind = "detector job setting"
+
+
+EPOCH_FILE = "khipu-epoch.json"  # in the query's checkpoint: when that checkpoint was first started
+
+
+def checkpoint_epoch(query_checkpoint: Path, now_s: int) -> tuple[int, bool]:
+    """The checkpoint's identity: the second it was first started, kept in it (a checkpoint deleted and started
+    again is another). Returns (that second, whether this start is the checkpoint's first: no batch yet)."""
+    path = query_checkpoint / EPOCH_FILE
+    try:
+        return int(json.loads(path.read_text())["started_s"]), False
+    except FileNotFoundError:
+        pass
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DetectorJobError("checkpoint epoch", str(path), f'JSON {{"started_s": <seconds>}} ({exc})') from exc
+    offsets = query_checkpoint / "offsets"
+    first = not (offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir()))
+    query_checkpoint.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"started_s": now_s}))
+    return now_s, first
 
 
 def connector_jars(directory: Path = CONNECTOR_JARS) -> list[Path]:
@@ -226,6 +247,13 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
     clients = ClusterClients(job.connections_by_cluster(sorted(registry.clusters)), job.store_url)
     removals = RecordRemovals(clients)
     plans = RoutePlans.of(registry)
+    epoch_s, first_start = checkpoint_epoch(job.checkpoint_dir / DETECTOR_QUERY, int(time.time()))
+    if first_start:  # reading from the start: earlier checkpoints' progress says nothing of what this one read
+        store = Store(job.store_url)
+        try:
+            store.heartbeat.start_over(DETECTOR_QUERY, int(time.time() * 1000))
+        finally:
+            store.close()
     processor = VerdictProcessor(
         registry,
         CommittedOffsets(clients),
@@ -251,7 +279,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         keep_pointers_ms=2 * job.detector.max_wait_ms + 3_600_000,
         known_streams=tuple(registry.streams),
         hops=plans.described(),
-        part=f"detector:{hashlib.sha1(str(job.checkpoint_dir.resolve()).encode()).hexdigest()[:12]}",
+        batch_keys=BatchKeys(epoch_s),
         figures=figures,
         progress=ReadProgress(
             job.checkpoint_dir / DETECTOR_QUERY, DETECTOR_QUERY, job.trace_topic, job.trace_connection

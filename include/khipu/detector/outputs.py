@@ -21,9 +21,10 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -117,6 +118,22 @@ class ReadProgress:
         return source_offsets(lines[-1], self.topic) if lines else None
 
 
+@dataclass(frozen=True, slots=True)
+class BatchKeys:
+    """Micro-batch ids made unique across checkpoints: a new checkpoint starts again at batch 0, and its outputs
+    (archive folders, the decided index, metric parts) must not replace an earlier checkpoint's. A batch's key
+    is ``epoch_s * SPAN + batch_id``, ``epoch_s`` the second its checkpoint was first started."""
+
+    epoch_s: int = 0
+
+    SPAN: ClassVar[int] = 10**8  # batch ids per checkpoint: six years of 2-second batches
+
+    def key(self, batch_id: int) -> int:
+        if not 0 <= batch_id < self.SPAN:
+            raise ValueError(f"micro-batch id {batch_id} out of 0..{self.SPAN - 1}: start a new checkpoint")
+        return self.epoch_s * self.SPAN + batch_id
+
+
 class DetectorWriter:
     """foreachBatch of the detector's query: what the processor let through and decided, to where it goes."""
 
@@ -129,7 +146,7 @@ class DetectorWriter:
         connection: KafkaConnection,
         keep_pointers_ms: int,
         known_streams: tuple[str, ...],
-        part: str = "detector",
+        batch_keys: BatchKeys | None = None,
         hops: Mapping[str, list[Any]] | None = None,
         figures: BatchFigures | None = None,
         progress: ReadProgress | None = None,
@@ -137,7 +154,7 @@ class DetectorWriter:
         self.store_url, self.archive_path, self.keep_pointers_ms = store_url, archive_path, keep_pointers_ms
         self.verdict_archive_path = verdict_archive_path
         self.lost_topic, self.connection, self.known_streams = lost_topic, connection, known_streams
-        self.part = part  # the metric parts' prefix: one per checkpoint (its batch ids are this writer's)
+        self.batch_keys = batch_keys or BatchKeys()  # the checkpoint's batches, as its outputs name them
         self.hops = hops or {}  # RoutePlans.described: what each hop number in a verdict row stands for
         self.figures = figures if figures is not None else BatchFigures()
         self.progress = progress  # how far the topic is read, recorded after each batch (None: not recorded)
@@ -174,7 +191,8 @@ class DetectorWriter:
         kinds = collected.column("kind")
         passed = collected.filter(pc.is_in(kinds, pa.array([TRACE, MARK, MALFORMED])))
         traces = int(pc.sum(pc.equal(passed.column("kind"), TRACE)).as_py() or 0)
-        self._archive_traces(passed, batch_id)
+        key = self.batch_keys.key(batch_id)
+        self._archive_traces(passed, key)
         lap("archive")
         for partition, newest in records.newest_read(passed).items():
             self.figures.read(partition, newest)
@@ -183,7 +201,7 @@ class DetectorWriter:
         for row in collected.filter(pc.equal(kinds, STATS)).select(["bucket", "in_flight", "state_bytes"]).to_pylist():
             self.figures.report(int(row["bucket"]), int(row["in_flight"]), int(row["state_bytes"]))
         verdicts = expand_verdicts(collected.filter(pc.equal(kinds, VERDICT)).select(list(DECIDED_COLUMNS)), self.hops)
-        archived, stored, lost = self._verdicts(verdicts, batch_id)
+        archived, stored, lost = self._verdicts(verdicts, key)
         lap("verdicts")
         if self.progress is not None:  # after the pointers are stored: the next batch may decide on them
             read_to = self.progress.advance(batch_id, self.figures.newest_read_ms, self.store)
@@ -204,7 +222,7 @@ class DetectorWriter:
             ", ".join(f"{step} {seconds * 1000:.0f} ms" for step, seconds in spent.items()),
         )
 
-    def _archive_traces(self, passed: pa.Table, batch_id: int) -> None:
+    def _archive_traces(self, passed: pa.Table, key: int) -> None:
         """The batch's traces to the raw-trace archive: Parquet by hour and batch (a replay replaces its own)."""
         traces = passed.filter(pc.equal(passed.column("kind"), TRACE))
         back = traces.column("prev_offsets")
@@ -214,7 +232,7 @@ class DetectorWriter:
             pa.nulls(traces.num_rows, pa.list_(pa.string())),
         )
         table = traces.set_column(traces.schema.get_field_index("prev_offsets"), "prev_offsets", pointers)
-        archive.write_batch(Path(self.archive_path), batch_id, table.select(archive.SCHEMA.names))
+        archive.write_batch(Path(self.archive_path), key, table.select(archive.SCHEMA.names))
 
     def _channel(self, passed: pa.Table, batch_id: int) -> tuple[int, int]:
         """Back-pointers, emitter sequence numbers and malformed records: the trace channel's own health."""
@@ -239,14 +257,14 @@ class DetectorWriter:
             log.warning("batch %d: %d malformed trace records quarantined (%d new)", batch_id, len(bad), added)
         return len(found), sum(len(batch.seen) for batch in numbered.values())
 
-    def _verdicts(self, verdicts: pa.Table, batch_id: int) -> tuple[int, int, int]:
+    def _verdicts(self, verdicts: pa.Table, key: int) -> tuple[int, int, int]:
         """The batch's verdicts to where they go: a fresh message's plain DELIVERED verdicts to the verdict
         archive (with their minutes' counts as the batch's metric part), every other verdict settled against
         what is stored (late evidence never makes one worse) into the SQL store; LOST ones to the lost topic.
         Idempotent: a replayed batch replaces its archive files, index rows and metric part, and settles
         against the rows its first run stored. Returns (archived, stored in SQL, LOST published)."""
         archive, index = self.verdict_archive, self.verdict_archive.index
-        index.forget_batch(batch_id)  # a replay's own rows are not earlier decisions
+        index.forget_batch(key)  # a replay's own rows are not earlier decisions
         ids = pc.unique(verdicts.column("message_id")).to_pylist()
         earlier = index.find(ids) if ids else {}
         first_seen = dict(
@@ -270,18 +288,18 @@ class DetectorWriter:
             recorded = VerdictBook(self.store.verdicts).record(judged, _now_ms(), archived=before, apart=_plain_new)
         apart = verdict_table([verdict_row(v) for v in recorded.apart])
         archived = pa.concat_tables([direct, apart]) if apart.num_rows else direct
-        archive.write_batch(batch_id, archived)
+        archive.write_batch(key, archived)
         counts = counts_by_minute_columns(
             archived.column("stream"), archived.column("hop"), archived.column("verdict"),
             archived.column("decided_ms"), archived.column("latency_ms"),
         )  # fmt: skip
-        self.store.verdicts.replace_part(f"{self.part}:{batch_id}", counts, metrics_of)
+        self.store.verdicts.replace_part(f"detector:{key}", counts, metrics_of)
         decided_ms = verdicts.column("decided_ms")
         hours = {
             m: hour_of(int(ms))
             for m, ms in zip(verdicts.column("message_id").to_pylist(), decided_ms.to_pylist(), strict=True)
         }
-        index.record(batch_id, [(m, first_seen.get(m), hours[m]) for m in ids])
+        index.record(key, [(m, first_seen.get(m), hours[m]) for m in ids])
         # a LOST this state said and the store keeps goes out, again on a replayed batch (at least once)
         lost = [
             verdict_row(stored)

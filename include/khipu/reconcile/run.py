@@ -40,6 +40,7 @@ from khipu.reconcile.book import StoredVerdicts
 from khipu.reconcile.settle import Change
 from khipu.reconcile.window import ReconcileWindow, changes_for, judge_lead, rejudge
 from khipu.registry.model import Registry
+from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
 from khipu.trace.model import Trace, trace_from_columns
 from khipu.tracing.headers import trace_context
 from khipu.verdicts.archive import COLUMNS as ARCHIVED_COLUMNS
@@ -176,6 +177,9 @@ def reconcile(
     )
     if window.streams:
         traces = traces.where(F.col("stream").isin(list(window.streams)))
+    # one trace archived twice (a new detector checkpoint reading the topic again) is one trace, not a re-read:
+    # a re-read leaves a trace of its own (another emitter sequence number, another time)
+    traces = traces.dropDuplicates([name for name in ARCHIVED_TRACE.names if name != "prev_offsets"])
     traces = traces.persist()
     try:
         firsts = traces.groupBy("message_id").agg(F.min("timestamp_ms").alias("first_ms"))

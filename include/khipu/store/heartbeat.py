@@ -43,19 +43,29 @@ class HeartbeatRepository:
                     update(table).where(table.c.query_name == query_name).values(read_to_ms=read_to_ms, at_ms=at_ms)
                 )
 
+    def start_over(self, query_name: str, at_ms: int) -> None:
+        """A new checkpoint of ``query_name`` starts reading the trace topic from its beginning: nothing it has
+        read yet, and the heartbeats of earlier checkpoints say nothing of it."""
+        table = schema.detector_progress
+        with self._engine.begin() as tx:
+            tx.execute(delete(table).where(table.c.query_name == query_name))
+            tx.execute(insert(table).values(query_name=query_name, read_to_ms=0, at_ms=at_ms, since_ms=at_ms))
+
     def read_to_ms(self, query_name: str) -> int | None:
         """The time up to which ``query_name`` has read the trace topic: every trace written before it has been
         read. The newest of its writer's figure, the batches' reported figure, and the start of the newest batch
         that read its whole input."""
         heartbeat, progress = schema.detector_heartbeat, schema.detector_progress
         with self._engine.begin() as tx:
+            written, since = tx.execute(
+                select(progress.c.read_to_ms, progress.c.since_ms).where(progress.c.query_name == query_name)
+            ).one_or_none() or (None, 0)
             recorded, caught_up = tx.execute(
                 select(
                     func.max(heartbeat.c.read_to_ms),
                     func.max(case((heartbeat.c.caught_up.is_(True), heartbeat.c.at_ms), else_=None)),
-                ).where(heartbeat.c.query_name == query_name)
+                ).where(heartbeat.c.query_name == query_name, heartbeat.c.at_ms >= since)
             ).one()
-            written = tx.execute(select(progress.c.read_to_ms).where(progress.c.query_name == query_name)).scalar()
         found = [int(value) for value in (recorded, caught_up, written) if value is not None]
         return max(found) if found else None
 

@@ -260,6 +260,8 @@ detector_progress = Table(  # the time up to which a query has read the trace to
     Column("query_name", String(64), primary_key=True),
     Column("read_to_ms", BigInteger, nullable=False),
     Column("at_ms", BigInteger, nullable=False),
+    # when the query's checkpoint was first started: heartbeats before it are another run's reading
+    Column("since_ms", BigInteger, nullable=False, server_default="0"),
 )
 
 emitter_progress = Table(

@@ -9,6 +9,7 @@ about asking brokers.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,25 @@ def test_reconciliation_confirms_retracts_fills_in_and_is_idempotent(spark: Any,
     assert {(v["message_id"], v["hop"]): v["verdict"] for v in store.verdicts.rows()} == {
         key: row["verdict"] for key, row in rows.items()
     }
+    store.close()
+
+
+def test_traces_archived_again_by_a_new_checkpoint_count_once(spark: Any, archive: Path, tmp_path: Path) -> None:
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    hour = archive / f"hour={hour_of(T0)}"
+    shutil.copytree(hour / "batch_id=0", hour / "batch_id=179500000000000003")  # the same records, read again
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    store.migrate()
+    VerdictBook(store.verdicts).apply([Change(stored("m-gone", VerdictKind.LOST, 2), "decided")], T0 + 60_000)
+
+    reconcile(spark, archive, WINDOW, REGISTRY, VerdictBook(store.verdicts), Lookups(every_group_past), CONFIG, NOW)
+
+    rows = {(v["message_id"], v["hop"]): v for v in store.verdicts.rows()}
+    unjudged = rows[("m-unjudged", "local/in -> s1")]
+    assert (unjudged["verdict"], unjudged["count"]) == ("DELIVERED", 1)  # not a DUPLICATE of itself
+    fine = rows[("m-fine", "p -> local/in")]
+    assert (fine["verdict"], fine["count"]) == ("DELIVERED", 1)
+    assert rows[("m-gone", "local/in -> s1")]["verdict"] == "CONFIRMED_LOST"
     store.close()
 
 

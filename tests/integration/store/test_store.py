@@ -155,3 +155,23 @@ def test_a_store_never_migrated_says_so_and_what_to_run(tmp_path: Path, empty_po
         store.close()
         message = str(caught.value)
         assert "verdicts" in message and "khipu store migrate" in message, message
+
+
+def _beat(at_ms: int, caught_up: bool, read_to_ms: int | None) -> dict[str, object]:
+    return {"query_name": "khipu_detector", "run_id": "r", "batch_id": 1, "at_ms": at_ms, "input_rows": 10,
+            "caught_up": caught_up, "read_to_ms": read_to_ms}  # fmt: skip
+
+
+def test_a_checkpoint_started_over_has_read_nothing_whatever_earlier_checkpoints_read(store: Store) -> None:
+    hb = store.heartbeat
+    hb.record(_beat(1_000_000, caught_up=True, read_to_ms=990_000))
+    hb.record_read_to("khipu_detector", 995_000, 1_000_500)
+    assert hb.read_to_ms("khipu_detector") == 1_000_000  # the start of the newest batch that read everything
+
+    hb.start_over("khipu_detector", 1_001_000)  # a new checkpoint, reading the topic from its start
+    assert hb.read_to_ms("khipu_detector") == 0  # the old run's heartbeats say nothing of what it read
+    hb.record_read_to("khipu_detector", 400_000, 1_002_000)  # its first batch: older traces
+    hb.record(_beat(1_002_000, caught_up=False, read_to_ms=400_000))
+    assert hb.read_to_ms("khipu_detector") == 400_000
+    hb.record(_beat(1_010_000, caught_up=True, read_to_ms=None))
+    assert hb.read_to_ms("khipu_detector") == 1_010_000

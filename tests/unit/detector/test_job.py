@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
-from khipu.detector.job import driver_settings
+from khipu.detector.job import EPOCH_FILE, DetectorJobError, checkpoint_epoch, driver_settings
+from khipu.detector.outputs import BatchKeys
 
 LOOPBACK = {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
 
@@ -35,3 +37,27 @@ def test_an_address_the_environment_chose_stands(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("SPARK_LOCAL_IP", "10.1.2.3")
     driver_settings("local[*]")
     assert os.environ["SPARK_LOCAL_IP"] == "10.1.2.3"
+
+
+def test_a_checkpoint_keeps_the_second_it_was_first_started(tmp_path: Path) -> None:
+    query = tmp_path / "checkpoint" / "khipu_detector"
+    assert checkpoint_epoch(query, 1_795_000_000) == (1_795_000_000, True)  # new: nothing read yet
+    assert checkpoint_epoch(query, 1_795_000_600) == (1_795_000_000, False)  # restarted from it
+    other = tmp_path / "older" / "khipu_detector"
+    (other / "offsets").mkdir(parents=True)
+    (other / "offsets" / "7").write_text("v1\n{}\n{}")
+    assert checkpoint_epoch(other, 1_795_000_900) == (1_795_000_900, False)  # batches ran: not a first start
+
+
+def test_a_damaged_epoch_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / EPOCH_FILE).write_text("{}")
+    with pytest.raises(DetectorJobError, match=EPOCH_FILE):
+        checkpoint_epoch(tmp_path, 1)
+
+
+def test_batch_keys_of_two_checkpoints_never_meet() -> None:
+    first, second = BatchKeys(1_795_000_000), BatchKeys(1_795_000_001)
+    assert first.key(BatchKeys.SPAN - 1) < second.key(0)
+    assert first.key(12) - first.key(0) == 12
+    with pytest.raises(ValueError, match="start a new checkpoint"):
+        first.key(BatchKeys.SPAN)

@@ -24,6 +24,8 @@ def upgrade() -> None:
         sa.Column("query_name", sa.String(64), primary_key=True),
         sa.Column("read_to_ms", sa.BigInteger(), nullable=False),
         sa.Column("at_ms", sa.BigInteger(), nullable=False),
+        # when the query's checkpoint was first started: heartbeats before it are another run's reading
+        sa.Column("since_ms", sa.BigInteger(), nullable=False, server_default="0"),
     )
 
 
