@@ -20,6 +20,7 @@ tested without Spark; :mod:`khipu.detector.processor` is the thin adapter to Spa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -120,10 +121,24 @@ def no_log_start(cluster: str, topic: str, partition: int) -> int | None:
     return None
 
 
+RouteIds = Mapping[str, Sequence[str]]  # stream -> its hops' ids, in the order of its RoutePlan
+ROUTES_KEY = b"khipu.routes"  # the messages table's metadata: the fingerprint of the routes it was kept under
+
+
+def route_ids(plans: RoutePlans) -> dict[str, list[str]]:
+    """Each stream's hop ids in plan order: what a bucket's hop numbers, memo and emitted bits stand for."""
+    return {plan.stream.name: [hop.id for hop in plan.hops] for plan in plans.plans}
+
+
+def routes_fingerprint(routes: RouteIds) -> str:
+    return hashlib.sha1(json.dumps(routes, sort_keys=True).encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class BucketState:
     traces: pa.Table  # TRACE_STATE
     messages: pa.Table  # MESSAGE_STATE
+    routes: str | None = None  # the fingerprint of the routes its hop numbers, memos and bits follow
 
     @staticmethod
     def empty() -> BucketState:
@@ -133,9 +148,10 @@ class BucketState:
         """The state as one compressed Arrow IPC stream of two tables (traces, then messages)."""
         sink = pa.BufferOutputStream()
         options = ipc.IpcWriteOptions(compression="zstd", use_threads=False)
-        for table, schema in ((self.traces, TRACE_STATE), (self.messages, MESSAGE_STATE)):
+        described = MESSAGE_STATE.with_metadata({ROUTES_KEY: self.routes.encode()}) if self.routes else MESSAGE_STATE
+        for table, schema in ((self.traces, TRACE_STATE), (self.messages, described)):
             with ipc.new_stream(sink, schema, options=options) as writer:
-                writer.write_table(table)
+                writer.write_table(table.replace_schema_metadata(schema.metadata))
         return bytes(sink.getvalue())
 
     @staticmethod
@@ -143,7 +159,8 @@ class BucketState:
         source = pa.BufferReader(blob)
         traces = ipc.open_stream(source).read_all()
         messages = ipc.open_stream(source).read_all()
-        return BucketState(traces, messages)
+        routes = (messages.schema.metadata or {}).get(ROUTES_KEY)
+        return BucketState(traces, messages.replace_schema_metadata(None), routes.decode() if routes else None)
 
 
 @dataclass(frozen=True)
@@ -204,8 +221,15 @@ class _Messages:
 
 
 class BucketJudge:
-    def __init__(self, plans: RoutePlans, config: DetectorConfig) -> None:
+    def __init__(
+        self, plans: RoutePlans, config: DetectorConfig, earlier_routes: Mapping[str, RouteIds] | None = None
+    ) -> None:
+        """``earlier_routes``: the routes states may have been kept under before (by fingerprint), so that state
+        written before a registry change is read under the new routes (:meth:`_under_current_routes`)."""
         self.plans, self.config = plans, config
+        self.routes = route_ids(plans)
+        self.fingerprint = routes_fingerprint(self.routes)
+        self.earlier_routes = earlier_routes or {}
         self.by_stream = plans.by_stream
         size = sum(p.size for p in plans.plans)
         self._hop_stream = np.full(size, -1, dtype=np.int64)
@@ -228,6 +252,9 @@ class BucketJudge:
         self, state: BucketState, new: pa.Table | pd.DataFrame | None, now_ms: int, lookups: Lookups
     ) -> Evaluation:
         """Add the bucket's new traces (TRACE_STATE's columns), judge what can be judged, return the new state."""
+        migrated = state.routes is not None and state.routes != self.fingerprint and state.messages.num_rows > 0
+        if migrated:
+            state = self._under_current_routes(state)
         traces, table = state.traces, state.messages
         arriving = pa.array([], pa.string())
         if new is not None and len(new):
@@ -315,9 +342,9 @@ class BucketJudge:
         frames = [frame for frame in frames if len(frame)]
         verdicts = pd.concat(frames, ignore_index=True) if frames else _no_verdicts()
         wake = int(messages.next_check_ms[keep].min()) if keep.any() else None
-        changed = as_stored is None or bool(done.any()) or not messages.same_as(as_stored)
+        changed = migrated or as_stored is None or bool(done.any()) or not messages.same_as(as_stored)
         return Evaluation(
-            BucketState(kept_traces, messages.table(keep)) if changed else state,
+            BucketState(kept_traces, messages.table(keep), self.fingerprint) if changed else state,
             verdicts,
             None if wake is None else max(wake, now_ms + 1),
             judged_messages=len(by_rules),
@@ -327,6 +354,51 @@ class BucketJudge:
         )
 
     # -- pieces ---------------------------------------------------------------------------------------------
+
+    def _under_current_routes(self, state: BucketState) -> BucketState:
+        """A state kept under other routes (the registry changed since), restated under the current ones: each
+        trace's hop number found again from its own fields, each message's emitted bits and clean memo moved
+        to where its hops (by id) are now, and every message looked at again at once. Hops a route no longer
+        has are forgotten; a message of a stream no longer defined is dropped by the evaluation."""
+        earlier = self.earlier_routes.get(state.routes or "")
+        if earlier is None:
+            log.warning(
+                "bucket state kept under routes %s, which this detector does not know: its messages' reported "
+                "hops and memos are forgotten (a hop may be reported again; the store settles it)",
+                state.routes,
+            )
+        traces = state.traces
+        actor = pc.if_else(pc.equal(traces.column("type"), "SENT"), traces.column("location"), traces.column("group"))
+        keys = pc.binary_join_element_wise(
+            *(traces.column(name) for name in ("stream", "type", "cluster", "topic")), pc.fill_null(actor, ""), "|"
+        )
+        known = self.plans.hop_keys()
+        found = pc.index_in(keys, value_set=pa.array(list(known), pa.string()))
+        hops = pc.fill_null(pc.take(pa.array(list(known.values()), pa.int32()), found), -1)
+        traces = traces.set_column(traces.schema.get_field_index("hop"), "hop", hops)
+        messages = _Messages.of(state.messages)
+        for position, stream in enumerate(messages.stream):
+            plan = self.by_stream.get(stream)
+            if plan is None:
+                continue
+            now_at = {hop_id: local for local, hop_id in enumerate(self.routes[stream])}
+            before = list(earlier.get(stream, [])) if earlier is not None else []
+            moved = [(local, now_at.get(hop_id)) for local, hop_id in enumerate(before)]
+            bits, emitted = 0, int(messages.emitted[position])
+            for old, new in moved:
+                if new is not None and emitted >> old & 1:
+                    bits |= 1 << new
+            messages.emitted[position] = bits
+            memo = np.full(plan.size, NONE, dtype=np.int64)
+            blob = messages.memo[position]
+            old_memo = np.frombuffer(blob, dtype=np.int64) if blob else np.zeros(0, dtype=np.int64)
+            for old, new in moved:
+                if new is not None and old < len(old_memo):
+                    memo[new] = old_memo[old]
+            messages.memo[position] = memo.tobytes()
+            messages.next_check_ms[position] = 0
+        everyone = np.ones(len(messages.ids), dtype=bool)
+        return BucketState(traces, messages.table(everyone), self.fingerprint)
 
     def _new_messages(self, new: pa.Table, fresh: pa.Array, now_ms: int) -> pa.Table:
         """Rows for messages first seen now; a message's stream is its first trace's."""

@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
+from khipu.detector.bucket import route_ids, routes_fingerprint
 from khipu.detector.committed import (
     ClusterClients,
     CommittedOffsets,
@@ -58,6 +59,25 @@ class DetectorJobError(InvalidSetting):
 
 
 EPOCH_FILE = "khipu-epoch.json"  # in the query's checkpoint: when that checkpoint was first started
+
+
+def known_routes(query_checkpoint: Path, plans: RoutePlans) -> dict[str, dict[str, list[str]]]:
+    """Every set of routes this checkpoint's state was kept under, by fingerprint, the current one recorded
+    first (``<checkpoint>/routes/<fingerprint>.json``): after a registry change the processor restates what
+    it kept under the old routes (:class:`khipu.detector.bucket.BucketJudge`)."""
+    folder = query_checkpoint / "routes"
+    folder.mkdir(parents=True, exist_ok=True)
+    current = route_ids(plans)
+    path = folder / f"{routes_fingerprint(current)}.json"
+    if not path.exists():
+        path.write_text(json.dumps(current, sort_keys=True))
+    known: dict[str, dict[str, list[str]]] = {}
+    for file in sorted(folder.glob("*.json")):
+        try:
+            known[file.stem] = json.loads(file.read_text())
+        except ValueError as exc:
+            raise DetectorJobError("routes file", str(file), f"JSON of stream -> hop ids ({exc})") from exc
+    return known
 
 
 def checkpoint_epoch(query_checkpoint: Path, now_s: int) -> tuple[int, bool]:
@@ -254,6 +274,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
             store.heartbeat.start_over(DETECTOR_QUERY, int(time.time() * 1000))
         finally:
             store.close()
+    earlier_routes = known_routes(job.checkpoint_dir / DETECTOR_QUERY, plans)
     processor = VerdictProcessor(
         registry,
         CommittedOffsets(clients),
@@ -262,6 +283,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         StreamReadProgress(job.store_url, (DETECTOR_QUERY,)),
         removals,
         removals.log_start,
+        earlier_routes,
     )
     judged = (
         prepare(parse_traces(read_traces(spark, job), registry.streams), plans, job.buckets)

@@ -9,7 +9,7 @@ and one ``stats`` row per bucket evaluated (messages in flight and state bytes, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,15 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
-from khipu.detector.bucket import TRACE_STATE, VERDICT_COLUMNS, BucketJudge, BucketState, LogStartLookup, Lookups
+from khipu.detector.bucket import (
+    TRACE_STATE,
+    VERDICT_COLUMNS,
+    BucketJudge,
+    BucketState,
+    LogStartLookup,
+    Lookups,
+    RouteIds,
+)
 from khipu.detector.model import (
     CommittedLookup,
     DetectorConfig,
@@ -63,6 +71,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
         read_to: Callable[[int], int | None] | None = None,
         removed: RemovalLookup = nothing_removed,
         log_start: LogStartLookup | None = None,
+        earlier_routes: Mapping[str, RouteIds] | None = None,
     ) -> None:
         self.registry, self.config = registry, config
         self.lookups = Lookups(
@@ -72,7 +81,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
             removed=removed,
             read_to=read_to,
         )
-        self.judge = BucketJudge(RoutePlans.of(registry), config)
+        self.judge = BucketJudge(RoutePlans.of(registry), config, earlier_routes)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from khipu.detector.bucket import TRACE_STATE, BucketJudge, BucketState, Lookups
+from khipu.detector.bucket import TRACE_STATE, BucketJudge, BucketState, Lookups, route_ids, routes_fingerprint
 from khipu.detector.decide import decide
 from khipu.detector.model import DetectorConfig, Removal, Verdict
 from khipu.detector.routes import RoutePlans, hop_key
@@ -182,9 +182,9 @@ def random_messages(rng: random.Random, count: int) -> list[tuple[int, Trace]]:
 HOP_IDS = RoutePlans.of(REGISTRY).described()["hop"]
 
 
-def key(v: Mapping[str, Any] | Verdict) -> tuple[Any, ...]:
+def key(v: Mapping[str, Any] | Verdict, hop_ids: Sequence[str] = HOP_IDS) -> tuple[Any, ...]:
     if isinstance(v, Mapping):  # the bucket's row: its hop by number
-        v = {**v, "hop": HOP_IDS[int(v["hop"])]}
+        v = {**v, "hop": hop_ids[int(v["hop"])]}
     get = (lambda name: v[name]) if isinstance(v, Mapping) else (lambda name: getattr(v, name))
     kind = get("verdict") if isinstance(v, Mapping) else v.kind.value
     cause = get("cause") if isinstance(v, Mapping) else (v.cause.value if v.cause else None)
@@ -227,3 +227,70 @@ def test_a_bucket_judges_every_message_as_decide_alone_does(seed: int) -> None:
     assert len(got) == len(set(got))  # no hop reported twice
     assert sorted(got) == sorted(expected)
     assert len(expected) > 300 and clean > judged  # most of the work was the clean judge's
+
+
+# the registry changed under the detector: a stream sorting first gained hops (every global hop number moved),
+# orders gained a group reading its output, fan-in lost its second producer's topic
+CHANGED = parse_registry("""
+version: 1
+clusters: {local: {}}
+streams:
+  aaa:
+    owner: t
+    route:
+      producers: [{location: a, writes: [local/a]}]
+      consumers: [{group: ga, location: ga, reads: [local/a]}]
+  orders:
+    owner: t
+    route:
+      producers: [{location: p, writes: [local/in]}]
+      consumers:
+        - {group: proc, location: proc, reads: [local/in], writes: [local/out]}
+        - {group: s1, location: s1, reads: [local/out]}
+        - {group: s2, location: s2, reads: [local/out]}
+        - {group: s3, location: s3, reads: [local/out]}
+  fanin:
+    owner: t
+    route:
+      producers: [{location: q1, writes: [local/f1]}]
+      consumers: [{group: merge, location: merge, reads: [local/f1]}]
+""")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_state_kept_under_earlier_routes_is_judged_under_the_new_ones_as_decide_alone_judges_it(seed: int) -> None:
+    rng = random.Random(seed)
+    arrivals = random_messages(rng, 120)
+    world = World()
+    before, after = RoutePlans.of(REGISTRY), RoutePlans.of(CHANGED)
+    earlier = {routes_fingerprint(route_ids(before)): route_ids(before)}
+    alone, bucket = OneByOne(REGISTRY), BucketJudge(before, CONFIG)
+    state = BucketState.empty()
+    lookups = Lookups(world.committed_of, world.start_of, removed=world.removed)
+    expected: list[tuple[Any, ...]] = []
+    got: list[tuple[Any, ...]] = []
+    registry, hop_ids, now, moved, restated = REGISTRY, HOP_IDS, 100_000, 0, None
+    for step in range(40):
+        if step == 3:  # the detector restarts with the new registry, its state as it was
+            registry, hop_ids = CHANGED, after.described()["hop"]
+            alone.registry, bucket = CHANGED, BucketJudge(after, CONFIG, earlier)
+            for kept in alone.states.values():  # after a registry change every message is looked at again at once
+                kept.next_check = 0
+            moved = len(state.messages)
+        new = [t for batch, t in arrivals if batch == step]
+        for group, topic in (("proc", "in"), ("s1", "out"), ("s2", "out"), ("s3", "out"), ("merge", "f1")):
+            if rng.random() < 0.6:
+                current = world.committed.get((group, topic, 0), 0)
+                world.committed[(group, topic, 0)] = current + rng.randrange(0, 60)
+        expected += [key(v) for v in alone.evaluate(new, now, world)]
+        evaluation = bucket.evaluate(state, rows_of(new, registry) if new else None, now, lookups)
+        state = BucketState.decode(evaluation.state.encode())
+        if step == 3:
+            restated = state.routes
+        got += [key(row, hop_ids) for row in evaluation.verdicts.to_dict("records")]
+        now += rng.choice([5_000, 7_000, 20_000])
+    assert moved > 50  # messages in flight across the change
+    assert restated == routes_fingerprint(route_ids(after))  # kept under the new routes from then on
+    assert len(got) == len(set(got))
+    assert sorted(got) == sorted(expected)
+    assert any(v[1] == "local/out -> s3" for v in got)  # the new group's hop judged for messages kept before

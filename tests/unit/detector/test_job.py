@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from khipu.detector.job import EPOCH_FILE, DetectorJobError, checkpoint_epoch, driver_settings
+from khipu.detector.job import EPOCH_FILE, DetectorJobError, checkpoint_epoch, driver_settings, known_routes
 from khipu.detector.outputs import BatchKeys
 
 LOOPBACK = {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
@@ -61,3 +61,27 @@ def test_batch_keys_of_two_checkpoints_never_meet() -> None:
     assert first.key(12) - first.key(0) == 12
     with pytest.raises(ValueError, match="start a new checkpoint"):
         first.key(BatchKeys.SPAN)
+
+
+def test_a_checkpoint_remembers_every_set_of_routes_it_ran_under(tmp_path: Path) -> None:
+    from khipu.detector.bucket import route_ids, routes_fingerprint
+    from khipu.detector.routes import RoutePlans
+    from khipu.registry import parse_registry
+
+    def plans(groups: str) -> RoutePlans:
+        return RoutePlans.of(
+            parse_registry(
+                "version: 1\nclusters: {local: {}}\nstreams:\n  orders:\n    owner: t\n    route:\n"
+                "      producers: [{location: p, writes: [local/in]}]\n"
+                f"      consumers: [{groups}]\n"
+            )
+        )
+
+    one, two = (
+        plans("{group: s1, reads: [local/in]}"),
+        plans("{group: s1, reads: [local/in]}, {group: s2, reads: [local/in]}"),
+    )
+    assert known_routes(tmp_path, one) == {routes_fingerprint(route_ids(one)): route_ids(one)}
+    both = known_routes(tmp_path, two)  # the registry changed: the state kept before is read by the old routes
+    assert both == {routes_fingerprint(route_ids(r)): route_ids(r) for r in (one, two)}
+    assert both[routes_fingerprint(route_ids(two))]["orders"] == ["p -> local/in", "local/in -> s1", "local/in -> s2"]
