@@ -271,6 +271,10 @@ class DetectorWriter:
             zip(verdicts.column("message_id").to_pylist(), verdicts.column("first_seen_ms").to_pylist(), strict=True)
         )
         again = {m for m, found in earlier.items() if any(d.first_seen_ms != first_seen.get(m) for d in found)}
+        stale = self._older_than_the_index(verdicts, set(earlier))
+        look_in = {m: {h for d in earlier[m] for h in (d.hour, _next_hour(d.hour))} for m in again}
+        look_in.update(stale)
+        again |= set(stale)
         fresh_clean = pc.and_(
             pc.equal(verdicts.column("judged_by"), "clean"),
             pc.invert(pc.is_in(verdicts.column("message_id"), pa.array(sorted(again), pa.string()))),
@@ -281,9 +285,7 @@ class DetectorWriter:
         if judged:
             before = {
                 (str(row["message_id"]), str(row["hop"])): verdict_of(row)
-                for row in archive.read_messages(
-                    again, hours={h for m in again for d in earlier[m] for h in (d.hour, _next_hour(d.hour))}
-                )
+                for row in archive.read_messages(again, hours={h for m in again for h in look_in[m]})
             } if again else {}  # fmt: skip
             recorded = VerdictBook(self.store.verdicts).record(judged, _now_ms(), archived=before, apart=_plain_new)
         apart = verdict_table([verdict_row(v) for v in recorded.apart])
@@ -312,6 +314,24 @@ class DetectorWriter:
         if lost and self.lost_topic:
             self._publish_lost(self.lost_topic, lost)
         return archived.num_rows, len(recorded.changes), len(lost)
+
+    def _older_than_the_index(self, verdicts: pa.Table, indexed: set[str]) -> dict[str, set[str]]:
+        """Messages the decided index does not know whose traces are older than it keeps (a trace arriving hours
+        late starts a new state): by the archive hours their first decision may lie in (from their oldest trace
+        on, for as long as the index keeps decisions). Few: only traces that late."""
+        oldest = _now_ms() - self.keep_pointers_ms
+        observed = verdicts.column("observed_ms")
+        late = verdicts.filter(pc.fill_null(pc.less(observed, oldest), False))
+        found: dict[str, set[str]] = {}
+        ids, times = late.column("message_id").to_pylist(), late.column("observed_ms").to_pylist()
+        for message_id, at in zip(ids, times, strict=True):
+            if message_id not in indexed:
+                hours = found.setdefault(message_id, set())
+                hours.update(hour_of(int(at) + step) for step in range(0, self.keep_pointers_ms + HOUR_MS, HOUR_MS))
+        if found:
+            log.info("%d messages with traces older than the decided index keeps: their archived verdicts read back",
+                     len(found))  # fmt: skip
+        return found
 
     def _publish_lost(self, topic: str, lost: list[dict[str, Any]]) -> None:
         if self._producer is None:

@@ -1,0 +1,74 @@
+"""The detector's writer on its own (no Spark): what it does with verdict rows as the processor emits them.
+
+A real SQLite store and a real verdict archive on disk; the rows are built as the processor's output.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from khipu.detector.outputs import DECIDED_COLUMNS, DetectorWriter, expand_verdicts
+from khipu.detector.routes import RoutePlans
+from khipu.kafka import KafkaConnection
+from khipu.registry import parse_registry
+from khipu.store import Store
+from tests.integration.detector.conftest import stored_verdicts
+
+REGISTRY = parse_registry("""
+version: 1
+clusters: {local: {}}
+streams:
+  orders:
+    owner: t
+    route:
+      producers: [{location: p, writes: [local/in]}]
+      consumers: [{group: s1, location: s1, reads: [local/in]}]
+""")
+PLANS = RoutePlans.of(REGISTRY)
+WRITE, READ = 0, 1  # the hops' numbers
+HOUR_MS = 3_600_000
+
+
+def rows(*verdicts: dict[str, Any]) -> pa.Table:
+    base = {"kind": "verdict", "bucket": 0, "in_flight": None, "state_bytes": None, "cause": None, "count": 1,
+            "partition": 0, "offset": 7, "latency_ms": None, "e2e_latency_ms": None, "detail": None}  # fmt: skip
+    table = pa.Table.from_pylist([{**base, **v} for v in verdicts])
+    return expand_verdicts(table.select(list(DECIDED_COLUMNS)), PLANS.described())
+
+
+def late_trace_outcome(tmp_path: Path, index_pruned: bool) -> tuple[set[tuple[str, str, int]], int, int]:
+    """A message delivered and archived three hours ago; its consumer's trace arrives again now (its emitter re-sent
+    a buffer): a new state, the SENT trace long gone, so decide says the write hop's trace was lost. Returns the
+    verdicts kept (hop, verdict, count), the SQL rows and the archived rows."""
+    store_url = f"sqlite:///{tmp_path / 'khipu.db'}"
+    Store(store_url).migrate()
+    writer = DetectorWriter(store_url, str(tmp_path / "archive"), str(tmp_path / "verdicts"), None,
+                            KafkaConnection("127.0.0.1:9"), keep_pointers_ms=HOUR_MS, known_streams=("orders",),
+                            hops=PLANS.described())  # fmt: skip
+    sent = int(time.time() * 1000) - 3 * HOUR_MS
+    first = {"message_id": "m1", "verdict": "DELIVERED", "first_seen_ms": sent, "judged_by": "clean",
+             "decided_ms": sent + 5_000}  # fmt: skip
+    writer._verdicts(rows({**first, "hop": WRITE, "observed_ms": sent}, {**first, "hop": READ, "observed_ms": sent}), 1)
+    if index_pruned:  # the index keeps decisions for an hour here
+        writer.verdict_archive.index.prune(int(time.time() * 1000))
+        assert writer.verdict_archive.index.count() == 0
+    now = int(time.time() * 1000)
+    late = {"message_id": "m1", "first_seen_ms": now, "judged_by": "decide", "decided_ms": now}
+    lost_trace = {**late, "hop": WRITE, "verdict": "TRACE_LOST", "count": 0, "observed_ms": None}
+    writer._verdicts(rows(lost_trace, {**late, "hop": READ, "verdict": "DELIVERED", "observed_ms": sent}), 2)
+    store = Store(store_url)
+    kept = {(v["hop"], v["verdict"], v["count"]) for v in stored_verdicts(store, tmp_path / "verdicts")}
+    return kept, len(store.verdicts.rows()), len(writer.verdict_archive.read())
+
+
+def test_a_trace_arriving_after_the_index_forgot_its_message_is_judged_as_if_it_had_not(tmp_path: Path) -> None:
+    remembered = late_trace_outcome(tmp_path / "remembered", index_pruned=False)
+    forgotten = late_trace_outcome(tmp_path / "forgotten", index_pruned=True)
+    assert forgotten == remembered
+    kept, _, archived = forgotten
+    assert ("p -> local/in", "DELIVERED", 1) in kept  # never made worse: not TRACE_LOST
+    assert ("local/in -> s1", "DUPLICATE", 2) in kept and archived == 2  # the hop read again, nothing archived twice
