@@ -6,8 +6,8 @@ the grace) has been read — the group's RECEIVED trace may sit further down the
 
 Per trace-topic partition, after a micro-batch:
 
-- read to its end when the batch started (its end offset is the latest offset the batch saw): every
-  trace written before the batch started is read;
+- read to its end when the batch ended at its latest offset, asked right after the batch (``asked_ms``):
+  every trace written before that moment is read;
 - otherwise (a backlog, the batch cut by ``maxOffsetsPerTrigger``), up to the newest record time read
   from it: a record is written (appended) no earlier than its timestamp says, so every record appended
   before the newest timestamp read sits at a lower offset and has been read. (With ``CreateTime``
@@ -28,7 +28,7 @@ PartitionOffsets = Mapping[int, int]
 
 
 def read_to_ms(
-    batch_start_ms: int,
+    asked_ms: int,
     end_offsets: PartitionOffsets,
     latest_offsets: PartitionOffsets | None,
     newest_read_ms: Mapping[int, int],
@@ -40,9 +40,9 @@ def read_to_ms(
     bounds: list[int] = []
     for partition, end in end_offsets.items():
         if latest_offsets is not None and latest_offsets.get(partition) == end:
-            bounds.append(batch_start_ms)
+            bounds.append(asked_ms)
         elif partition in newest_read_ms:
-            bounds.append(min(newest_read_ms[partition], batch_start_ms))
+            bounds.append(min(newest_read_ms[partition], asked_ms))
         else:
             return None
     return min(bounds)

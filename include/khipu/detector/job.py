@@ -15,7 +15,9 @@ passes its path.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import stat
 import time
@@ -29,6 +31,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from khipu.detector.bucket import route_ids, routes_fingerprint
+from khipu.detector.clock import source_offsets
 from khipu.detector.committed import (
     ClusterClients,
     CommittedOffsets,
@@ -48,6 +51,7 @@ from khipu.settings import project_root
 from khipu.store import Store
 
 __all__ = ["DETECTOR_QUERY", "DetectorJob", "connector_jars", "driver_settings", "start_detector"]
+log = logging.getLogger(__name__)
 CONNECTOR_JARS = project_root() / ".jvm" / "spark-kafka"
 DEFAULT_BUCKETS = 32
 DEFAULT_TRIGGER_S = 2.0  # a batch at least this often: LOST within seconds; under load batches grow instead
@@ -78,6 +82,24 @@ def known_routes(query_checkpoint: Path, plans: RoutePlans) -> dict[str, dict[st
         except ValueError as exc:
             raise DetectorJobError("routes file", str(file), f"JSON of stream -> hop ids ({exc})") from exc
     return known
+
+
+OLD_ARCHIVE_QUERY = "khipu_archive"  # the two-query detector's archive query (before one query did everything)
+
+
+def carried_over_offsets(checkpoint_dir: Path, topic: str) -> str | None:
+    """Where the two-query detector's archive query stopped on the trace topic (its last committed batch's end),
+    as ``startingOffsets`` JSON; None when there is no such checkpoint. A detector upgraded from it starts there:
+    every trace before is archived once already, and reading them again would count them again."""
+    old = checkpoint_dir / OLD_ARCHIVE_QUERY
+    committed = [int(p.name) for p in (old / "commits").glob("*") if p.name.isdigit()]
+    if not committed:
+        return None
+    lines = (old / "offsets" / str(max(committed))).read_text().splitlines()
+    ends = source_offsets(lines[-1], topic) if lines else None
+    if not ends:
+        return None
+    return json.dumps({topic: {str(partition): offset for partition, offset in sorted(ends.items())}})
 
 
 def checkpoint_epoch(query_checkpoint: Path, now_s: int) -> tuple[int, bool]:
@@ -268,6 +290,11 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
     removals = RecordRemovals(clients)
     plans = RoutePlans.of(registry)
     epoch_s, first_start = checkpoint_epoch(job.checkpoint_dir / DETECTOR_QUERY, int(time.time()))
+    carried = carried_over_offsets(job.checkpoint_dir, job.trace_topic) if first_start else None
+    if carried is not None and job.starting_offsets == "earliest":
+        log.info("upgraded from the two-query detector: reading %s from where its archive query stopped: %s",
+                 job.trace_topic, carried)  # fmt: skip
+        job = dataclasses.replace(job, starting_offsets=carried)
     if first_start:  # reading from the start: earlier checkpoints' progress says nothing of what this one read
         store = Store(job.store_url)
         try:

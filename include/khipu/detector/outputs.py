@@ -111,9 +111,13 @@ class ReadProgress:
 
     def _batch_ends(self, batch_id: int) -> dict[int, int] | None:
         """Where the batch ended on each partition, from the query's offset log (its last line: the source's)."""
+        path = self.checkpoint / "offsets" / str(batch_id)
         try:
-            lines = (self.checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
-        except OSError:
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            log.warning("batch %d: the query's offset log %s unreadable (%s): how far the trace topic is read stays "
+                        "where it was, and verdicts wait; the checkpoint must be a file path the driver reads",
+                        batch_id, path, exc)  # fmt: skip
             return None
         return source_offsets(lines[-1], self.topic) if lines else None
 

@@ -149,7 +149,7 @@ class DecidedIndex:
     the CLI ask it where a message's archived verdicts are.
 
     Measured on this machine (2 CPUs shared with a Spark job, SSD; 1,000,000 rows held, random 32-hex ids;
-    ``tests/unit/verdicts/test_archive.py`` keeps a loose bound): ``find`` of 25,000 ids (half of them
+    2026-11-23): ``find`` of 25,000 ids (half of them
     known) ~80 ms median (67-127 ms; ~50 ms with the machine to itself; ~120 ms on a fresh connection), one
     query joining the ids as a JSON array (``IN`` queries of 999 ids: about the same; a temporary table:
     ~0.45 s). ``record`` of a 25,000-message batch ~350 ms (~375 ms replacing a replayed batch's rows):

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from khipu.detector.job import EPOCH_FILE, DetectorJobError, checkpoint_epoch, driver_settings, known_routes
+from khipu.detector.job import (
+    EPOCH_FILE,
+    DetectorJobError,
+    carried_over_offsets,
+    checkpoint_epoch,
+    driver_settings,
+    known_routes,
+)
 from khipu.detector.outputs import BatchKeys
 
 LOOPBACK = {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
@@ -85,3 +92,18 @@ def test_a_checkpoint_remembers_every_set_of_routes_it_ran_under(tmp_path: Path)
     both = known_routes(tmp_path, two)  # the registry changed: the state kept before is read by the old routes
     assert both == {routes_fingerprint(route_ids(r)): route_ids(r) for r in (one, two)}
     assert both[routes_fingerprint(route_ids(two))]["orders"] == ["p -> local/in", "local/in -> s1", "local/in -> s2"]
+
+
+def test_an_upgraded_detector_starts_where_the_old_archive_query_stopped(tmp_path: Path) -> None:
+    import json
+
+    assert carried_over_offsets(tmp_path, "khipu.traces") is None  # nothing to carry over
+    old = tmp_path / "khipu_archive"
+    (old / "offsets").mkdir(parents=True)
+    (old / "commits").mkdir()
+    for batch, ends in ((4, {"0": 10, "1": 7}), (5, {"0": 25, "1": 9})):  # as Spark writes its offset log
+        metadata = {"batchWatermarkMs": 0, "batchTimestampMs": 1}
+        (old / "offsets" / str(batch)).write_text(f"v1\n{json.dumps(metadata)}\n{json.dumps({'khipu.traces': ends})}")
+    (old / "commits" / "4").write_text('v1\n{"nextBatchWatermarkMs":0}')  # batch 5 planned, never committed
+    assert json.loads(carried_over_offsets(tmp_path, "khipu.traces") or "") == {"khipu.traces": {"0": 10, "1": 7}}
+    assert carried_over_offsets(tmp_path, "other.topic") is None

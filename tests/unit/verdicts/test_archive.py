@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -144,19 +143,15 @@ def test_the_index_records_finds_replaces_forgets_and_prunes(tmp_path: Path) -> 
         index.record(5, [("m5", 1, "2026-11-23T10")])
 
 
-def test_the_index_records_and_finds_a_25000_message_batch_quickly(tmp_path: Path) -> None:
+def test_the_index_records_and_finds_a_25000_message_batch_among_200000_rows(tmp_path: Path) -> None:
     index = DecidedIndex(tmp_path / "decided.sqlite")
     for batch in range(8):  # 200,000 rows held
         index.record(batch, [(f"m-{batch}-{n}", T0, hour_of(T0)) for n in range(25_000)])
     ids = [f"m-9-{n}" for n in range(25_000)]
-    started = time.perf_counter()
-    index.record(9, [(m, T0, hour_of(T0 + HOUR_MS)) for m in ids])
-    recorded_s = time.perf_counter() - started
-    started = time.perf_counter()
+    assert index.record(9, [(m, T0, hour_of(T0 + HOUR_MS)) for m in ids]) == 25_000
     found = index.find(ids[:12_500] + [f"m-3-{n}" for n in range(12_500)])
-    found_s = time.perf_counter() - started
     assert len(found) == 25_000 and found["m-9-0"] == [Decision(9, T0, hour_of(T0 + HOUR_MS))]
-    assert recorded_s < 1.0 and found_s < 1.0, (recorded_s, found_s)  # ~0.06 s and ~0.05 s here; loose for CI
+    assert found["m-3-7"] == [Decision(3, T0, hour_of(T0))]
 
 
 def test_search_reads_the_batches_the_index_names(tmp_path: Path) -> None:
