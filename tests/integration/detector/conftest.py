@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,7 @@ from khipu.demo.faults import FaultRates
 from khipu.demo.ledger import GroundTruth, build_truth, read_ledger
 from khipu.demo.pipeline import DemoConfig, run_demo
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
-from khipu.detector.job import DETECTOR_QUERY, DetectorJob
+from khipu.detector.job import DETECTOR_QUERY, DetectorJob, write_connections_file
 from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerProcess
 from khipu.registry import load_registry
@@ -92,6 +93,21 @@ def detector_job(broker: BrokerProcess, tmp_path: Path, trace_topic: str, name: 
         detector=options.pop("detector", FAST),
         **options,
     )
+
+
+def detector_command(job: DetectorJob, tmp_path: Path, master: str, *options: str) -> list[str]:
+    """spark/detector.py as a supervisor starts it: the job's paths, its connections in an owner-only file, the
+    test's fast settings (trigger 1 s, grace 3 s, recheck 1 s, max wait 2 min), ``options`` last."""
+    connections = write_connections_file(
+        tmp_path / "connections.json", job.trace_connection, {"local": job.trace_connection}, job.store_url
+    )
+    return [
+        sys.executable, str(ROOT / "spark" / "detector.py"), "--registry", str(REGISTRY),
+        "--connections-file", str(connections), "--trace-topic", job.trace_topic, "--lost-topic", "",
+        "--checkpoint", str(job.checkpoint_dir), "--archive", str(job.archive_dir),
+        "--verdict-archive", str(job.verdicts_dir), "--trigger-seconds", "1", "--grace-ms", "3000",
+        "--recheck-ms", "1000", "--max-wait-ms", "120000", "--master", master, "--shuffle-partitions", "2", *options,
+    ]  # fmt: skip
 
 
 def stored_verdicts(store: Store, verdicts_dir: Path) -> list[dict[str, Any]]:

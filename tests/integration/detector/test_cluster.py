@@ -19,13 +19,11 @@ from typing import Any
 import pytest
 
 from khipu.demo.score import observable_messages, score
-from khipu.detector.job import write_connections_file
 from khipu.localstack.broker import BrokerProcess
 from khipu.localstack.spark_cluster import start_spark_cluster
 from tests.integration.detector.conftest import (
-    REGISTRY,
-    ROOT,
     demo_traces,
+    detector_command,
     detector_job,
     uninterrupted_run,
     verdict_keys,
@@ -41,43 +39,11 @@ def test_the_detector_on_a_two_worker_cluster_gives_the_verdicts_of_a_local_run(
     demo = demo_traces(broker, tmp_path, "cluster", count=100, seed=23)
     observable = len(observable_messages(demo.truth))
     job = detector_job(broker, tmp_path, demo.trace_topic, "cluster")
-    connections = write_connections_file(
-        tmp_path / "connections.json", job.trace_connection, {"local": job.trace_connection}, job.store_url
-    )
     cluster = start_spark_cluster(tmp_path / "spark-cluster", workers=2, cores_per_worker=1, worker_memory_mb=1024)
     log = tmp_path / "driver.log"
     try:
         assert cluster.alive_workers() == 2
-        command = [
-            sys.executable,
-            str(ROOT / "spark" / "detector.py"),
-            "--registry",
-            str(REGISTRY),
-            "--connections-file",
-            str(connections),
-            "--trace-topic",
-            demo.trace_topic,
-            "--lost-topic",
-            "",
-            "--checkpoint",
-            str(job.checkpoint_dir),
-            "--archive",
-            str(job.archive_dir),
-            "--verdict-archive",
-            str(job.verdicts_dir),
-            "--trigger-seconds",
-            "1",
-            "--grace-ms",
-            "3000",
-            "--recheck-ms",
-            "1000",
-            "--max-wait-ms",
-            "120000",
-            "--master",
-            cluster.url,
-            "--shuffle-partitions",
-            "2",
-        ]
+        command = detector_command(job, tmp_path, cluster.url)
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
         driver = subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=STDOUT, start_new_session=True)
         try:

@@ -18,14 +18,14 @@ from confluent_kafka import Producer
 
 from khipu.demo.faults import Fault
 from khipu.demo.score import observable_messages, score
-from khipu.detector.job import DETECTOR_QUERY, start_detector, write_connections_file
+from khipu.detector.job import DETECTOR_QUERY, start_detector
 from khipu.localstack.broker import BrokerProcess
 from khipu.store import Store
 from khipu.trace import Trace
 from khipu.trace.topic import read_trace_topic
 from tests.integration.detector.conftest import (
-    REGISTRY,
     demo_traces,
+    detector_command,
     detector_job,
     stored_verdicts,
     uninterrupted_run,
@@ -34,7 +34,6 @@ from tests.integration.detector.conftest import (
 )
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[3]
 
 MALFORMED = [
     (b"\x00\x01 not json", "not JSON"),
@@ -132,41 +131,7 @@ def test_a_detector_killed_mid_stream_and_restarted_ends_with_the_verdicts_of_an
     demo = demo_traces(broker, tmp_path, "restart", count=120, seed=7)
     observable = len(observable_messages(demo.truth))
     killed = detector_job(broker, tmp_path, demo.trace_topic, "killed")
-    connections = write_connections_file(
-        tmp_path / "connections.json", killed.trace_connection, {"local": killed.trace_connection}, killed.store_url
-    )
-    command = [
-        sys.executable,
-        str(ROOT / "spark" / "detector.py"),
-        "--registry",
-        str(REGISTRY),
-        "--connections-file",
-        str(connections),
-        "--trace-topic",
-        demo.trace_topic,
-        "--lost-topic",
-        "",
-        "--checkpoint",
-        str(killed.checkpoint_dir),
-        "--archive",
-        str(killed.archive_dir),
-        "--verdict-archive",
-        str(killed.verdicts_dir),
-        "--trigger-seconds",
-        "1",
-        "--max-offsets-per-trigger",
-        "60",
-        "--grace-ms",
-        "3000",
-        "--recheck-ms",
-        "1000",
-        "--max-wait-ms",
-        "120000",
-        "--master",
-        "local[2]",
-        "--shuffle-partitions",
-        "2",
-    ]
+    command = detector_command(killed, tmp_path, "local[2]", "--max-offsets-per-trigger", "60")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     logs = [tmp_path / "first.log", tmp_path / "second.log"]
     first = subprocess.Popen(command, env=env, stdout=logs[0].open("wb"), stderr=STDOUT, start_new_session=True)
