@@ -46,44 +46,17 @@ from khipu.detector.model import (
 )
 from khipu.detector.routes import MAX_HOPS, RoutePlan, RoutePlans
 from khipu.reconcile.book import verdict_row
+from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
 from khipu.trace.model import NO_ATTRIBUTES, Trace, TraceType
 
 log = logging.getLogger(__name__)
 
 SAFETY_MS = 3_600_000  # beyond the maximum wait a message is dropped whatever it says (a bug left it)
-TRACE_FIELDS = (
-    "message_id",
-    "stream",
-    "location",
-    "cluster",
-    "type",
-    "timestamp_ms",
-    "topic",
-    "partition",
-    "offset",
-    "group",
-    "emitter_id",
-    "emitter_seq",
-    "sampling_percent",
-    "attributes",
-)
+# a trace as a bucket keeps it: the trace archive's columns (but its back-pointers), and its hop
 TRACE_STATE = pa.schema(
     [
-        ("message_id", pa.string()),
-        ("stream", pa.string()),
-        ("location", pa.string()),
-        ("cluster", pa.string()),
-        ("type", pa.string()),
-        ("timestamp_ms", pa.int64()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("group", pa.string()),
-        ("emitter_id", pa.string()),
-        ("emitter_seq", pa.int64()),
-        ("sampling_percent", pa.float64()),
-        ("attributes", pa.string()),
-        ("hop", pa.int32()),  # the global hop index (RoutePlans), -1: no hop of the registry's routes
+        *(field for field in ARCHIVED_TRACE if field.name != "prev_offsets"),
+        pa.field("hop", pa.int32()),  # the global hop index (RoutePlans), -1: no hop of the registry's routes
     ]
 )
 MESSAGE_STATE = pa.schema(

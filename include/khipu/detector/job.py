@@ -285,7 +285,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
     )
     spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     figures = BatchFigures()
-    spark.streams.addListener(HeartbeatListener(job.store_url, job.trace_topic, figures))
+    spark.streams.addListener(HeartbeatListener(job.store_url, figures))
     clients = ClusterClients(job.connections_by_cluster(sorted(registry.clusters)), job.store_url)
     removals = RecordRemovals(clients)
     plans = RoutePlans.of(registry)

@@ -284,7 +284,7 @@ class DetectorWriter:
             pc.invert(pc.is_in(verdicts.column("message_id"), pa.array(sorted(again), pa.string()))),
         )
         direct = _archive_rows(verdicts.filter(fresh_clean))
-        judged = [verdict_of(_verdict_row(row)) for row in verdicts.filter(pc.invert(fresh_clean)).to_pylist()]
+        judged = [verdict_of(row) for row in verdicts.filter(pc.invert(fresh_clean)).to_pylist()]
         recorded = Recorded([], {})
         if judged:
             before = {
@@ -393,11 +393,6 @@ def _next_hour(hour: str) -> str:
     return hour_of(int(datetime.strptime(hour, "%Y-%m-%d-%H").replace(tzinfo=UTC).timestamp() * 1000) + HOUR_MS)
 
 
-def _verdict_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A verdict row (spelt out) as the verdict book reads it."""
-    return row
-
-
 def _offsets(raw: Any) -> Any:
     try:
         return json.loads(raw) if isinstance(raw, str) else raw
@@ -410,9 +405,9 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
     state's bytes (``state_rows`` / ``state_bytes``, from the processor's own count), and whether the batch
     read everything its source held (what lets verdicts wait for a detector that is behind)."""
 
-    def __init__(self, store_url: str, topic: str | None = None, figures: BatchFigures | None = None) -> None:
+    def __init__(self, store_url: str, figures: BatchFigures | None = None) -> None:
         self.store = Store(store_url)
-        self.topic, self.figures = topic, figures
+        self.figures = figures  # the writer's figures: messages in flight, state bytes, how far the topic is read
         self.names: dict[str, str] = {}  # query id -> name (idle events carry only the id)
 
     def onQueryStarted(self, event: Any) -> None:
@@ -442,13 +437,10 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
                 "state_bytes": self.figures.state_bytes
                 if self.figures is not None
                 else sum(int(op.memoryUsedBytes) for op in operators),
-                "read_to_ms": self._read_to(progress, sources),
+                "read_to_ms": self.figures.read_to_ms if self.figures is not None else None,
                 "caught_up": caught_up,
             }
         )
-
-    def _read_to(self, progress: Any, sources: list[Any]) -> int | None:
-        return self.figures.read_to_ms if self.figures is not None else None
 
     def onQueryIdle(self, event: Any) -> None:
         """An idle query has read everything there is: a caught-up heartbeat with no rows."""
