@@ -38,16 +38,17 @@ from khipu.demo.scoreboard import (
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
 from khipu.detector.committed import ClusterClients, CommittedOffsets, PointedPositions, RecordRemovals
 from khipu.detector.decide import Lookups
-from khipu.detector.job import DETECTOR_QUERY, DetectorJob, connector_jars, start_detector
+from khipu.detector.job import DETECTOR_QUERY, DetectorJob, start_detector
+from khipu.detector.launch import connector_jars
 from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerSpec, start_broker
 from khipu.localstack.processes import stop_process_group
-from khipu.reconcile.book import VerdictBook
 from khipu.reconcile.run import kafka_record_namer, reconcile
 from khipu.reconcile.window import ReconcileWindow
 from khipu.registry import load_registry
 from khipu.store import Store
 from khipu.trace.model import trace_from_columns
+from khipu.verdicts.book import VerdictBook
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = ROOT / "config" / "registry.yaml"

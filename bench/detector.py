@@ -44,10 +44,10 @@ from khipu.detector.job import (
     DEFAULT_MAX_OFFSETS_PER_TRIGGER,
     DETECTOR_QUERY,
     DetectorJob,
-    connector_jars,
     prepare,
     start_detector,
 )
+from khipu.detector.launch import connector_jars
 from khipu.detector.model import DetectorConfig
 from khipu.detector.parse import parse_traces
 from khipu.detector.routes import RoutePlans

@@ -26,11 +26,9 @@ from khipu.detector.job import (
     DEFAULT_MAX_OFFSETS_PER_TRIGGER,
     DEFAULT_TRIGGER_S,
     DetectorJob,
-    connector_jars,
-    driver_settings,
-    read_connections_file,
     start_detector,
 )
+from khipu.detector.launch import connector_jars, driver_settings, read_connections_file
 from khipu.detector.model import DetectorConfig
 from khipu.settings import KhipuSettings
 

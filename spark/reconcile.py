@@ -23,15 +23,15 @@ from pathlib import Path
 
 from khipu.detector.committed import ClusterClients, CommittedOffsets, PointedPositions, RecordRemovals
 from khipu.detector.decide import Lookups
-from khipu.detector.job import driver_settings, read_connections_file
+from khipu.detector.launch import driver_settings, read_connections_file
 from khipu.detector.model import DetectorConfig
 from khipu.errors import InvalidSetting
-from khipu.reconcile.book import VerdictBook
 from khipu.reconcile.run import kafka_record_namer, reconcile
 from khipu.reconcile.window import ReconcileError, ReconcileWindow, horizon_from_env, parse_time
 from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings
 from khipu.store import Store
+from khipu.verdicts.book import VerdictBook
 
 
 def main(argv: list[str]) -> int:

@@ -22,12 +22,12 @@ from khipu.demo.pipeline import DemoConfig, DemoError, run_demo
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
 from khipu.errors import InvalidSetting
 from khipu.kafka import KafkaAdmin, KafkaConnectionError, KafkaUnavailable
+from khipu.kafka.trace_topic import TraceTopicError, read_trace_topic, tally_traces
 from khipu.localstack.broker import BrokerError
 from khipu.registry.loader import RegistryError, load_registry
 from khipu.registry.model import UnknownStreamError
 from khipu.settings import KhipuSettings
 from khipu.store import Store, StoreError
-from khipu.trace.topic import TraceTopicError, read_trace_topic, tally_traces
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -355,9 +355,10 @@ def _health(args: argparse.Namespace, settings: KhipuSettings) -> int:
 
 def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
     from khipu.alerting.thresholds import window_start_ms
-    from khipu.detector.model import DETECTOR_QUERY, VerdictKind
+    from khipu.detector.model import DETECTOR_QUERY
     from khipu.report.service import LOSS_VERDICTS, check_minutes, check_stream
     from khipu.verdicts.metrics import verdict_counts
+    from khipu.verdicts.model import VerdictKind
 
     if args.stream is not None:
         check_stream(load_registry(settings.registry_path), args.stream)

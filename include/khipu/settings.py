@@ -13,7 +13,7 @@ from pathlib import Path
 
 from khipu.errors import InvalidSetting
 from khipu.kafka.connection import KafkaConnection
-from khipu.registry.loader import NAME_PATTERN, NAME_RULE
+from khipu.trace.names import NAME_PATTERN, NAME_RULE
 from khipu.tracing.config import DEFAULT_TRACE_TOPIC
 
 DEFAULT_LOST_TOPIC = "khipu.lost"

@@ -26,7 +26,8 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from khipu.alerting.decide import DETECTOR_ALERT_KIND, detector_alert
 from khipu.alerting.model import AlertState, alert_from
 from khipu.detector.driver import read_driver_record, stop_driver
-from khipu.detector.job import DETECTOR_QUERY, connector_jars, write_connections_file
+from khipu.detector.launch import connector_jars, write_connections_file
+from khipu.detector.model import DETECTOR_QUERY
 from khipu.detector.supervise import DetectorObservation, DetectorState, SupervisionConfig, judge_detector
 from khipu.localstack.processes import ProcessTable, Started
 from khipu.registry.loader import load_registry

@@ -7,6 +7,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from khipu.alerting.cluster import evaluate_cluster
 from khipu.alerting.dispatch import dispatch_pending
 from khipu.alerting.thresholds import (
     VERDICT_ALERT_KIND,
@@ -17,7 +18,6 @@ from khipu.alerting.thresholds import (
     window_start_ms,
 )
 from khipu.health.evaluate import health_config_from_env
-from khipu.health.service import evaluate_cluster
 from khipu.offsets.collect import SnapshotError, collect_snapshot, groups_to_watch
 from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings

@@ -22,7 +22,8 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from khipu.detector.job import DETECTOR_QUERY, write_connections_file
+from khipu.detector.launch import write_connections_file
+from khipu.detector.model import DETECTOR_QUERY
 from khipu.reconcile.window import (
     ArchiveCoverage,
     ReconcileWindow,

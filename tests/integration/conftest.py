@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from khipu.detector.job import connector_jars
+from khipu.detector.launch import connector_jars
 from khipu.localstack.broker import BrokerProcess, BrokerSpec, start_broker
 from khipu.localstack.processes import stop_process_group
 

@@ -6,9 +6,9 @@ import time
 
 from confluent_kafka import Consumer, Message
 
+from khipu.kafka.trace_topic import read_trace_topic
 from khipu.localstack.broker import BrokerProcess
 from khipu.trace import Trace
-from khipu.trace.topic import read_trace_topic
 
 # The broker's minimum: a test consumer that goes away without leaving its group hands its partitions
 # on within seconds, not librdkafka's default 45 s.

@@ -16,10 +16,10 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from khipu.kafka.trace_topic import read_trace_topic, tally_traces
 from khipu.localstack.airflow import admin_password
 from khipu.localstack.processes import ProcessTable, Started, free_port, port_open
 from khipu.registry import load_registry
-from khipu.trace.topic import read_trace_topic, tally_traces
 
 pytestmark = pytest.mark.integration
 

@@ -61,9 +61,9 @@ def test_history_tells_how_a_messages_verdicts_changed(
 ) -> None:
     import dataclasses
 
-    from khipu.detector.model import Cause, Verdict, VerdictKind
-    from khipu.reconcile.book import VerdictBook
     from khipu.store import Store
+    from khipu.verdicts.book import VerdictBook
+    from khipu.verdicts.model import Cause, Verdict, VerdictKind
 
     url = f"sqlite:///{tmp_path / 'store.db'}"
     monkeypatch.setenv("KHIPU_STORE_URL", url)

@@ -40,14 +40,14 @@ from khipu.detector.model import (
     DetectorConfig,
     PointerLookup,
     RemovalLookup,
-    Verdict,
     nothing_pointed_at,
     nothing_removed,
 )
 from khipu.detector.routes import MAX_HOPS, RoutePlan, RoutePlans
-from khipu.reconcile.book import verdict_row
 from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
 from khipu.trace.model import NO_ATTRIBUTES, Trace, TraceType
+from khipu.verdicts.book import verdict_row
+from khipu.verdicts.model import Verdict
 
 log = logging.getLogger(__name__)
 

@@ -44,15 +44,11 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from khipu.detector.model import (
-    RECEIPT_KINDS,
-    Cause,
     CommittedLookup,
     DetectorConfig,
     PointerLookup,
     Removal,
     RemovalLookup,
-    Verdict,
-    VerdictKind,
     nothing_pointed_at,
     nothing_removed,
     removal_cause,
@@ -60,6 +56,7 @@ from khipu.detector.model import (
 from khipu.registry.model import ConsumerSpec, Hop, HopKind, Stream, TopicRef
 from khipu.trace.model import Trace, TraceType
 from khipu.tracing.headers import ATTRIBUTE_RESEND_HOP, ATTRIBUTE_RESEND_ID
+from khipu.verdicts.model import RECEIPT_KINDS, Cause, Verdict, VerdictKind
 
 Position = tuple[int, int]  # (partition, offset)
 

@@ -1,4 +1,4 @@
-"""The detector job: its settings, the connections file it reads its secrets from, and its streaming query.
+"""The detector job: its settings and its streaming query.
 
 One query, ``khipu_detector``, reads the trace topic once with Spark's own Kafka source
 (``format("kafka")``, the ``spark-sql-kafka-0-10`` connector from ``.jvm/spark-kafka/``), decodes it
@@ -8,9 +8,7 @@ is written per micro-batch by :class:`khipu.detector.outputs.DetectorWriter`: ve
 verdict archive, lost topic, metrics), the raw-trace archive, quarantine, back-pointers and emitter
 sequences. Its progress is kept in ``checkpoint_dir/khipu_detector``.
 
-Secrets (SASL passwords, the store's password) never travel on a command line: a supervisor
-writes them to a connections file only its user can read (:func:`write_connections_file`) and
-passes its path.
+Its secrets come from the connections file a supervisor writes (:mod:`khipu.detector.launch`).
 """
 
 from __future__ import annotations
@@ -18,13 +16,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -39,27 +34,21 @@ from khipu.detector.committed import (
     RecordRemovals,
     StreamReadProgress,
 )
+from khipu.detector.launch import DetectorJobError
 from khipu.detector.model import DETECTOR_QUERY, DetectorConfig
 from khipu.detector.outputs import BatchFigures, BatchKeys, DetectorWriter, HeartbeatListener, ReadProgress
 from khipu.detector.parse import parse_traces
 from khipu.detector.processor import INPUT_SCHEMA, MALFORMED, MARK, OUTPUT_SCHEMA, TRACE, VerdictProcessor
 from khipu.detector.routes import RoutePlans
-from khipu.errors import InvalidSetting
 from khipu.kafka import KafkaConnection
 from khipu.registry.loader import load_registry
-from khipu.settings import project_root
 from khipu.store import Store
 
-__all__ = ["DETECTOR_QUERY", "DetectorJob", "connector_jars", "driver_settings", "start_detector"]
+__all__ = ["DETECTOR_QUERY", "DetectorJob", "start_detector"]
 log = logging.getLogger(__name__)
-CONNECTOR_JARS = project_root() / ".jvm" / "spark-kafka"
 DEFAULT_BUCKETS = 32
 DEFAULT_TRIGGER_S = 2.0  # a batch at least this often: LOST within seconds; under load batches grow instead
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 250_000  # a batch's bound: ten seconds of work here, well inside the staleness limit
-
-
-class DetectorJobError(InvalidSetting):
-    kind = "detector job setting"
 
 
 EPOCH_FILE = "khipu-epoch.json"  # in the query's checkpoint: when that checkpoint was first started
@@ -119,28 +108,6 @@ def checkpoint_epoch(query_checkpoint: Path, now_s: int) -> tuple[int, bool]:
     return now_s, first
 
 
-def connector_jars(directory: Path = CONNECTOR_JARS) -> list[Path]:
-    """The jars of Spark's Kafka connector and its dependencies, installed by `make install`."""
-    jars = sorted(directory.glob("*.jar"))
-    if not any(jar.name.startswith("spark-sql-kafka-0-10") for jar in jars):
-        raise DetectorJobError(
-            "connector jars", str(directory), "spark-sql-kafka-0-10 and its dependencies there; run `make install`"
-        )
-    return jars
-
-
-def driver_settings(master: str) -> dict[str, str]:
-    """Where a directly started driver listens. With ``local[*]`` or a cluster on this machine, on 127.0.0.1
-    only (its RPC, block manager and web UI: nothing reachable from elsewhere); with a cluster elsewhere the
-    executors must reach the driver, so Spark's own choice (``spark.driver.host``/``SPARK_LOCAL_IP``) stands.
-    The web UI follows ``SPARK_LOCAL_IP``, so that is set too, unless the environment already sets it."""
-    host = master.removeprefix("spark://").split(":")[0]
-    if not (master.startswith("local") or host in ("127.0.0.1", "localhost")):
-        return {}
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    return {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
-
-
 @dataclass(frozen=True, slots=True)
 class DetectorJob:
     registry_path: Path
@@ -185,51 +152,6 @@ class DetectorJob:
                     )
                 found[name] = self.trace_connection
         return found
-
-
-# -- the connections file: secrets for the driver, readable by its owner only --------------------------
-
-
-def write_connections_file(
-    path: Path, trace: KafkaConnection, clusters: Mapping[str, KafkaConnection], store_url: str
-) -> Path:
-    """Write the detector's connections (credentials included) to ``path``, mode 0600, atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    body = {
-        "trace": trace.to_json(),
-        "clusters": {name: connection.to_json() for name, connection in sorted(clusters.items())},
-        "store_url": store_url,
-    }
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # a left-over file keeps its old mode through O_CREAT
-    with os.fdopen(fd, "w") as handle:
-        json.dump(body, handle)
-    os.replace(temporary, path)
-    return path
-
-
-def read_connections_file(path: Path) -> tuple[KafkaConnection, dict[str, KafkaConnection], str]:
-    """(trace connection, connection per cluster, store URL); refuses a file others can read."""
-    try:
-        mode = path.stat().st_mode
-        data: dict[str, Any] = json.loads(path.read_text())
-    except OSError as exc:
-        raise DetectorJobError("connections file", str(path), f"a readable file ({exc.strerror})") from None
-    except ValueError:
-        raise DetectorJobError("connections file", str(path), "JSON written by write_connections_file") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise DetectorJobError(
-            "connections file", f"{path} (mode {stat.filemode(mode)})", "readable by its owner only (chmod 600)"
-        )
-    try:
-        trace = KafkaConnection.from_json(data["trace"])
-        clusters = {name: KafkaConnection.from_json(body) for name, body in dict(data.get("clusters", {})).items()}
-        return trace, clusters, str(data["store_url"])
-    except (KeyError, TypeError):
-        raise DetectorJobError(
-            "connections file", str(path), '{"trace": ..., "clusters": {...}, "store_url": ...}'
-        ) from None
 
 
 # -- the queries -----------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Where the detector's results go, written per micro-batch (``foreachBatch``), each idempotently.
 
-- verdicts: settled against what is stored (:mod:`khipu.reconcile.settle`: late evidence never makes a
+- verdicts: settled against what is stored (:mod:`khipu.verdicts.settle`: late evidence never makes a
   verdict worse) and upserted by (message id, hop), so a batch replayed after a restart never stores
   a verdict twice, with the verdict's history; LOST verdicts are also produced to the lost-messages topic
   (at-least-once: a replay may repeat one there; consumers key on message id + hop);
@@ -35,18 +35,18 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 from khipu.detector import records
 from khipu.detector.clock import read_to_ms, source_offsets
 from khipu.detector.gaps import record_emitter_sequences
-from khipu.detector.model import VerdictKind
 from khipu.detector.parse import quarantine_reason
 from khipu.detector.processor import MALFORMED, MARK, STATS, TRACE, VERDICT
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
-from khipu.reconcile.book import Recorded, VerdictBook, verdict_of, verdict_row
-from khipu.reconcile.settle import Change
 from khipu.store import Store
 from khipu.trace import archive
 from khipu.trace.archive import HOUR_MS, hour_of
 from khipu.verdicts.archive import COLUMNS as ARCHIVE_COLUMNS
 from khipu.verdicts.archive import VerdictArchive, conform, verdict_table
+from khipu.verdicts.book import Recorded, VerdictBook, verdict_of, verdict_row
 from khipu.verdicts.metrics import counts_by_minute_columns, metrics_of
+from khipu.verdicts.model import VerdictKind
+from khipu.verdicts.settle import Change
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY_MS = 60_000

@@ -27,7 +27,6 @@ from khipu.trace.codec import (
     MAX_ID_CHARS,
     MAX_MARK_BYTES,
     MAX_MARK_ENTRIES,
-    MAX_NAME_CHARS,
     MAX_PARTITION,
     MAX_PREV_OFFSETS,
     MAX_TRACE_BYTES,
@@ -38,6 +37,7 @@ from khipu.trace.codec import (
     trace_fields,
 )
 from khipu.trace.model import EmitterMark
+from khipu.trace.names import MAX_NAME_CHARS
 
 TRACE_COLUMNS = (
     "message_id string, stream string, location string, cluster string, type string, timestamp_ms long, "

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from khipu.errors import InvalidSetting
-from khipu.registry.loader import NAME_PATTERN, NAME_RULE
+from khipu.trace.names import NAME_PATTERN, NAME_RULE
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")

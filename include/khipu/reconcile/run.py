@@ -14,7 +14,7 @@
    missing; a pointer at a position where no trace of any message lies is a *lead*: the message
    there is named by reading the record's id header from Kafka (while the log holds it), and
    listed with what is known when it cannot be.
-4. :func:`khipu.reconcile.window.rejudge` and :func:`khipu.reconcile.settle.settle` say what changes;
+4. :func:`khipu.reconcile.window.rejudge` and :func:`khipu.verdicts.settle.settle` say what changes;
    the verdict book stores it with its history (nothing in a dry run).
 
 Spark does the reading and the joins; the few messages to re-decide are judged in the driver with
@@ -33,11 +33,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from khipu.detector.decide import Lookups
-from khipu.detector.model import DetectorConfig, VerdictKind
+from khipu.detector.model import DetectorConfig
 from khipu.kafka.connection import KafkaConnection
 from khipu.kafka.records import record_headers
-from khipu.reconcile.book import StoredVerdicts
-from khipu.reconcile.settle import Change
 from khipu.reconcile.window import ReconcileWindow, changes_for, judge_lead, rejudge
 from khipu.registry.model import Registry
 from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
@@ -45,13 +43,16 @@ from khipu.trace.model import Trace, trace_from_columns
 from khipu.tracing.headers import trace_context
 from khipu.verdicts.archive import COLUMNS as ARCHIVED_COLUMNS
 from khipu.verdicts.archive import SCHEMA as ARCHIVED_SCHEMA
+from khipu.verdicts.book import StoredVerdicts
+from khipu.verdicts.model import VerdictKind
+from khipu.verdicts.settle import Change
 
 log = logging.getLogger(__name__)
 Position = tuple[str, str, int, int]  # (cluster, topic, partition, offset)
 
 
 class VerdictBook(Protocol):
-    """What reconciliation needs of the stored verdicts (:class:`khipu.reconcile.book.VerdictBook`)."""
+    """What reconciliation needs of the stored verdicts (:class:`khipu.verdicts.book.VerdictBook`)."""
 
     def settled_messages(self, message_ids: Collection[str], archived: Iterable[Mapping[str, Any]] = ()) -> set[str]:
         """Of these, the messages whose every verdict (SQL, or ``archived``: their verdict archive rows) is final

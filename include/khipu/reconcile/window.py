@@ -21,12 +21,13 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from khipu.detector.decide import Lookups, decide
-from khipu.detector.model import DetectorConfig, Verdict, VerdictKind
+from khipu.detector.model import DetectorConfig
 from khipu.errors import InvalidSetting
-from khipu.reconcile.settle import Change, Judge, settle
 from khipu.registry.model import Hop, Stream, TopicRef
 from khipu.trace.archive import HOUR_MS, hour_of
 from khipu.trace.model import Trace
+from khipu.verdicts.model import Verdict, VerdictKind
+from khipu.verdicts.settle import Change, Judge, settle
 
 DEFAULT_HORIZON_MS = 2 * HOUR_MS
 

@@ -27,10 +27,9 @@ from khipu.registry.model import (
     Stream,
     TopicRef,
 )
+from khipu.trace.names import NAME_PATTERN, NAME_RULE
 
 REGISTRY_FORMAT_VERSION = 1
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-NAME_RULE = "1-249 characters of letters, digits, '.', '_' or '-'"
 
 _TOP_KEYS = ("version", "clusters", "streams")
 _CLUSTER_KEYS = ("connection_id",)

@@ -47,7 +47,7 @@ from khipu.alerting.thresholds import (
     window_start_ms,
 )
 from khipu.clock import now_ms
-from khipu.detector.model import DETECTOR_QUERY, VerdictKind
+from khipu.detector.model import DETECTOR_QUERY
 from khipu.errors import InvalidSetting
 from khipu.health.rules import PartitionStatus
 from khipu.registry.loader import load_registry
@@ -56,6 +56,7 @@ from khipu.settings import KhipuSettings
 from khipu.store import Store, StoreError
 from khipu.trace.archive import HOUR_MS
 from khipu.verdicts.metrics import counts_by_hop, verdict_counts
+from khipu.verdicts.model import VerdictKind
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from pyarrow import ArrowException
 
-from khipu.detector.model import DETECTOR_QUERY, LOSS_KINDS, RESEND_KINDS, Cause, VerdictKind
+from khipu.detector.model import DETECTOR_QUERY
 from khipu.detector.supervise import SupervisionConfig
 from khipu.errors import InvalidSetting
 from khipu.offsets.model import PartitionKey
@@ -31,6 +31,7 @@ from khipu.report.overview import DAY_MS, StreamOverview, streams_overview
 from khipu.store import Store
 from khipu.trace.archive import HOUR_MS, hours_between, read_traces, read_traces_in_hours
 from khipu.verdicts.archive import VerdictArchive
+from khipu.verdicts.model import LOSS_KINDS, RESEND_KINDS, Cause, VerdictKind
 from khipu.verdicts.read import verdicts_of, with_first_decisions
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from khipu.detector.model import VerdictKind
 from khipu.registry.model import HopKind, Stream, TopicRef
+from khipu.verdicts.model import VerdictKind
 
 
 class SourceKind(StrEnum):

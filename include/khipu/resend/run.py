@@ -37,7 +37,6 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from khipu.alerting.model import Alert, AlertState, Severity
-from khipu.detector.model import VerdictKind
 from khipu.errors import InvalidSetting
 from khipu.kafka.admin import KafkaAdmin
 from khipu.kafka.connection import KafkaConnection, KafkaUnavailable
@@ -51,8 +50,6 @@ from khipu.kafka.records import (
     read_record,
     record_producer,
 )
-from khipu.reconcile.book import VerdictBook, verdict_of
-from khipu.reconcile.settle import Judge, settle
 from khipu.registry.model import Registry, ResendMode, Stream, TopicRef, UnknownStreamError
 from khipu.resend.ledger import BUSY, FAILED, PRODUCED, UNRECOVERABLE, Landed, Placed, run_attempt
 from khipu.resend.plan import ResendPlan, SourceKind, plan_resend
@@ -60,7 +57,10 @@ from khipu.store import Store
 from khipu.trace.archive import HOUR_MS, hours_between, read_traces_in_hours
 from khipu.tracing.headers import HEADER_RESEND_ID, RESEND_HEADERS, ResendMark, TraceContext
 from khipu.verdicts.archive import VerdictArchive
+from khipu.verdicts.book import VerdictBook, verdict_of
+from khipu.verdicts.model import VerdictKind
 from khipu.verdicts.read import verdicts_of
+from khipu.verdicts.settle import Judge, settle
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from khipu.trace.model import EmitterMark, Trace, TraceType
+from khipu.trace.names import MAX_NAME_CHARS
 
 TRACE_FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -23,7 +24,6 @@ MAX_MARK_BYTES = 262_144  # a mark lists the partitions its emitter received fro
 MAX_MARK_ENTRIES = 4_096
 MAX_PREV_OFFSETS = 16
 MAX_ID_CHARS = 256
-MAX_NAME_CHARS = 249  # Kafka's own limit for topic names; used for every name field
 MAX_ATTRIBUTES = 32
 MAX_ATTRIBUTE_CHARS = 1024
 MAX_COUNT = 2**63 - 1  # offsets, times and sequence numbers are Kafka's and Java's 64-bit longs

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from khipu.errors import InvalidSetting
-from khipu.registry.loader import NAME_PATTERN, NAME_RULE
+from khipu.trace.names import NAME_PATTERN, NAME_RULE
 
 DEFAULT_TRACE_TOPIC = "khipu.traces"
 

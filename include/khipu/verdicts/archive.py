@@ -88,7 +88,7 @@ class VerdictArchiveError(InvalidSetting):
 
 
 def verdict_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
-    """Verdict rows (as :func:`khipu.reconcile.book.verdict_row` or the store gives them: ``group`` or
+    """Verdict rows (as :func:`khipu.verdicts.book.verdict_row` or the store gives them: ``group`` or
     ``group_id``) as a table of :data:`SCHEMA`; a missing ``decided_by`` is the detector's, as in the store."""
     columns: dict[str, list[Any]] = {name: [] for name in COLUMNS}
     for row in rows:

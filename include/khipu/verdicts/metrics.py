@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from khipu.detector.model import VerdictKind
+from khipu.verdicts.model import VerdictKind
 
 MINUTE_MS = 60_000
 COUNTED = (

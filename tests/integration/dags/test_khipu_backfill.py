@@ -19,13 +19,14 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from khipu.detector.model import DETECTOR_QUERY, Cause, Verdict, VerdictKind
+from khipu.detector.model import DETECTOR_QUERY
 from khipu.localstack.broker import BrokerProcess
-from khipu.reconcile.book import VerdictBook
-from khipu.reconcile.settle import Change
 from khipu.reconcile.window import HOUR_MS, iso
 from khipu.store import Store
 from khipu.tracing.headers import TraceContext
+from khipu.verdicts.book import VerdictBook
+from khipu.verdicts.model import Cause, Verdict, VerdictKind
+from khipu.verdicts.settle import Change
 
 pytestmark = pytest.mark.integration
 DAGS = Path(__file__).resolve().parents[3] / "dags"

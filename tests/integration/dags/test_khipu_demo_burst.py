@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from khipu.demo.ledger import build_truth, read_ledger
+from khipu.kafka.trace_topic import read_trace_topic, tally_traces
 from khipu.localstack.broker import BrokerProcess
-from khipu.trace.topic import read_trace_topic, tally_traces
 
 pytestmark = pytest.mark.integration
 

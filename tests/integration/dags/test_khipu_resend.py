@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from khipu.detector.model import Cause, VerdictKind
 from khipu.localstack.broker import BrokerProcess
 from khipu.store import Store
+from khipu.verdicts.model import Cause, VerdictKind
 from tests.integration.resend.pipeline import Pipeline, registry, registry_text, resent_copies
 
 pytestmark = pytest.mark.integration

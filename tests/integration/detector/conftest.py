@@ -13,7 +13,8 @@ from khipu.demo.faults import FaultRates
 from khipu.demo.ledger import GroundTruth, build_truth, read_ledger
 from khipu.demo.pipeline import DemoConfig, run_demo
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
-from khipu.detector.job import DETECTOR_QUERY, DetectorJob, write_connections_file
+from khipu.detector.job import DETECTOR_QUERY, DetectorJob
+from khipu.detector.launch import write_connections_file
 from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerProcess
 from khipu.registry import load_registry

@@ -19,10 +19,10 @@ from confluent_kafka import Producer
 from khipu.demo.faults import Fault
 from khipu.demo.score import observable_messages, score
 from khipu.detector.job import DETECTOR_QUERY, start_detector
+from khipu.kafka.trace_topic import read_trace_topic
 from khipu.localstack.broker import BrokerProcess
 from khipu.store import Store
 from khipu.trace import Trace
-from khipu.trace.topic import read_trace_topic
 from tests.integration.detector.conftest import (
     demo_traces,
     detector_command,

@@ -21,12 +21,12 @@ from khipu.detector.decide import Lookups
 from khipu.detector.job import DETECTOR_QUERY, DetectorJob, start_detector
 from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerProcess
-from khipu.reconcile.book import VerdictBook
 from khipu.reconcile.run import reconcile
 from khipu.reconcile.window import ReconcileWindow
 from khipu.registry import load_registry
 from khipu.store import Store
 from khipu.tracing import TracedConsumer, TracedProducer, TraceEmitter, TraceEmitterConfig
+from khipu.verdicts.book import VerdictBook
 from tests.integration.detector.conftest import stored_verdicts
 
 pytestmark = pytest.mark.integration

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from khipu.alerting.cluster import evaluate_cluster
 from khipu.detector.job import DetectorJob
 from khipu.health.evaluate import HealthConfig
 from khipu.health.rules import PartitionStatus
-from khipu.health.service import evaluate_cluster
 from khipu.localstack.broker import BrokerProcess
 from khipu.offsets.collect import collect_snapshot
 from khipu.offsets.model import PartitionKey

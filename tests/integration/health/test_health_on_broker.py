@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from khipu.alerting.cluster import evaluate_cluster
 from khipu.health.evaluate import HealthConfig
 from khipu.health.rules import PartitionStatus
-from khipu.health.service import evaluate_cluster
 from khipu.health.windows import WindowKind
 from khipu.kafka import KafkaConnection
 from khipu.localstack.broker import BrokerProcess

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from khipu.detector.model import Cause, Verdict, VerdictKind
-from khipu.reconcile.book import VerdictBook
 from khipu.store import Store
+from khipu.verdicts.book import VerdictBook
+from khipu.verdicts.model import Cause, Verdict, VerdictKind
 
 pytestmark = pytest.mark.integration
 HOP = "local/out -> s1"

@@ -23,11 +23,11 @@ from khipu.detector.decide import Lookups
 from khipu.detector.job import DETECTOR_QUERY, start_detector
 from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerProcess
-from khipu.reconcile.book import VerdictBook
 from khipu.reconcile.run import kafka_record_namer, reconcile
 from khipu.reconcile.window import ReconcileWindow
 from khipu.registry import load_registry
 from khipu.store import Store
+from khipu.verdicts.book import VerdictBook
 from tests.integration.detector.conftest import (
     REGISTRY,
     demo_traces,

@@ -16,15 +16,16 @@ from typing import Any
 import pytest
 
 from khipu.detector.decide import Lookups
-from khipu.detector.model import Cause, DetectorConfig, Verdict, VerdictKind
-from khipu.reconcile.book import VerdictBook, verdict_row
+from khipu.detector.model import DetectorConfig
 from khipu.reconcile.run import reconcile
-from khipu.reconcile.settle import Change
 from khipu.reconcile.window import ReconcileWindow
 from khipu.registry import parse_registry
 from khipu.store import Store
 from khipu.trace.archive import HOUR_MS, hour_of
 from khipu.verdicts.archive import VerdictArchive, verdict_table
+from khipu.verdicts.book import VerdictBook, verdict_row
+from khipu.verdicts.model import Cause, Verdict, VerdictKind
+from khipu.verdicts.settle import Change
 
 REGISTRY = parse_registry("""
 version: 1

@@ -12,15 +12,15 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from khipu.detector.model import Verdict, VerdictKind
 from khipu.kafka.records import StoredRecord, produce_record
 from khipu.localstack.broker import BrokerProcess
-from khipu.reconcile.book import verdict_row
 from khipu.registry import parse_registry
 from khipu.registry.model import Registry
 from khipu.resend.run import Resender
 from khipu.store import Store
 from khipu.tracing.headers import TraceContext, resend_mark
+from khipu.verdicts.book import verdict_row
+from khipu.verdicts.model import Verdict, VerdictKind
 
 NOW = 1_790_000_000_000
 

@@ -25,13 +25,13 @@ from khipu.detector.decide import Lookups
 from khipu.detector.job import DETECTOR_QUERY, start_detector
 from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerProcess
-from khipu.reconcile.book import VerdictBook
 from khipu.reconcile.run import kafka_record_namer, reconcile
 from khipu.reconcile.window import ReconcileWindow
 from khipu.registry import load_registry
 from khipu.resend.copies import count_resent
 from khipu.resend.run import Resender, ResendSelection
 from khipu.store import Store
+from khipu.verdicts.book import VerdictBook
 from tests.integration.detector.conftest import (
     REGISTRY,
     demo_traces,

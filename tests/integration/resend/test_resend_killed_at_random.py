@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from khipu.detector.model import Cause, VerdictKind
 from khipu.registry.model import ResendMode
 from khipu.resend.ledger import LEASE_MS
 from khipu.resend.run import ResendSelection
 from khipu.tracing.headers import HEADER_RESEND_ID, TraceContext
+from khipu.verdicts.model import Cause, VerdictKind
 from tests.integration.resend import killable
 from tests.integration.resend.pipeline import Pipeline, registry_text, resent_copies
 

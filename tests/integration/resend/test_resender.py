@@ -14,12 +14,11 @@ import pytest
 from confluent_kafka import TopicPartition
 from sqlalchemy import select
 
-from khipu.detector.model import Cause, VerdictKind
 from khipu.kafka.records import end_offset
+from khipu.kafka.trace_topic import read_trace_topic
 from khipu.registry.model import ResendMode
 from khipu.resend.run import ResendRequestError, ResendSelection
 from khipu.store import schema
-from khipu.trace.topic import read_trace_topic
 from khipu.tracing import TracedConsumer, TraceEmitter, TraceEmitterConfig
 from khipu.tracing.headers import (
     ATTRIBUTE_RESEND_ID,
@@ -27,6 +26,7 @@ from khipu.tracing.headers import (
     HEADER_RESEND_ID,
     HEADER_RESEND_TARGET,
 )
+from khipu.verdicts.model import Cause, VerdictKind
 from tests.integration.helpers import consumer_config
 from tests.integration.resend.pipeline import Pipeline, registry, resent_copies
 

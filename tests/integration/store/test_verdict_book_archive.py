@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from khipu.detector.model import Cause, Verdict, VerdictKind
-from khipu.reconcile.book import VerdictBook, verdict_row
-from khipu.reconcile.settle import Change
 from khipu.reconcile.window import changes_for
 from khipu.store import Store
+from khipu.verdicts.book import VerdictBook, verdict_row
+from khipu.verdicts.model import Cause, Verdict, VerdictKind
+from khipu.verdicts.settle import Change
 
 pytestmark = pytest.mark.integration
 HOP = "local/out -> s1"

@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 
-from khipu.detector.model import Cause, Verdict, VerdictKind
-from khipu.reconcile.book import VerdictBook
 from khipu.reconcile.window import changes_for
 from khipu.store import Store
+from khipu.verdicts.book import VerdictBook
 from khipu.verdicts.metrics import MINUTE_MS
+from khipu.verdicts.model import Cause, Verdict, VerdictKind
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,10 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import insert, update
 
-from khipu.detector.model import Cause, Verdict, VerdictKind
-from khipu.reconcile.book import VerdictBook, verdict_of
 from khipu.store import Store, schema
 from khipu.store.engine import MIGRATIONS
 from khipu.store.verdicts import CHANGES_PART
+from khipu.verdicts.book import VerdictBook, verdict_of
 from khipu.verdicts.metrics import (
     MINUTE_MS,
     MinuteCounts,
@@ -28,6 +27,7 @@ from khipu.verdicts.metrics import (
     metrics_of,
     minutes_touched,
 )
+from khipu.verdicts.model import Cause, Verdict, VerdictKind
 
 pytestmark = pytest.mark.integration
 

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer
 
+from khipu.kafka.trace_topic import read_trace_topic
 from khipu.localstack.broker import BrokerProcess
 from khipu.localstack.processes import free_port
 from khipu.trace import TraceType
 from khipu.trace.model import EmitterMark
-from khipu.trace.topic import read_trace_topic
 from khipu.tracing import (
     HEADER_MESSAGE_ID,
     TracedConsumer,

@@ -21,11 +21,12 @@ import pytest
 
 from khipu.detector.bucket import TRACE_STATE, BucketJudge, BucketState, Lookups, route_ids, routes_fingerprint
 from khipu.detector.decide import decide
-from khipu.detector.model import DetectorConfig, Removal, Verdict
+from khipu.detector.model import DetectorConfig, Removal
 from khipu.detector.routes import RoutePlans, hop_key
 from khipu.registry import parse_registry
 from khipu.registry.model import Registry
 from khipu.trace.model import Trace, TraceType
+from khipu.verdicts.model import Verdict
 
 CONFIG = DetectorConfig(grace_ms=30_000, max_wait_ms=300_000, recheck_ms=5_000)
 REGISTRY = parse_registry("""

@@ -16,11 +16,12 @@ import pytest
 
 from khipu.detector.clean import NONE, CleanGrid, delivered_cells, judge_clean
 from khipu.detector.decide import decide, resend_of
-from khipu.detector.model import DetectorConfig, Removal, VerdictKind
+from khipu.detector.model import DetectorConfig, Removal
 from khipu.detector.routes import RoutePlan
 from khipu.registry import parse_registry
 from khipu.registry.model import Hop, HopKind, Stream
 from khipu.trace.model import Trace, TraceType
+from khipu.verdicts.model import VerdictKind
 from tests.unit.detector.test_decide import CASES, CONFIG, STREAM
 
 Position = tuple[int, int]

@@ -13,10 +13,11 @@ from typing import NamedTuple
 import pytest
 
 from khipu.detector.decide import decide
-from khipu.detector.model import Cause, DetectorConfig, Removal, VerdictKind
+from khipu.detector.model import DetectorConfig, Removal
 from khipu.registry import parse_registry
 from khipu.trace.model import Trace, TraceType
 from khipu.tracing.headers import ATTRIBUTE_RESEND_HOP, ATTRIBUTE_RESEND_ID
+from khipu.verdicts.model import Cause, VerdictKind
 from tests.routes import FAN_OUT, PROC_IN, PROC_OUT, S1, S2, SRC
 
 STREAM = FAN_OUT

@@ -7,14 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from khipu.detector.job import (
-    EPOCH_FILE,
-    DetectorJobError,
-    carried_over_offsets,
-    checkpoint_epoch,
-    driver_settings,
-    known_routes,
-)
+from khipu.detector.job import EPOCH_FILE, carried_over_offsets, checkpoint_epoch, known_routes
+from khipu.detector.launch import DetectorJobError, driver_settings
 from khipu.detector.outputs import BatchKeys
 
 LOOPBACK = {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}

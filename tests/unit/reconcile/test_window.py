@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from khipu.detector.decide import Lookups
-from khipu.detector.model import DetectorConfig, VerdictKind
+from khipu.detector.model import DetectorConfig
 from khipu.reconcile.window import (
     HOUR_MS,
     ArchiveCoverage,
@@ -18,6 +18,7 @@ from khipu.reconcile.window import (
     hourly_window,
     rejudge,
 )
+from khipu.verdicts.model import VerdictKind
 from tests.unit.detector.test_decide import PAST, STREAM, clean
 
 H10 = int(datetime(2026, 11, 21, 10, tzinfo=UTC).timestamp() * 1000)

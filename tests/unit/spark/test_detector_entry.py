@@ -38,7 +38,7 @@ def test_arguments_override_and_an_empty_lost_topic_turns_it_off() -> None:
 def test_a_connections_file_gives_the_clusters_and_the_store_and_must_be_private(tmp_path: Path) -> None:
     import pytest
 
-    from khipu.detector.job import DetectorJobError, write_connections_file
+    from khipu.detector.launch import DetectorJobError, write_connections_file
     from khipu.kafka import KafkaConnection
 
     east = KafkaConnection.from_settings(

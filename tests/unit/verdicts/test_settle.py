@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 import pytest
 
-from khipu.detector.model import Cause, Verdict, VerdictKind
-from khipu.reconcile.settle import Judge, settle
+from khipu.verdicts.model import Cause, Verdict, VerdictKind
+from khipu.verdicts.settle import Judge, settle
 
 D, L, DUP, TL, P = (
     VerdictKind.DELIVERED,

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from khipu.detector.model import FINAL_KINDS, LOSS_KINDS, RECEIPT_KINDS, RESEND_KINDS, Cause, Verdict, VerdictKind
+from khipu.verdicts.model import FINAL_KINDS, LOSS_KINDS, RECEIPT_KINDS, RESEND_KINDS, Cause, Verdict, VerdictKind
 
 
 class Judge(StrEnum):

@@ -2,7 +2,7 @@
 
 Both judges store through here: the streaming detector's writer (:meth:`VerdictBook.record`) and
 reconciliation (:meth:`VerdictBook.apply`). The store keeps rows; this side turns them into
-:class:`~khipu.detector.model.Verdict` values and back, says what the history records, and what each
+:class:`~khipu.verdicts.model.Verdict` values and back, says what the history records, and what each
 change does to its minutes' metrics (:func:`~khipu.verdicts.metrics.change_counts`), which the store adds
 up in the same transaction as the row.
 
@@ -19,10 +19,10 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from khipu.detector.model import Cause, Verdict, VerdictKind
-from khipu.reconcile.settle import Change, settle
 from khipu.verdicts.metrics import CountsLike, MinuteCounts, MinuteKey, MinuteMetrics, change_counts, metrics_of
+from khipu.verdicts.model import Cause, Verdict, VerdictKind
 from khipu.verdicts.read import merged
+from khipu.verdicts.settle import Change, settle
 
 UNSETTLED = (VerdictKind.LOST, VerdictKind.PENDING, VerdictKind.TRACE_LOST)  # what reconciliation re-decides
 

@@ -1,0 +1,90 @@
+"""What starts a detector or a reconciliation driver needs, without Spark: the connections file its secrets travel
+in, the jars of Spark's Kafka connector, and where a directly started driver listens.
+
+Secrets (SASL passwords, the store's password) never travel on a command line: a supervisor
+writes them to a connections file only its user can read (:func:`write_connections_file`) and
+passes its path. Nothing here imports pyspark, so the Airflow plugins that start drivers do not load it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from khipu.errors import InvalidSetting
+from khipu.kafka import KafkaConnection
+from khipu.settings import project_root
+
+CONNECTOR_JARS = project_root() / ".jvm" / "spark-kafka"
+
+
+class DetectorJobError(InvalidSetting):
+    kind = "detector job setting"
+
+
+def connector_jars(directory: Path = CONNECTOR_JARS) -> list[Path]:
+    """The jars of Spark's Kafka connector and its dependencies, installed by `make install`."""
+    jars = sorted(directory.glob("*.jar"))
+    if not any(jar.name.startswith("spark-sql-kafka-0-10") for jar in jars):
+        raise DetectorJobError(
+            "connector jars", str(directory), "spark-sql-kafka-0-10 and its dependencies there; run `make install`"
+        )
+    return jars
+
+
+def driver_settings(master: str) -> dict[str, str]:
+    """Where a directly started driver listens. With ``local[*]`` or a cluster on this machine, on 127.0.0.1
+    only (its RPC, block manager and web UI: nothing reachable from elsewhere); with a cluster elsewhere the
+    executors must reach the driver, so Spark's own choice (``spark.driver.host``/``SPARK_LOCAL_IP``) stands.
+    The web UI follows ``SPARK_LOCAL_IP``, so that is set too, unless the environment already sets it."""
+    host = master.removeprefix("spark://").split(":")[0]
+    if not (master.startswith("local") or host in ("127.0.0.1", "localhost")):
+        return {}
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    return {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
+
+
+def write_connections_file(
+    path: Path, trace: KafkaConnection, clusters: Mapping[str, KafkaConnection], store_url: str
+) -> Path:
+    """Write the detector's connections (credentials included) to ``path``, mode 0600, atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {
+        "trace": trace.to_json(),
+        "clusters": {name: connection.to_json() for name, connection in sorted(clusters.items())},
+        "store_url": store_url,
+    }
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a left-over file keeps its old mode through O_CREAT
+    with os.fdopen(fd, "w") as handle:
+        json.dump(body, handle)
+    os.replace(temporary, path)
+    return path
+
+
+def read_connections_file(path: Path) -> tuple[KafkaConnection, dict[str, KafkaConnection], str]:
+    """(trace connection, connection per cluster, store URL); refuses a file others can read."""
+    try:
+        mode = path.stat().st_mode
+        data: dict[str, Any] = json.loads(path.read_text())
+    except OSError as exc:
+        raise DetectorJobError("connections file", str(path), f"a readable file ({exc.strerror})") from None
+    except ValueError:
+        raise DetectorJobError("connections file", str(path), "JSON written by write_connections_file") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise DetectorJobError(
+            "connections file", f"{path} (mode {stat.filemode(mode)})", "readable by its owner only (chmod 600)"
+        )
+    try:
+        trace = KafkaConnection.from_json(data["trace"])
+        clusters = {name: KafkaConnection.from_json(body) for name, body in dict(data.get("clusters", {})).items()}
+        return trace, clusters, str(data["store_url"])
+    except (KeyError, TypeError):
+        raise DetectorJobError(
+            "connections file", str(path), '{"trace": ..., "clusters": {...}, "store_url": ...}'
+        ) from None
