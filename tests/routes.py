@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from khipu.registry import parse_registry
 
-FAN_OUT = parse_registry("""
+FAN_OUT_REGISTRY = parse_registry("""
 version: 1
 clusters: {local: {}}
 streams:
@@ -20,6 +20,7 @@ streams:
         - {group: proc, reads: [local/in], writes: [local/out]}
         - {group: s1, reads: [local/out]}
         - {group: s2, reads: [local/out]}
-""").stream("orders")
+""")
+FAN_OUT = FAN_OUT_REGISTRY.stream("orders")
 SRC, PROC_IN, PROC_OUT = "p -> local/in", "local/in -> proc", "proc -> local/out"
 S1, S2 = "local/out -> s1", "local/out -> s2"

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from khipu.detector.clean import NONE, CleanGrid, delivered_cells, judge_clean
-from khipu.detector.decide import decide, resend_of
+from khipu.detector.decide import decide, memo_key, resend_of
 from khipu.detector.model import (
     CommittedLookup,
     DetectorConfig,
@@ -43,7 +43,7 @@ from khipu.detector.model import (
     nothing_pointed_at,
     nothing_removed,
 )
-from khipu.detector.routes import MAX_HOPS, RoutePlan, RoutePlans
+from khipu.detector.routes import MAX_HOPS, RoutePlan, RoutePlans, trace_hop_key
 from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
 from khipu.trace.model import NO_ATTRIBUTES, Trace, TraceType
 from khipu.verdicts.book import verdict_row
@@ -59,6 +59,7 @@ TRACE_STATE = pa.schema(
         pa.field("hop", pa.int32()),  # the global hop index (RoutePlans), -1: no hop of the registry's routes
     ]
 )
+_TRACE_KEY_COLUMNS = ("stream", "type", "cluster", "topic", "location", "group")  # what a trace's hop key is made of
 MESSAGE_STATE = pa.schema(
     [
         ("message_id", pa.string()),
@@ -341,10 +342,8 @@ class BucketJudge:
                 state.routes,
             )
         traces = state.traces
-        actor = pc.if_else(pc.equal(traces.column("type"), "SENT"), traces.column("location"), traces.column("group"))
-        keys = pc.binary_join_element_wise(
-            *(traces.column(name) for name in ("stream", "type", "cluster", "topic")), pc.fill_null(actor, ""), "|"
-        )
+        rows = traces.select(list(_TRACE_KEY_COLUMNS)).to_pylist()  # a registry change is rare: Python per row
+        keys = pa.array([trace_hop_key(row) for row in rows], pa.string())
         known = self.plans.hop_keys()
         found = pc.index_in(keys, value_set=pa.array(list(known), pa.string()))
         hops = pc.fill_null(pc.take(pa.array(list(known.values()), pa.int32()), found), -1)
@@ -555,7 +554,7 @@ def _memo_of(plan: RoutePlan, grid: CleanGrid, memo: np.ndarray, local: int) -> 
         seen = int(memo[local, hop_number])
         if seen != NONE:
             topic = plan.hop_topic[hop_number]
-            found[f"{hop.id}|{int(grid.partition[local, topic])}|{int(grid.offset[local, topic])}"] = seen
+            found[memo_key(hop, (int(grid.partition[local, topic]), int(grid.offset[local, topic])))] = seen
     return found
 
 
@@ -568,7 +567,7 @@ def _memo_of_rows(plan: RoutePlan, blob: bytes, rows: Sequence[Mapping[str, Any]
         hop = plan.hops[hop_number]
         at = positions.get((hop.topic.cluster, hop.topic.topic))
         if seen != NONE and at is not None:
-            found[f"{hop.id}|{at[0]}|{at[1]}"] = int(seen)
+            found[memo_key(hop, at)] = int(seen)
     return found
 
 

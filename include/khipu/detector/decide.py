@@ -23,10 +23,11 @@ When a hop is settled (ready to be judged):
   ``grace_ms`` past the time the detector first saw the message (its traces there, had they been
   written, would have been read by then). Other groups reading it wait, then go to reconciliation.
 
-The rules (:data:`READ_RULES`, :data:`WRITE_RULES`, :data:`IMPLIED_READ_RULES`, and the
-processor's :func:`dropped_in_processor`) say what a settled hop's verdict is. Hops past a loss
-get no verdict: the message never got there. Still undecided ``max_wait_ms`` after the first
-trace: PENDING for what is open, and done.
+Every hop the message reached goes through its kind's table (:data:`READ_RULES`, :data:`WRITE_RULES`):
+the first rule that holds gives its verdict, or says it waits. A hop still open ``max_wait_ms`` after the
+first trace is PENDING (handed to reconciliation); an open one waits; a settled one gets what its
+evidence says. Hops past a loss get no verdict: the message never got there (a processor's output is
+judged only once an input read of it got the message, or is still open).
 
 **A resent record** (Khipu's resend of a confirmed loss; its RECEIVED traces carry the resend id and
 the lost hop as attributes) is evidence of its own kind. Resent for one group's read hop, its position
@@ -206,43 +207,25 @@ def verdict(
     )
 
 
-# -- route questions --------------------------------------------------------------------------------------
-
-
-def is_source(stream: Stream, hop: Hop) -> bool:
-    return any(p.location == hop.location and hop.topic in p.writes for p in stream.route.producers)
-
-
-def processor_at(stream: Stream, location: str | None) -> ConsumerSpec | None:
-    return next((c for c in stream.route.consumers if c.is_processor and c.location == location), None)
-
-
-def writers_of(stream: Stream, topic: TopicRef) -> list[Hop]:
-    route = stream.route
-    hops = [Hop.write(p.location, topic) for p in route.producers if topic in p.writes]
-    hops += [Hop.write(c.location, topic) for c in route.consumers if topic in c.writes]
-    return hops
-
-
-def location_of(stream: Stream, group: str) -> str | None:
-    return next((c.location for c in stream.route.consumers if c.group == group), None)
+# -- what the route says of a message ---------------------------------------------------------------------
 
 
 def implied_topics(stream: Stream, evidence: Evidence) -> tuple[TopicRef, ...]:
     """Topics the message evidently passed though no trace shows it there: the single input of a
     processor that wrote it on (its SENT traces, or the message seen on an output only it writes)."""
+    route = stream.route
     implied: list[TopicRef] = []
 
     def wrote_on(processor: ConsumerSpec, out: TopicRef) -> bool:
         if Hop.write(processor.location, out) in evidence.sent:
             return True
-        only_writer = writers_of(stream, out) == [Hop.write(processor.location, out)]
+        only_writer = route.writers_of(out) == (Hop.write(processor.location, out),)
         return only_writer and (evidence.written_on(out) or out in implied)
 
     changed = True
     while changed:
         changed = False
-        for processor in (c for c in stream.route.consumers if c.is_processor and len(c.reads) == 1):
+        for processor in (c for c in route.consumers if c.is_processor and len(c.reads) == 1):
             source = processor.reads[0]
             if source in evidence.positions or Hop.read(source, processor.group) in evidence.targeted:
                 continue
@@ -257,7 +240,7 @@ def implied_topics(stream: Stream, evidence: Evidence) -> tuple[TopicRef, ...]:
 def arrived_past(moment: Moment, hop: Hop) -> bool:
     """A processor that writes on what it received: its SENT traces (or the message on its outputs)
     prove it got the message."""
-    processor = next((c for c in moment.stream.route.readers_of(hop.topic) if c.group == hop.group), None)
+    processor = moment.stream.route.reader(hop.topic, hop.group or "")
     if processor is None or not processor.is_processor:
         return False
     evidence = moment.evidence
@@ -265,6 +248,12 @@ def arrived_past(moment: Moment, hop: Hop) -> bool:
         Hop.write(processor.location, out) in evidence.sent or evidence.positions.get(out) or out in moment.implied
         for out in processor.writes
     )
+
+
+def memo_key(hop: Hop, position: Position) -> str:
+    """The memo's key of a read hop at one of the message's positions (``hop id|partition|offset``): when its
+    group was first seen past that position."""
+    return f"{hop.id}|{position[0]}|{position[1]}"
 
 
 # -- read hops --------------------------------------------------------------------------------------------
@@ -280,16 +269,30 @@ class ReadProgress:
     passed_at: Mapping[str, int] = field(default_factory=dict)  # memo entries for the hop's positions
 
 
+def implied_read_settles_ms(moment: Moment) -> int:
+    """The message's traces on an implied topic, had they been written, are read by then."""
+    return moment.first_seen_ms + moment.config.grace_ms
+
+
 def read_progress(moment: Moment, hop: Hop, memo: Mapping[str, int]) -> ReadProgress:
     """Settled once the group's committed offset passed every position of the message (or the record left
-    the log first) and the grace has gone by since that was first seen."""
+    the log first) and the grace has gone by since that was first seen. A hop of an implied topic (no trace
+    says where the message sat) is settled once the trace topic is read the grace past the message's first
+    sight: its traces there, had they been written, would have been read by then."""
     assert hop.group is not None
     lookups, config = moment.lookups, moment.config
+    positions = moment.evidence.positions_for(hop)
+    if not positions:
+        if not arrived_past(moment, hop):  # nothing to compare committed offsets with
+            return ReadProgress(False)
+        settles = implied_read_settles_ms(moment)
+        settled = moment.clock_ms >= settles
+        return ReadProgress(settled, () if settled else (max(settles, moment.now_ms + 1),))
     settled = True
     checks: list[int] = []
     removals: dict[Position, Removal] = {}
     passed_at: dict[str, int] = {}
-    for partition, offset in sorted(moment.evidence.positions_for(hop)):
+    for partition, offset in sorted(positions):
         committed = lookups.committed(hop.topic.cluster, hop.group, hop.topic.topic, partition)
         passed = committed is not None and committed > offset
         # a record the group has not reached is asked after (it may have left the log) only once the message
@@ -299,7 +302,7 @@ def read_progress(moment: Moment, hop: Hop, memo: Mapping[str, int]) -> ReadProg
             if gone is not None:
                 removals[(partition, offset)] = gone  # out of the log before the group got to it: final too
         if passed or (partition, offset) in removals:
-            key = f"{hop.id}|{partition}|{offset}"
+            key = memo_key(hop, (partition, offset))
             seen = passed_at[key] = memo.get(key, moment.now_ms)
             if moment.clock_ms - seen < config.grace_ms:
                 settled = False
@@ -312,15 +315,18 @@ def read_progress(moment: Moment, hop: Hop, memo: Mapping[str, int]) -> ReadProg
 
 @dataclass(frozen=True, slots=True)
 class ReadFacts:
-    """A settled read hop: what its traces and the world say."""
+    """A read hop: what its traces and the world say."""
 
     hop: Hop
+    settled: bool
     receives: tuple[Trace, ...]
     positions: Mapping[Position, int | None]
-    at: Position  # the first receive's position, else the message's first position on the topic
+    at: Position | None  # the first receive's position, else the message's first position on the topic
     arrived_past: bool
+    resent: tuple[Trace, ...]  # the RECEIVED traces of Khipu's resend for a loss at this hop
     pointed: Position | None  # a position the group's location says it received (pointer or mark)
     removal: Removal | None  # the record at ``at`` left the log before the group read it
+    timed_out: bool
 
     @property
     def reads_per_position(self) -> Mapping[Position, int]:
@@ -334,11 +340,11 @@ def read_facts(moment: Moment, hop: Hop, progress: ReadProgress) -> ReadFacts:
     assert hop.group is not None
     positions = moment.evidence.positions_for(hop)
     receives = moment.evidence.received.get(hop, ())
-    at = (receives[0].partition, receives[0].offset) if receives else min(positions)
+    at = (receives[0].partition, receives[0].offset) if receives else min(positions) if positions else None
     arrived = arrived_past(moment, hop)
     pointed = removal = None  # asked of the world only when the rules before them do not already hold
-    if not receives and not arrived:
-        location = location_of(moment.stream, hop.group)
+    if progress.settled and not receives and not arrived and at is not None:
+        location = moment.stream.route.location_of(hop.group)
         if location is not None:
             pointed = next(
                 (
@@ -352,7 +358,27 @@ def read_facts(moment: Moment, hop: Hop, progress: ReadProgress) -> ReadFacts:
             removal = progress.removals.get(at) or moment.lookups.removed(
                 hop.topic.cluster, hop.group, hop.topic.topic, *at
             )
-    return ReadFacts(hop, receives, positions, at, arrived, pointed, removal)
+    resent_here = moment.evidence.resent.get(hop.id, ())
+    return ReadFacts(
+        hop, progress.settled, receives, positions, at, arrived, resent_here, pointed, removal, moment.timed_out
+    )
+
+
+def read_resend_arrived(facts: ReadFacts) -> bool:
+    return facts.settled and bool(facts.resent)
+
+
+def read_open_past_max_wait(facts: ReadFacts) -> bool:
+    return not facts.settled and facts.timed_out
+
+
+def read_open(facts: ReadFacts) -> bool:
+    return not facts.settled
+
+
+def no_trace_on_topic(facts: ReadFacts) -> bool:
+    """Implied: no trace shows the message on the topic, a processor reading it wrote it on."""
+    return facts.at is None
 
 
 def received_once(facts: ReadFacts) -> bool:
@@ -384,7 +410,7 @@ def never_received(facts: ReadFacts) -> bool:
 
 
 def _receive_latency(moment: Moment, facts: ReadFacts) -> int | None:
-    written_ms = facts.positions.get(facts.at)
+    written_ms = facts.positions.get(facts.at) if facts.at is not None else None
     return facts.receives[0].timestamp_ms - written_ms if written_ms is not None else None
 
 
@@ -418,6 +444,15 @@ def _duplicate_read(cause: Cause, detail: Callable[[ReadFacts], str]) -> Callabl
     return build
 
 
+def _trace_lost_implied(moment: Moment, facts: ReadFacts) -> Verdict:
+    return verdict(
+        moment,
+        facts.hop,
+        kind=VerdictKind.TRACE_LOST,
+        detail=f"no trace on {facts.hop.topic} at all, but {facts.hop.group} wrote the message on: it got it",
+    )
+
+
 def _trace_lost_arrived(moment: Moment, facts: ReadFacts) -> Verdict:
     return verdict(
         moment,
@@ -430,7 +465,7 @@ def _trace_lost_arrived(moment: Moment, facts: ReadFacts) -> Verdict:
 
 def _trace_lost_pointed(moment: Moment, facts: ReadFacts) -> Verdict:
     assert facts.pointed is not None
-    location = location_of(moment.stream, facts.hop.group or "")
+    location = moment.stream.route.location_of(facts.hop.group or "")
     return verdict(
         moment,
         facts.hop,
@@ -442,7 +477,7 @@ def _trace_lost_pointed(moment: Moment, facts: ReadFacts) -> Verdict:
 
 
 def _lost_removed(moment: Moment, facts: ReadFacts) -> Verdict:
-    assert facts.removal is not None
+    assert facts.removal is not None and facts.at is not None
     cause, why = removal_cause(facts.positions.get(facts.at), facts.removal)
     return verdict(
         moment,
@@ -455,6 +490,7 @@ def _lost_removed(moment: Moment, facts: ReadFacts) -> Verdict:
 
 
 def _lost_skipped(moment: Moment, facts: ReadFacts) -> Verdict:
+    assert facts.at is not None
     return verdict(
         moment,
         facts.hop,
@@ -465,10 +501,46 @@ def _lost_skipped(moment: Moment, facts: ReadFacts) -> Verdict:
     )
 
 
-ReadRule = tuple[Callable[[ReadFacts], bool], Callable[[Moment, ReadFacts], Verdict]]
+def _resent(moment: Moment, facts: ReadFacts | WriteFacts) -> Verdict:
+    """RESENT: the resent copy of a confirmed loss arrived at the hop (its group received it, or, for a write
+    hop, a reader of the topic did)."""
+    first = facts.resent[0]
+    attempts = sorted({t.attributes[ATTRIBUTE_RESEND_ID] for t in facts.resent})
+    return verdict(
+        moment,
+        facts.hop,
+        kind=VerdictKind.RESENT,
+        count=len(attempts),
+        at=(first.partition, first.offset),
+        trace=first,
+        detail=f"resent as {', '.join(attempts)}: {first.group} received it at offset {first.offset}",
+    )
 
-# A settled read hop: the first rule that holds gives its verdict.
+
+def _pending(moment: Moment, facts: ReadFacts | WriteFacts) -> Verdict:
+    positions = moment.evidence.positions.get(facts.hop.topic, {})
+    return verdict(
+        moment,
+        facts.hop,
+        kind=VerdictKind.PENDING,
+        at=min(positions) if positions else None,
+        detail=f"undecided {moment.config.max_wait_ms} ms after the first trace: handed to reconciliation",
+    )
+
+
+def _wait(moment: Moment, facts: ReadFacts | WriteFacts) -> None:
+    """Not settled: no verdict yet, the message stays in flight."""
+    return None
+
+
+ReadRule = tuple[Callable[[ReadFacts], bool], Callable[[Moment, ReadFacts], Verdict | None]]
+
+# A read hop: the first rule that holds gives its verdict (None: it waits).
 READ_RULES: tuple[ReadRule, ...] = (
+    (read_resend_arrived, _resent),
+    (read_open_past_max_wait, _pending),
+    (read_open, _wait),
+    (no_trace_on_topic, _trace_lost_implied),
     (received_once, _delivered),
     (same_offset_read_twice, _duplicate_read(Cause.REWIND_REPLAY, lambda f: "the same offset was read more than once")),
     (
@@ -482,29 +554,8 @@ READ_RULES: tuple[ReadRule, ...] = (
 )
 
 
-def judge_read(moment: Moment, facts: ReadFacts) -> Verdict:
+def judge_read(moment: Moment, facts: ReadFacts) -> Verdict | None:
     return next(build(moment, facts) for holds, build in READ_RULES if holds(facts))
-
-
-# -- read hops of a topic no trace shows the message on ---------------------------------------------------
-
-
-def implied_read_settles_ms(moment: Moment) -> int:
-    """The message's traces on the topic, had they been written, are read by then."""
-    return moment.first_seen_ms + moment.config.grace_ms
-
-
-def implied_read_settled(moment: Moment, hop: Hop) -> bool:
-    return arrived_past(moment, hop) and moment.clock_ms >= implied_read_settles_ms(moment)
-
-
-def _trace_lost_implied(moment: Moment, hop: Hop) -> Verdict:
-    return verdict(
-        moment,
-        hop,
-        kind=VerdictKind.TRACE_LOST,
-        detail=f"no trace on {hop.topic} at all, but {hop.group} wrote the message on: it got it",
-    )
 
 
 # -- write hops -------------------------------------------------------------------------------------------
@@ -513,29 +564,68 @@ def _trace_lost_implied(moment: Moment, hop: Hop) -> Verdict:
 @dataclass(frozen=True, slots=True)
 class WriteFacts:
     hop: Hop
+    settled: bool
     sents: tuple[Trace, ...]
     positions: Mapping[Position, int | None]  # the message's positions on the topic, whoever saw them
+    on_topic: bool  # a trace shows the message on the topic, or a later hop implies it was there
     input_reads: tuple[Trace, ...]  # a processor's RECEIVED traces on its inputs (empty for a producer)
+    inputs_reached: tuple[Hop, ...]  # a processor's input read hops that got the message
+    resent: tuple[Trace, ...]  # the RECEIVED traces of Khipu's resend for a loss at this hop
+    timed_out: bool
 
     @property
     def written_offsets(self) -> frozenset[Position]:
         return frozenset((t.partition, t.offset) for t in self.sents)
 
 
+def processor_inputs(moment: Moment, hop: Hop) -> list[Hop]:
+    """The read hops of the processor whose write ``hop`` is (none for a producer's write)."""
+    processor = moment.stream.route.processor_writing(hop)
+    return [Hop.read(t, processor.group) for t in processor.reads] if processor else []
+
+
 def write_blocked(moment: Moment, hop: Hop, read_settled: Mapping[Hop, bool]) -> bool:
     """The hops reading the topic (and a processor's input read) are not settled yet; hops the message
     did not reach do not block."""
     readers = [Hop.read(hop.topic, c.group) for c in moment.stream.route.readers_of(hop.topic)]
-    processor = processor_at(moment.stream, hop.location)
-    inputs = [Hop.read(t, processor.group) for t in processor.reads] if processor else []
-    return not all(read_settled.get(h, True) for h in [*readers, *inputs])
+    return not all(read_settled.get(h, True) for h in [*readers, *processor_inputs(moment, hop)])
 
 
-def write_facts(moment: Moment, hop: Hop) -> WriteFacts:
-    processor = processor_at(moment.stream, hop.location)
-    inputs = [Hop.read(t, processor.group) for t in processor.reads] if processor else []
-    reads = tuple(t for h in inputs for t in moment.evidence.received.get(h, ()))
-    return WriteFacts(hop, moment.evidence.sent.get(hop, ()), moment.evidence.positions.get(hop.topic, {}), reads)
+def write_facts(moment: Moment, hop: Hop, read_settled: Mapping[Hop, bool], reached: set[Hop]) -> WriteFacts:
+    evidence = moment.evidence
+    inputs = processor_inputs(moment, hop)
+    reads = tuple(t for h in inputs for t in evidence.received.get(h, ()))
+    sents = evidence.sent.get(hop, ())
+    settled = not write_blocked(moment, hop, read_settled) or (moment.timed_out and bool(sents))
+    return WriteFacts(
+        hop,
+        settled,
+        sents,
+        evidence.positions.get(hop.topic, {}),
+        hop.topic in evidence.positions or hop.topic in moment.implied,
+        reads,
+        tuple(h for h in inputs if h in reached),
+        evidence.resent.get(hop.id, ()),
+        moment.timed_out,
+    )
+
+
+def write_resend_arrived(facts: WriteFacts) -> bool:
+    return facts.settled and bool(facts.resent)
+
+
+def write_open_past_max_wait(facts: WriteFacts) -> bool:
+    return not facts.settled and facts.timed_out
+
+
+def write_open(facts: WriteFacts) -> bool:
+    return not facts.settled
+
+
+def got_it_and_wrote_nothing(facts: WriteFacts) -> bool:
+    """A processor's output shows nothing of the message (no trace, no later hop), and an input read of it got
+    the message: a written record would be seen downstream, so no pointer is asked after."""
+    return not facts.on_topic and bool(facts.inputs_reached)
 
 
 def never_sent(facts: WriteFacts) -> bool:
@@ -558,6 +648,19 @@ def written_several_times(facts: WriteFacts) -> bool:
 def _write_latency(facts: WriteFacts) -> int | None:
     """From the processor's first receive to its first write (none for a producer)."""
     return facts.sents[0].timestamp_ms - facts.input_reads[0].timestamp_ms if facts.input_reads else None
+
+
+def _lost_dropped(moment: Moment, facts: WriteFacts) -> Verdict:
+    processor = moment.stream.route.processor_writing(facts.hop)
+    assert processor is not None
+    where = ", ".join(str(h.topic) for h in facts.inputs_reached)
+    return verdict(
+        moment,
+        facts.hop,
+        kind=VerdictKind.LOST,
+        cause=Cause.DROPPED_IN_PROCESSOR,
+        detail=f"{processor.group} got it from {where}, committed past it, and wrote nothing to {facts.hop.topic}",
+    )
 
 
 def _trace_lost_write(moment: Moment, facts: WriteFacts) -> Verdict:
@@ -604,10 +707,14 @@ def _duplicate_write(cause: Cause) -> Callable[[Moment, WriteFacts], Verdict]:
     return build
 
 
-WriteRule = tuple[Callable[[WriteFacts], bool], Callable[[Moment, WriteFacts], Verdict]]
+WriteRule = tuple[Callable[[WriteFacts], bool], Callable[[Moment, WriteFacts], Verdict | None]]
 
-# A settled write hop: the first rule that holds gives its verdict.
+# A write hop: the first rule that holds gives its verdict (None: it waits).
 WRITE_RULES: tuple[WriteRule, ...] = (
+    (write_resend_arrived, _resent),
+    (write_open_past_max_wait, _pending),
+    (write_open, _wait),
+    (got_it_and_wrote_nothing, _lost_dropped),
     (never_sent, _trace_lost_write),
     (written_once, _written),
     (processor_reread_input, _duplicate_write(Cause.REWIND_REPLAY)),
@@ -615,56 +722,45 @@ WRITE_RULES: tuple[WriteRule, ...] = (
 )
 
 
-def judge_write(moment: Moment, facts: WriteFacts) -> Verdict:
+def judge_write(moment: Moment, facts: WriteFacts) -> Verdict | None:
     return next(build(moment, facts) for holds, build in WRITE_RULES if holds(facts))
 
 
-# -- a processor that got the message and wrote nothing on ------------------------------------------------
+# -- which hops a message reached -------------------------------------------------------------------------
 
 
-def dropped_in_processor(
-    moment: Moment, processor: ConsumerSpec, output: TopicRef, reached: set[Hop]
-) -> Verdict | None:
-    """LOST, dropped in the processor: it got the message (an input read hop was reached) and nothing
-    reached ``output`` (a written record is seen downstream, so no pointer lookup is needed)."""
-    inputs = [Hop.read(t, processor.group) for t in processor.reads if Hop.read(t, processor.group) in reached]
-    if not inputs:
-        return None
-    where = ", ".join(str(h.topic) for h in inputs)
-    return verdict(
-        moment,
-        Hop.write(processor.location, output),
-        kind=VerdictKind.LOST,
-        cause=Cause.DROPPED_IN_PROCESSOR,
-        detail=f"{processor.group} got it from {where}, committed past it, and wrote nothing to {output}",
-    )
+def read_hops_reached(moment: Moment) -> list[Hop]:
+    """The read hops of every topic the message is on (a trace says so, or a later hop implies it), and those a
+    resend meant for one group targets; not the others' of a topic only such a resend is on."""
+    evidence, route = moment.evidence, moment.stream.route
+    hops = []
+    for topic in sorted({*evidence.topics(), *moment.implied}, key=str):
+        for reader in route.readers_of(topic):
+            hop = Hop.read(topic, reader.group)
+            if topic in evidence.positions or hop in evidence.targeted or topic in moment.implied:
+                hops.append(hop)
+    return hops
 
 
-def pending(moment: Moment, hop: Hop) -> Verdict:
-    positions = moment.evidence.positions.get(hop.topic, {})
-    return verdict(
-        moment,
-        hop,
-        kind=VerdictKind.PENDING,
-        at=min(positions) if positions else None,
-        detail=f"undecided {moment.config.max_wait_ms} ms after the first trace: handed to reconciliation",
-    )
-
-
-def resent(moment: Moment, hop: Hop, arrivals: Sequence[Trace]) -> Verdict:
-    """RESENT: the resent copy of a confirmed loss arrived at the hop (its group received it, or, for a write
-    hop, a reader of the topic did)."""
-    first = arrivals[0]
-    attempts = sorted({t.attributes[ATTRIBUTE_RESEND_ID] for t in arrivals})
-    return verdict(
-        moment,
-        hop,
-        kind=VerdictKind.RESENT,
-        count=len(attempts),
-        at=(first.partition, first.offset),
-        trace=first,
-        detail=f"resent as {', '.join(attempts)}: {first.group} received it at offset {first.offset}",
-    )
+def write_hops_reached(moment: Moment, read_settled: Mapping[Hop, bool], reached: set[Hop]) -> list[Hop]:
+    """The write hops to judge: into every topic the message is on, those with SENT traces (or the one writer,
+    when no writer's trace arrived); a processor's outputs the message is not on, once an input read of it got
+    the message or is still open (what happened there is the question); and a write hop a resend names."""
+    evidence, route = moment.evidence, moment.stream.route
+    hops: list[Hop] = []
+    for topic in sorted({*evidence.positions, *moment.implied}, key=str):
+        writers = route.writers_of(topic)
+        hops += [h for h in writers if h in evidence.sent] or (list(writers) if len(writers) == 1 else [])
+    for processor in (c for c in route.consumers if c.is_processor):
+        inputs = [h for h in (Hop.read(t, processor.group) for t in processor.reads) if evidence.positions_for(h)]
+        if any(h in reached or not read_settled.get(h, True) for h in inputs):
+            hops += [
+                Hop.write(processor.location, out)
+                for out in processor.writes
+                if out not in evidence.positions and out not in moment.implied
+            ]
+    hops += [h for h in route.hops if h.kind is HopKind.WRITE and h.id in evidence.resent]
+    return list(dict.fromkeys(hops))
 
 
 # -- the whole message ------------------------------------------------------------------------------------
@@ -692,7 +788,7 @@ def decide(
     got to it (expiry or truncation; see :class:`khipu.detector.model.Removal`).
     """
     evidence = gather(traces)
-    sources = [t for hop, ts in evidence.sent.items() if is_source(stream, hop) for t in ts]
+    sources = [t for hop, ts in evidence.sent.items() if stream.route.is_source(hop) for t in ts]
     moment = Moment(
         message_id=message_id,
         stream=stream,
@@ -712,62 +808,25 @@ def decide(
     memo: ChainMap[str, int] = ChainMap({}, cast(MutableMapping[str, int], passed_at))
     read_settled: dict[Hop, bool] = {}
 
-    reached_topics = sorted({*evidence.topics(), *moment.implied}, key=str)
-    for topic in reached_topics:
-        for reader in stream.route.readers_of(topic):
-            hop = Hop.read(topic, reader.group)
-            if topic not in evidence.positions and hop not in evidence.targeted and topic not in moment.implied:
-                continue  # only a resend meant for another group is there: nothing this group should get
-            if not evidence.positions_for(hop):  # implied: no trace says where the message sat there
-                read_settled[hop] = implied_read_settled(moment, hop)
-                if read_settled[hop]:
-                    judged[hop] = _trace_lost_implied(moment, hop)
-                else:
-                    open_hops.append(hop)
-                    if arrived_past(moment, hop):  # else nothing to compare committed offsets with
-                        checks.append(max(implied_read_settles_ms(moment), now_ms + 1))
-                continue
-            progress = read_progress(moment, hop, memo)
-            memo.update(progress.passed_at)
-            read_settled[hop] = progress.settled
-            if progress.settled:
-                judged[hop] = judge_read(moment, read_facts(moment, hop, progress))
-            else:
-                open_hops.append(hop)
-                checks.extend(progress.next_check_ms)
+    for hop in read_hops_reached(moment):
+        progress = read_progress(moment, hop, memo)
+        memo.update(progress.passed_at)
+        read_settled[hop] = progress.settled
+        checks.extend(progress.next_check_ms)
+        found = judge_read(moment, read_facts(moment, hop, progress))
+        if found is None:
+            open_hops.append(hop)
+        else:
+            judged[hop] = found
 
-    for topic in reached_topics:
-        if topic not in evidence.positions and topic not in moment.implied:
-            continue  # only a resend for one group was read there: no one wrote the message to it again
-        writers = writers_of(stream, topic)
-        with_evidence = [h for h in writers if h in evidence.sent]
-        for hop in with_evidence or (writers if len(writers) == 1 else []):
-            if write_blocked(moment, hop, read_settled) and not (moment.timed_out and hop in evidence.sent):
-                open_hops.append(hop)
-            else:
-                judged[hop] = judge_write(moment, write_facts(moment, hop))
+    reached = {hop for hop, v in judged.items() if v.kind in RECEIPT_KINDS or v.kind is VerdictKind.RESENT}
+    for hop in write_hops_reached(moment, read_settled, reached):
+        found = judge_write(moment, write_facts(moment, hop, read_settled, reached))
+        if found is None:
+            open_hops.append(hop)
+        else:
+            judged[hop] = found
 
-    reached = {hop for hop, v in judged.items() if hop.kind is HopKind.READ and v.kind in RECEIPT_KINDS}
-    for processor in (c for c in stream.route.consumers if c.is_processor):
-        inputs = [h for h in (Hop.read(t, processor.group) for t in processor.reads) if evidence.positions_for(h)]
-        missing = [out for out in processor.writes if out not in evidence.positions and out not in moment.implied]
-        if any(h in open_hops for h in inputs):  # not yet known whether it got there: wait with it
-            open_hops.extend(Hop.write(processor.location, out) for out in missing)
-            continue
-        for output in missing:
-            dropped = dropped_in_processor(moment, processor, output, reached)
-            if dropped is not None:
-                judged[Hop.write(processor.location, output)] = dropped
-
-    route_hops = {h.id: h for h in stream.route.hops}
-    for hop_id, arrivals in evidence.resent.items():
-        lost_hop = route_hops.get(hop_id)
-        if lost_hop is not None and lost_hop not in open_hops:  # settled on the resent record: it arrived
-            judged[lost_hop] = resent(moment, lost_hop, arrivals)
-
-    if open_hops and moment.timed_out:
-        judged.update((hop, pending(moment, hop)) for hop in open_hops)
-        open_hops.clear()
     done = not open_hops
     next_check = None if done else min([*checks, first_seen_ms + config.max_wait_ms])
     return Decision(tuple(judged.values()), done, {**passed_at, **memo.maps[0]}, next_check)

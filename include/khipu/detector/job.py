@@ -39,7 +39,7 @@ from khipu.detector.model import DETECTOR_QUERY, DetectorConfig
 from khipu.detector.outputs import BatchFigures, BatchKeys, DetectorWriter, HeartbeatListener, ReadProgress
 from khipu.detector.parse import parse_traces
 from khipu.detector.processor import INPUT_SCHEMA, MALFORMED, MARK, OUTPUT_SCHEMA, TRACE, VerdictProcessor
-from khipu.detector.routes import RoutePlans
+from khipu.detector.routes import HOP_KEY_FIELDS, HOP_KEY_SEPARATOR, RoutePlans
 from khipu.kafka import KafkaConnection
 from khipu.registry.loader import load_registry
 from khipu.store import Store
@@ -175,10 +175,11 @@ def read_traces(spark: SparkSession, job: DetectorJob) -> DataFrame:
 def prepare(parsed: DataFrame, plans: RoutePlans, buckets: int) -> DataFrame:
     """The processor's input (:data:`khipu.detector.processor.INPUT_SCHEMA`): every parsed record with its kind,
     its bucket (a hash of the message id; an emitter mark's of its emitter) and, for a trace, the number of its
-    hop (``-1``: no hop of the registry's routes). Lists travel as text to keep the Python side cheap."""
+    hop (``-1``: no hop of the registry's routes), found by its hop key (:func:`khipu.detector.routes.hop_key`,
+    built here from the same fields). Lists travel as text to keep the Python side cheap."""
     keys = plans.hop_keys()
-    actor = F.when(F.col("type") == "SENT", F.col("location")).otherwise(F.col("group"))
-    key = F.concat_ws("|", "stream", "type", "cluster", "topic", actor)
+    actor = F.coalesce(F.when(F.col("type") == "SENT", F.col("location")).otherwise(F.col("group")), F.lit(""))
+    key = F.concat_ws(HOP_KEY_SEPARATOR, *[actor if name == "actor" else F.col(name) for name in HOP_KEY_FIELDS])
     hop = F.lit(-1)
     if keys:
         hop = F.coalesce(F.create_map(*[F.lit(x) for pair in sorted(keys.items()) for x in pair])[key], F.lit(-1))

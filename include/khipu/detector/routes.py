@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from khipu.registry.model import ConsumerSpec, Hop, HopKind, Registry, Stream, TopicRef
+from khipu.registry.model import Hop, HopKind, Registry, Stream, TopicRef
+from khipu.trace.model import Trace, TraceType
 
 MAX_HOPS = 63  # the hops of a route fit one 64-bit mask (which of a message's hops were reported)
 
@@ -79,18 +80,15 @@ class RoutePlan:
         writers = tuple(
             tuple(i for i, h in enumerate(hops) if h.kind is HopKind.WRITE and h.topic == t) for t in topics
         )
-        # decide's processor_at(location): the first processor at the location; its inputs hold back its writes
-        processor_at: dict[str, ConsumerSpec] = {}
-        for consumer in route.consumers:
-            if consumer.is_processor:
-                processor_at.setdefault(consumer.location, consumer)
+        # the readers of a write hop's topic, and the inputs of the processor writing it, hold it back (decide's
+        # write_blocked)
         blockers: list[tuple[int, ...]] = []
         for hop in hops:
             if hop.kind is HopKind.READ:
                 blockers.append(())
                 continue
             held = list(readers[topic_index[hop.topic]])
-            processor = processor_at.get(hop.location or "")
+            processor = route.processor_writing(hop)
             if processor is not None:
                 held += [hop_index[Hop.read(t, processor.group)] for t in processor.reads]
             blockers.append(tuple(dict.fromkeys(held)))
@@ -193,13 +191,13 @@ class RoutePlans:
         return {plan.stream.name: plan for plan in self.plans}
 
     def hop_keys(self) -> dict[str, int]:
-        """``stream|type|cluster|topic|location-or-group`` -> global hop index: how a trace finds its hop
-        (SENT: the writing location; RECEIVED: the reading group)."""
+        """A trace's hop key (:func:`hop_key`) -> global hop index: how a trace finds its hop."""
         keys: dict[str, int] = {}
         for plan in self.plans:
             for local, hop in enumerate(plan.hops):
-                kind, actor = ("RECEIVED", hop.group) if hop.kind is HopKind.READ else ("SENT", hop.location)
-                keys[hop_key(plan.stream.name, kind, hop.topic.cluster, hop.topic.topic, actor or "")] = (
+                kind = "RECEIVED" if hop.kind is HopKind.READ else "SENT"
+                actor = trace_actor(kind, hop.location, hop.group)
+                keys[hop_key(plan.stream.name, kind, hop.topic.cluster, hop.topic.topic, actor)] = (
                     plan.first_hop + local
                 )
         return keys
@@ -225,5 +223,25 @@ class RoutePlans:
         }
 
 
+# A trace's hop key: these of its fields, joined by HOP_KEY_SEPARATOR; the actor is the writing location of a SENT
+# trace and the reading group of a RECEIVED one. Spelt here only: Spark builds the same string from the same
+# fields (khipu.detector.job.prepare), and tests/integration/detector/test_parse.py holds the two to it.
+HOP_KEY_FIELDS = ("stream", "type", "cluster", "topic", "actor")
+HOP_KEY_SEPARATOR = "|"
+
+
 def hop_key(stream: str, trace_type: str, cluster: str, topic: str, actor: str) -> str:
-    return f"{stream}|{trace_type}|{cluster}|{topic}|{actor}"
+    return HOP_KEY_SEPARATOR.join((stream, trace_type, cluster, topic, actor))
+
+
+def trace_actor(trace_type: str, location: str | None, group: str | None) -> str:
+    """Who a trace's hop is named by: the writing location (SENT) or the reading group (RECEIVED)."""
+    return (location if trace_type == "SENT" else group) or ""
+
+
+def trace_hop_key(trace: Trace | Mapping[str, Any]) -> str:
+    """The hop key of a trace, or of a trace row (its columns by name)."""
+    row: Mapping[str, Any] = trace._asdict() if isinstance(trace, Trace) else trace
+    trace_type = str(row["type"].value if isinstance(row["type"], TraceType) else row["type"])
+    actor = trace_actor(trace_type, row["location"], row["group"])
+    return hop_key(str(row["stream"]), trace_type, str(row["cluster"]), str(row["topic"]), actor)

@@ -216,13 +216,11 @@ def judge_lead(lead: LeadLike, message_id: str, stream: Stream, now_ms: int) -> 
     (:class:`khipu.reconcile.run.Lead`): the group at the emitter's location got it, and the topic's writer
     (when it has one) wrote it; both hops passed, only their traces were lost. What happened after is
     unknown: no verdict is given there."""
-    topic = TopicRef(lead.cluster, lead.topic)
-    readers = [c for c in stream.route.readers_of(topic) if c.location == lead.location]
-    writers = [p.location for p in stream.route.producers if topic in p.writes]
-    writers += [c.location for c in stream.route.consumers if topic in c.writes]
+    topic, route = TopicRef(lead.cluster, lead.topic), stream.route
+    readers = [Hop.read(topic, c.group) for c in route.readers_of(topic) if c.location == lead.location]
+    writers = route.writers_of(topic)
     named = f"the record's khipu-id header names it; {lead.location}'s emitter points back to offset {lead.offset}"
-    hops = [Hop.read(topic, reader.group) for reader in readers]
-    hops += [Hop.write(writers[0], topic)] if len(writers) == 1 and readers else []
+    hops = [*readers, *(writers if len(writers) == 1 and readers else ())]
     return tuple(
         Verdict(
             message_id=message_id,

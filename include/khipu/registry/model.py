@@ -117,6 +117,28 @@ class Route:
         """The groups that read ``topic`` (several: fan-out)."""
         return tuple(c for c in self.consumers if topic in c.reads)
 
+    def reader(self, topic: TopicRef, group: str) -> ConsumerSpec | None:
+        """The consumer of ``group`` reading ``topic``, if the route has it."""
+        return next((c for c in self.consumers if c.group == group and topic in c.reads), None)
+
+    def writers_of(self, topic: TopicRef) -> tuple[Hop, ...]:
+        """The write hops into ``topic``: the producers' first, then the processors' (several: fan-in)."""
+        hops = [Hop.write(p.location, topic) for p in self.producers if topic in p.writes]
+        hops += [Hop.write(c.location, topic) for c in self.consumers if topic in c.writes]
+        return tuple(hops)
+
+    def is_source(self, hop: Hop) -> bool:
+        """A producer's write: where the message enters the route."""
+        return any(p.location == hop.location and hop.topic in p.writes for p in self.producers)
+
+    def processor_writing(self, hop: Hop) -> ConsumerSpec | None:
+        """The processor whose write ``hop`` is (a consumer at the hop's location that writes its topic)."""
+        return next((c for c in self.consumers if c.location == hop.location and hop.topic in c.writes), None)
+
+    def location_of(self, group: str) -> str | None:
+        """Where ``group``'s consumers run (their emitter's location)."""
+        return next((c.location for c in self.consumers if c.group == group), None)
+
     def hops_after(self, write_hop: Hop) -> tuple[Hop, ...]:
         """All hops a message written at ``write_hop`` is expected to take afterwards, in route order.
 

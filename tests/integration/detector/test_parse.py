@@ -12,12 +12,13 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow.compute as pc
 import pytest
 
 from khipu.detector import records
 from khipu.detector.job import prepare
 from khipu.detector.parse import parse_traces, quarantine_reason, valid
-from khipu.detector.routes import RoutePlans
+from khipu.detector.routes import RoutePlans, trace_hop_key
 from khipu.registry import parse_registry
 from khipu.trace.codec import TraceDecodeError, decode_record, encode_mark, encode_trace
 from khipu.trace.model import EmitterMark, Trace, TraceType
@@ -76,6 +77,11 @@ def test_traces_marks_pointers_and_quarantine_from_kafka_rows(spark: Any) -> Non
         "m13": [10],
         "m14": [13, 12, 10],
     }
+    # Spark numbers each trace's hop by the hop key spelt in khipu.detector.routes, as Python does
+    traces = batch.filter(pc.equal(batch.column("kind"), "trace")).to_pylist()
+    keys = PLANS.hop_keys()
+    assert [row["hop"] for row in traces] == [keys.get(trace_hop_key(row), -1) for row in traces]
+    assert sorted(row["hop"] for row in traces) == [0, 1, 1, 1]  # api -> demo.orders, then sink's reads
     numbered = records.sequence_numbers(batch)
     assert sorted((e, b.location, int(n), int(t)) for e, b in numbered.items() for n, t in b.seen) == [
         ("api-e1", "api", 0, 900),

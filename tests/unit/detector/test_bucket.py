@@ -22,7 +22,7 @@ import pytest
 from khipu.detector.bucket import TRACE_STATE, BucketJudge, BucketState, Lookups, route_ids, routes_fingerprint
 from khipu.detector.decide import decide
 from khipu.detector.model import DetectorConfig, Removal
-from khipu.detector.routes import RoutePlans, hop_key
+from khipu.detector.routes import RoutePlans, trace_hop_key
 from khipu.registry import parse_registry
 from khipu.registry.model import Registry
 from khipu.trace.model import Trace, TraceType
@@ -111,14 +111,13 @@ def rows_of(traces: Sequence[Trace], registry: Registry) -> pd.DataFrame:
     keys = RoutePlans.of(registry).hop_keys()
     rows = []
     for t in traces:
-        actor = t.location if t.type is TraceType.SENT else t.group
         plain = {name: getattr(t, name) for name in TRACE_STATE.names if name not in ("hop", "type", "attributes")}
         rows.append(
             {
                 **plain,
                 "type": t.type.value,
                 "attributes": json.dumps(dict(t.attributes)) if t.attributes else None,
-                "hop": keys.get(hop_key(t.stream, t.type.value, t.cluster, t.topic, actor or ""), -1),
+                "hop": keys.get(trace_hop_key(t), -1),
             }
         )
     return pd.DataFrame(rows, columns=list(TRACE_STATE.names))

@@ -14,14 +14,17 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from khipu.detector.bucket import BucketJudge, BucketState, Lookups
 from khipu.detector.clean import NONE, CleanGrid, delivered_cells, judge_clean
-from khipu.detector.decide import decide, resend_of
+from khipu.detector.decide import decide, memo_key, resend_of
 from khipu.detector.model import DetectorConfig, Removal
-from khipu.detector.routes import RoutePlan
+from khipu.detector.routes import RoutePlan, RoutePlans
 from khipu.registry import parse_registry
 from khipu.registry.model import Hop, HopKind, Stream
 from khipu.trace.model import Trace, TraceType
 from khipu.verdicts.model import VerdictKind
+from tests.routes import FAN_OUT_REGISTRY
+from tests.unit.detector.test_bucket import rows_of
 from tests.unit.detector.test_decide import CASES, CONFIG, STREAM
 
 Position = tuple[int, int]
@@ -77,7 +80,7 @@ def grid_of(
             done_before[m, hop] = h.id in emitted[m]
             if h.kind is HopKind.READ and has_position[m, plan.hop_topic[hop]]:
                 topic = plan.hop_topic[hop]
-                key = f"{h.id}|{partition[m, topic]}|{offset[m, topic]}"
+                key = memo_key(h, (int(partition[m, topic]), int(offset[m, topic])))
                 memo[m, hop] = memos[m].get(key, NONE)
                 value = world.committed.get((h.group or "", h.topic.topic))
                 committed[m, hop] = NONE if value is None else value
@@ -151,12 +154,24 @@ def both_ways(
     assert got == want
     assert bool(judged.done[0]) is expected.done
     memo_after = {
-        f"{h.id}|{grid.partition[0, plan.hop_topic[i]]}|{grid.offset[0, plan.hop_topic[i]]}": int(judged.memo_ms[0, i])
+        memo_key(h, (int(grid.partition[0, plan.hop_topic[i]]), int(grid.offset[0, plan.hop_topic[i]]))): int(
+            judged.memo_ms[0, i]
+        )
         for i, h in enumerate(plan.hops)
         if judged.memo_ms[0, i] != NONE
     }
     assert memo_after == dict(expected.passed_at)
     return True, got, bool(judged.done[0]), memo_after
+
+
+def assert_left_to_decide(traces: Sequence[Trace], world: World, now_ms: int) -> None:
+    """The bucket's own check of cleanliness (not this file's ``grid_of``) sends the message to decide: the clean
+    judge answers for none of it, decide is called for it, and every verdict it gives is decide's."""
+    judge = BucketJudge(RoutePlans.of(FAN_OUT_REGISTRY), CONFIG)
+    lookups = Lookups(committed=world.committed_of, removed=world.removed)
+    evaluation = judge.evaluate(BucketState.empty(), rows_of(traces, FAN_OUT_REGISTRY), now_ms, lookups)
+    assert (evaluation.clean_messages, evaluation.judged_messages) == (0, 1)
+    assert set(evaluation.verdicts["judged_by"]) <= {"decide"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"case{c.number}" for c in CASES])
@@ -174,7 +189,8 @@ def test_the_clean_judge_agrees_with_the_rule_table(case: object) -> None:
     answer = both_ways(STREAM, case.traces, world, memo, 1000, now, None, CONFIG)  # type: ignore[attr-defined]
     expected = {hop for hop, (kind, _, _) in case.expected.items()}  # type: ignore[attr-defined]
     everything_delivered = all(kind is VerdictKind.DELIVERED for kind, _, _ in case.expected.values())  # type: ignore[attr-defined]
-    if answer is None:  # not clean (a duplicate, a resend, two positions): decide judges it
+    if answer is None:  # not clean (a duplicate, a resend, two positions): the bucket hands it to decide
+        assert_left_to_decide(case.traces, world, now)  # type: ignore[attr-defined]
         return
     in_domain, got, done, _ = answer
     if in_domain:
@@ -250,7 +266,7 @@ def random_message(
             choices = [offset + 1] if settled else [None, offset - 3, offset, *[offset + 1, offset + 9] * 3]
             committed[(hop.group or "", hop.topic.topic)] = rng.choice(choices)
             if hop.topic.topic in shown and (settled or rng.random() < 0.6):  # first seen past it a while ago
-                memo[f"{hop.id}|{partition}|{offset}"] = now_ms - (
+                memo[memo_key(hop, (partition, offset))] = now_ms - (
                     300_000 if settled else rng.choice([0, 5_000, 40_000])
                 )
     log_start = {hop.topic.topic: rng.choice([None, None, 0, 3, 60]) for hop in plan.hops}

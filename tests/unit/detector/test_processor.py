@@ -12,7 +12,7 @@ from khipu.detector.bucket import BucketState
 from khipu.detector.model import DetectorConfig
 from khipu.detector.outputs import DECIDED_COLUMNS, expand_verdicts
 from khipu.detector.processor import INPUT_SCHEMA, MARK, STATS, TRACE, VERDICT, VerdictProcessor
-from khipu.detector.routes import RoutePlans, hop_key
+from khipu.detector.routes import RoutePlans, trace_hop_key
 from khipu.trace.model import Trace
 from tests.routes import PROC_IN, PROC_OUT, S1, S2, SRC
 from tests.unit.detector.test_decide import STREAM, clean, recv
@@ -35,7 +35,6 @@ def frame(traces: list[Trace], message_id: str = "m1", marks: int = 0) -> pd.Dat
     """The processor's input rows for these traces (as the job builds them in Spark), and some emitter marks."""
     rows: list[dict[str, Any]] = []
     for t in traces:
-        actor = t.location if t.type.value == "SENT" else t.group
         rows.append(
             {
                 "bucket": 0,
@@ -54,7 +53,7 @@ def frame(traces: list[Trace], message_id: str = "m1", marks: int = 0) -> pd.Dat
                 "emitter_seq": t.emitter_seq,
                 "sampling_percent": t.sampling_percent,
                 "attributes": None,
-                "hop": HOPS.get(hop_key(t.stream, t.type.value, t.cluster, t.topic, actor or ""), -1),
+                "hop": HOPS.get(trace_hop_key(t), -1),
                 "prev_offsets": "4,3",
             }
         )
