@@ -47,6 +47,7 @@ from khipu.reconcile.run import kafka_record_namer, reconcile
 from khipu.reconcile.window import ReconcileWindow
 from khipu.registry import load_registry
 from khipu.store import Store
+from khipu.trace.archive import spark_schema as archive_spark_schema
 from khipu.trace.model import trace_from_columns
 from khipu.verdicts.book import VerdictBook
 
@@ -197,7 +198,7 @@ def main() -> int:
         )
         final = khipu_answers(store, first_of_history=False)
 
-        rows = spark.read.parquet(str(job.archive_dir)).collect()
+        rows = spark.read.schema(archive_spark_schema()).parquet(str(job.archive_dir)).collect()
         by_message: dict[str, list[Any]] = {}
         for row in rows:
             by_message.setdefault(row.message_id, []).append(trace_from_columns(row.asDict()))

@@ -45,7 +45,7 @@ from khipu.detector.model import (
 )
 from khipu.detector.routes import MAX_HOPS, RoutePlan, RoutePlans, trace_hop_key
 from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
-from khipu.trace.model import NO_ATTRIBUTES, Trace, TraceType
+from khipu.trace.model import trace_from_columns
 from khipu.verdicts.book import verdict_row
 from khipu.verdicts.model import Verdict
 
@@ -405,7 +405,7 @@ class BucketJudge:
         marked = np.nonzero(traces.column("attributes").is_valid().to_numpy(zero_copy_only=False))[0]
         if len(marked):  # rare: recovery attributes, or a resend's marks
             for row, record in zip(marked, traces.take(marked).to_pylist(), strict=True):
-                wrong[row] |= resend_of(_trace(record)) is not None
+                wrong[row] |= resend_of(trace_from_columns(record)) is not None
         np.logical_or.at(bad, row_message[wrong], True)
         ok = ~wrong
         local = np.where(ok, hop - self._first_hop[np.maximum(hop, 0)], 0)
@@ -523,7 +523,7 @@ class BucketJudge:
     ) -> tuple[list[Verdict], bool, str | None, int]:
         plan = self.by_stream[messages.stream[position]]
         passed_at = messages.passed_at[position]
-        traces = [_trace(row) for row in rows]
+        traces = [trace_from_columns(row) for row in rows]
         if not traces:
             return [], True, passed_at, 0
         memo = json.loads(passed_at) if passed_at else {}
@@ -579,28 +579,6 @@ def _rows_by_message(traces: pa.Table, row_message: np.ndarray, wanted: set[int]
     for position, record in zip(row_message[picked], traces.take(picked).to_pylist(), strict=True):
         found.setdefault(int(position), []).append(record)
     return found
-
-
-def _trace(row: Mapping[str, Any]) -> Trace:
-    raw = row.get("attributes")
-    attributes = json.loads(raw) if isinstance(raw, str) and raw else NO_ATTRIBUTES
-    group = row.get("group")
-    return Trace(
-        str(row["message_id"]),
-        str(row["stream"]),
-        str(row["location"]),
-        str(row["cluster"]),
-        TraceType(row["type"]),
-        int(row["timestamp_ms"]),
-        str(row["topic"]),
-        int(row["partition"]),
-        int(row["offset"]),
-        None if group is None or (isinstance(group, float) and np.isnan(group)) else str(group),
-        str(row["emitter_id"]),
-        int(row["emitter_seq"]),
-        float(row["sampling_percent"]),
-        attributes,
-    )
 
 
 def _frame_of(verdicts: Sequence[Verdict], numbers: Mapping[tuple[str, str], int]) -> pd.DataFrame:

@@ -42,7 +42,8 @@ from khipu.trace.names import MAX_NAME_CHARS
 TRACE_COLUMNS = (
     "message_id string, stream string, location string, cluster string, type string, timestamp_ms long, "
     "topic string, partition int, offset long, `group` string, emitter_id string, emitter_seq long, "
-    "sampling_percent double, attributes string"
+    "sampling_percent double, attributes string, key_hash string, tombstone boolean, transactional boolean, "
+    "read_uncommitted boolean"
 )
 RECEIVED_SCHEMA = "array<struct<cluster:string, topic:string, partition:int, offset:long>>"
 POINTER_COLUMNS = f"prev_offsets array<long>, received {RECEIVED_SCHEMA}"  # back-pointers; a mark's list
@@ -52,6 +53,7 @@ PARSED_SCHEMA = (
 )
 TRACE_NAMES = [part.split()[0].strip("`") for part in TRACE_COLUMNS.split(", ")]
 _JSON = "_j"
+_KEY_HASH = "^[0-9a-f]{16}$"  # khipu.trace.keys.KEY_HASH_PATTERN, as a Spark regular expression
 
 
 # -- the JVM's checks, one small expression per rule of the trace format ------------------------------
@@ -124,6 +126,24 @@ def _prev_offsets(sent: str) -> str:
     return f"({empty} OR (NOT {sent} AND {listed}))"
 
 
+def _version_3_fields(sent: str) -> str:
+    """``key_hash`` (SENT only, 16 lowercase hex digits) and the flags, each a JSON boolean that may say true only on
+    the type of trace it is about; all absent or null is fine (the codec's _key_hash and _flag)."""
+    key_kind = _kind("$.key_hash")
+    key = f"try_variant_get({_JSON}, '$.key_hash', 'string')"
+    key_ok = (
+        f"({_absent('$.key_hash')} OR coalesce({key_kind} = 'STRING' AND {sent} AND {key} RLIKE '{_KEY_HASH}', false))"
+    )
+
+    def flag(name: str, allowed: str) -> str:
+        value = f"try_variant_get({_JSON}, '$.{name}', 'boolean')"
+        typed = f"{_kind(f'$.{name}')} = 'BOOLEAN' AND (NOT {value} OR {allowed})"
+        return f"({_absent(f'$.{name}')} OR coalesce({typed}, false))"
+
+    flags = [flag("tombstone", sent), flag("transactional", sent), flag("read_uncommitted", f"NOT {sent}")]
+    return " AND ".join([key_ok, *flags])
+
+
 def _received() -> str:
     """A mark's list of ``[cluster, topic, partition, offset]`` entries."""
     entries = f"try_variant_get({_JSON}, '$.received', 'array<variant>')"
@@ -163,6 +183,7 @@ def _valid_trace(known_streams: Iterable[str]) -> str:
         _sampling_percent(),
         _attributes(),
         _prev_offsets(is_sent),
+        _version_3_fields(is_sent),
         f"try_variant_get({_JSON}, '$.stream', 'string') IN ({known})",
     ]
     return " AND ".join(f"({rule})" for rule in rules)
@@ -201,19 +222,25 @@ _SHAPE_TYPES = {
     "emitter_id": "STRING",
     "emitter_seq": "BIGINT",
     "group": "(?:STRING|VOID)",
+    "key_hash": "(?:STRING|VOID)",
     "location": "STRING",
     "message_id": "STRING",
     "offset": "BIGINT",
     "partition": "BIGINT",
     "prev_offsets": "ARRAY<(?:BIGINT|VOID)>",
+    "read_uncommitted": "(?:BOOLEAN|VOID)",
     "sampling_percent": r"(?:BIGINT|DOUBLE|DECIMAL\(\d+,\d+\))",
     "stream": "STRING",
     "timestamp_ms": "BIGINT",
+    "tombstone": "(?:BOOLEAN|VOID)",
     "topic": "STRING",
+    "transactional": "(?:BOOLEAN|VOID)",
     "type": "STRING",
     "v": "BIGINT",
 }
-_OPTIONAL = frozenset({"attributes", "group", "prev_offsets"})
+_OPTIONAL = frozenset(
+    {"attributes", "group", "prev_offsets", "key_hash", "tombstone", "transactional", "read_uncommitted"}
+)
 
 
 def _shape_pattern(version: int) -> str:
@@ -256,6 +283,10 @@ def _plain_values(known_streams: Iterable[str]) -> str:
         "AND sampling_percent > 0 AND sampling_percent <= 100 "
         f"AND (_prev IS NULL OR size(_prev) = 0 OR (type <> 'SENT' AND size(_prev) <= {MAX_PREV_OFFSETS} "
         "AND coalesce(forall(_prev, o -> o >= 0), false))) "
+        f"AND (key_hash IS NULL OR (type = 'SENT' AND key_hash RLIKE '{_KEY_HASH}')) "
+        "AND (NOT coalesce(tombstone, false) OR type = 'SENT') "
+        "AND (NOT coalesce(transactional, false) OR type = 'SENT') "
+        "AND (NOT coalesce(read_uncommitted, false) OR type = 'RECEIVED') "
         f"AND stream IN ({known})"
     )
 
@@ -266,19 +297,22 @@ def _plain_values(known_streams: Iterable[str]) -> str:
 _STRING = r'"[^"\\\x00-\x1f]*+(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*+)*+"'  # a JSON string
 _INTEGER = r"(?:0|[1-9][0-9]{0,18}+)"  # >= 0, as an integer
 _NUMBER = r"-?(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?+(?:[eE][+-]?+[0-9]++)?+"
-# khipu.trace.codec.encode_trace's template (format version 2, no attributes): matched, its fields are read by
-# from_json with these types (a JSON string where a string is due, an integer where one is)
+# khipu.trace.codec.encode_trace's template (format version 3, no attributes; the version-3 fields in their order,
+# each only when true or set): matched, its fields are read by from_json with these types (a JSON string where a
+# string is due, an integer where one is)
 ENCODER_TEMPLATE = (
-    r'^\{"v":2,"message_id":<S>,"stream":<S>,"location":<S>,"cluster":<S>,"type":"(?:SENT|RECEIVED)",'
+    r'^\{"v":3,"message_id":<S>,"stream":<S>,"location":<S>,"cluster":<S>,"type":"(?:SENT|RECEIVED)",'
     r'"timestamp_ms":<N>,"topic":<S>,"partition":<N>,"offset":<N>,"group":(?:null|<S>),"emitter_id":<S>,'
-    r'"emitter_seq":<N>,"sampling_percent":<F>,"attributes":\{\},"prev_offsets":\[(?:<N>(?:,<N>)*+)?+\]\}$'
+    r'"emitter_seq":<N>,"sampling_percent":<F>,"attributes":\{\},"prev_offsets":\[(?:<N>(?:,<N>)*+)?+\]'
+    r'(?:,"key_hash":<S>)?+(?:,"tombstone":true)?+(?:,"transactional":true)?+(?:,"read_uncommitted":true)?+\}$'
 )
 for _mark_, _pattern_ in (("<S>", _STRING), ("<N>", _INTEGER), ("<F>", _NUMBER)):
     ENCODER_TEMPLATE = ENCODER_TEMPLATE.replace(_mark_, _pattern_)
 _TEMPLATE_SCHEMA = (
     "message_id string, stream string, location string, cluster string, type string, timestamp_ms bigint, "
     "topic string, partition bigint, offset bigint, `group` string, emitter_id string, emitter_seq bigint, "
-    "sampling_percent double, prev_offsets array<bigint>"
+    "sampling_percent double, prev_offsets array<bigint>, key_hash string, tombstone boolean, transactional boolean, "
+    "read_uncommitted boolean"
 )
 
 
@@ -341,6 +375,11 @@ def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFra
         F.when(trace, _field("sampling_percent", _typed("$.sampling_percent", "double"))).alias("sampling_percent"),
         F.when(trace & ~F.col("_tpl") & ~F.col("_plain") & (F.size(attributes) > 0), F.to_json(attributes)).alias(
             "attributes"
+        ),
+        F.when(trace, _field("key_hash", _string("$.key_hash"))).alias("key_hash"),
+        *(
+            F.when(trace, F.coalesce(_field(flag, _typed(f"$.{flag}", "boolean")), F.lit(False))).alias(flag)
+            for flag in ("tombstone", "transactional", "read_uncommitted")
         ),
         F.when(trace, prev).alias("_prev"),
         F.when(F.col("_mark") & (F.size(entries) > 0), entries).alias("received"),

@@ -46,7 +46,8 @@ TRACE, MARK, MALFORMED, VERDICT, STATS = "trace", "mark", "malformed", "verdict"
 INPUT_SCHEMA = (
     "bucket int, kind string, message_id string, stream string, location string, cluster string, type string, "
     "timestamp_ms long, topic string, partition int, offset long, `group` string, emitter_id string, "
-    "emitter_seq long, sampling_percent double, attributes string, hop int, prev_offsets string, received string, "
+    "emitter_seq long, sampling_percent double, attributes string, key_hash string, tombstone boolean, "
+    "transactional boolean, read_uncommitted boolean, hop int, prev_offsets string, received string, "
     "raw_value binary, source_topic string, source_partition int, source_offset long, kafka_timestamp_ms long"
 )
 # what leaves it: the input's columns, and the verdicts' and the stats' own

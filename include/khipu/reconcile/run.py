@@ -39,6 +39,7 @@ from khipu.kafka.records import record_headers
 from khipu.reconcile.window import ReconcileWindow, changes_for, judge_lead, rejudge
 from khipu.registry.model import Registry
 from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
+from khipu.trace.archive import spark_schema as archive_spark_schema
 from khipu.trace.model import Trace, trace_from_columns
 from khipu.tracing.headers import trace_context
 from khipu.verdicts.archive import COLUMNS as ARCHIVED_COLUMNS
@@ -172,7 +173,8 @@ def reconcile(
         progress(f"no archived traces in hours {hours[0]} .. {hours[-1]}: nothing to reconcile")
         return ReconcileReport(window, dry_run, seconds=time.monotonic() - started)
     traces = (
-        spark.read.option("basePath", str(archive_dir))
+        spark.read.schema(archive_spark_schema())
+        .option("basePath", str(archive_dir))
         .parquet(*[str(archive_dir / f"hour={h}") for h in existing])
         .where(F.col("timestamp_ms") < max(window.read_to_ms, now_ms))
     )

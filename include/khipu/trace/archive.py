@@ -59,8 +59,21 @@ SCHEMA = pa.schema(
         ("sampling_percent", pa.float64()),
         ("attributes", pa.string()),
         ("prev_offsets", pa.list_(pa.int64())),
+        # format version 3 (null in what was archived before it: no key hash, every flag false)
+        ("key_hash", pa.string()),
+        ("tombstone", pa.bool_()),
+        ("transactional", pa.bool_()),
+        ("read_uncommitted", pa.bool_()),
     ]
 )
+
+
+def spark_schema() -> str:
+    """:data:`SCHEMA` as a Spark DDL schema: the archive read with it whatever its older files hold (a column a
+    file lacks reads as null)."""
+    names = {"string": "string", "int32": "int", "int64": "bigint", "bool": "boolean", "double": "double"}
+    types = {**names, "list<item: int64>": "array<bigint>"}
+    return ", ".join(f"`{field.name}` {types[str(field.type)]}" for field in SCHEMA)
 
 
 def write_batch(archive_dir: Path, batch_id: int, traces: pa.Table) -> list[str]:

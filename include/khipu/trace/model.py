@@ -38,7 +38,9 @@ class EmitterMark(NamedTuple):
 class Trace(NamedTuple):
     """One knot on the cord: a traced message seen at one hop.
 
-    ``group`` is the consumer group for RECEIVED traces and ``None`` for SENT traces.
+    ``group`` is the consumer group for RECEIVED traces and ``None`` for SENT traces. ``timestamp_ms`` is,
+    for a SENT trace, the record's own timestamp from the broker's acknowledgement (CreateTime or
+    LogAppendTime, as the topic keeps it), and for a RECEIVED trace when the consumer got the record.
     ``emitter_id`` + ``emitter_seq`` number every trace an emitter produced, so a gap in the
     sequence tells a lost trace apart from a lost message. A RECEIVED trace points back, with
     ``prev_offsets``, to the emitter's previous few RECEIVED traces on the same partition (newest
@@ -63,25 +65,37 @@ class Trace(NamedTuple):
     sampling_percent: float
     attributes: Mapping[str, str] = NO_ATTRIBUTES
     prev_offsets: tuple[int, ...] = ()  # RECEIVED: offsets of this emitter's previous RECEIVED traces here
+    # version 3: what Kafka's own semantics need of the record (docs/trace-format.md)
+    key_hash: str | None = None  # SENT: the short hash of the record's key (trace.keys.key_hash), None: no key
+    tombstone: bool = False  # SENT: the record's value is null (a delete marker on a compacted topic)
+    transactional: bool = False  # SENT: written by a transactional producer (its transaction may abort)
+    read_uncommitted: bool = False  # RECEIVED: the group reads with isolation.level=read_uncommitted
 
 
 def trace_from_columns(values: Mapping[str, Any]) -> Trace:
-    """A trace from the detector's decoded columns (a Spark row as a mapping; ``attributes`` as JSON text)."""
+    """A trace from decoded columns (a Spark row, an Arrow or pandas row as a mapping; ``attributes`` as JSON
+    text; the version-3 columns may be absent or null, as in what was archived before them)."""
     raw = values.get("attributes")
     attributes = json.loads(raw) if isinstance(raw, str) and raw else NO_ATTRIBUTES
+    group = values.get("group")
+    key_hash = values.get("key_hash")
     return Trace(
-        values["message_id"],
-        values["stream"],
-        values["location"],
-        values["cluster"],
+        str(values["message_id"]),
+        str(values["stream"]),
+        str(values["location"]),
+        str(values["cluster"]),
         TraceType(values["type"]),
         int(values["timestamp_ms"]),
-        values["topic"],
+        str(values["topic"]),
         int(values["partition"]),
         int(values["offset"]),
-        values["group"],
-        values["emitter_id"],
+        group if isinstance(group, str) else None,  # None, or pandas' NaN for a missing group
+        str(values["emitter_id"]),
         int(values["emitter_seq"]),
         float(values["sampling_percent"]),
         attributes,
+        key_hash=key_hash if isinstance(key_hash, str) else None,
+        tombstone=values.get("tombstone") is True,
+        transactional=values.get("transactional") is True,
+        read_uncommitted=values.get("read_uncommitted") is True,
     )

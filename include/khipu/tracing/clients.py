@@ -4,7 +4,10 @@
     consumer = TracedConsumer(conf, emitter=emitter)
 
 The producer assigns (or takes) a message id, decides sampling from the id, carries the id in
-record headers and emits a SENT trace only from a successful delivery report. The consumer
+record headers and emits a SENT trace only from a successful delivery report, stamped with the record's
+own timestamp and saying what Kafka's transactions and compaction need: the short hash of its key,
+whether its value is null, whether the producer is transactional (its transactions work unchanged:
+``init_transactions`` .. ``commit_transaction`` / ``abort_transaction`` are the client's own). The consumer
 emits a RECEIVED trace for every traced record that ``poll``/``consume`` returns, and flushes
 pending traces before committing offsets (Inca lost traces on restarts without this).
 """
@@ -16,8 +19,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, Producer, TopicPartition
 
+from khipu.trace.keys import key_hash
 from khipu.trace.sampling import SAMPLING_BUCKETS, MessageIds, sampling_bucket, sampling_threshold
 from khipu.tracing.config import TracingConfigError
 from khipu.tracing.emitter import TraceEmitter
@@ -73,6 +77,7 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
         self._cut = self._threshold / SAMPLING_BUCKETS if stream is not None else -1.0
         self._random = random.Random().random
         self._cluster = cluster or emitter.config.cluster
+        self._transactional = bool(config.get("transactional.id"))  # its SENT traces say so: a transaction may abort
         self._ids = MessageIds()
         self._constant_headers: list[tuple[str, bytes]] = (
             []
@@ -173,12 +178,17 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
     def _traced_callback(
         self, context: TraceContext, attributes: Mapping[str, str] | None, user_callback: DeliveryCallback | None
     ) -> DeliveryCallback:
-        emit_sent, cluster = self._emitter.emit_sent, self._cluster
+        emit_sent, cluster, transactional = self._emitter.emit_sent, self._cluster, self._transactional
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
             if err is None and topic is not None and partition is not None and offset is not None:
-                emit_sent(context, cluster, topic, partition, offset, attributes)
+                kind, stamped = msg.timestamp()  # the record's CreateTime, or the broker's LogAppendTime
+                emit_sent(
+                    context, cluster, topic, partition, offset, attributes,
+                    timestamp_ms=stamped if kind != TIMESTAMP_NOT_AVAILABLE else None,
+                    key_hash=key_hash(msg.key()), tombstone=msg.value() is None, transactional=transactional,
+                )  # fmt: skip
             if user_callback is not None:
                 user_callback(err, msg)
 
@@ -227,6 +237,8 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
         self._emitter = emitter
         self._group = group
         self._cluster = cluster or emitter.config.cluster
+        # librdkafka reads read_committed unless told otherwise (the Java client's default is read_uncommitted)
+        self._read_uncommitted = config.get("isolation.level") == "read_uncommitted"
         # per partition: the offsets passed over since the last record handed to the application [from, to)
         self._passed: dict[tuple[str, int], tuple[int, int]] = {}
         self._committed_to: dict[tuple[str, int], int] = {}  # per partition: the application's last explicit commit
@@ -306,5 +318,8 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
         context = trace_context(headers) if headers else None
         if context is not None and topic is not None and partition is not None and offset is not None:
             attributes = mark.as_attributes() if mark is not None else None
-            self._emitter.emit_received(context, self._cluster, topic, partition, offset, self._group, attributes)
+            self._emitter.emit_received(
+                context, self._cluster, topic, partition, offset, self._group, attributes,
+                read_uncommitted=self._read_uncommitted,
+            )  # fmt: skip
         return True

@@ -103,9 +103,20 @@ class TraceEmitter:
         partition: int,
         offset: int,
         attributes: Mapping[str, str] | None = None,
+        *,
+        timestamp_ms: int | None = None,
+        key_hash: str | None = None,
+        tombstone: bool = False,
+        transactional: bool = False,
     ) -> None:
-        """Record that the broker acknowledged a traced write."""
-        self._emit(context, TraceType.SENT, cluster, topic, partition, offset, None, attributes)
+        """Record that the broker acknowledged a traced write: ``timestamp_ms`` is the record's own timestamp from
+        the acknowledgement (None: not known, the emitter's clock stands in), ``key_hash`` the short hash of its
+        key (:func:`khipu.trace.keys.key_hash`), ``tombstone`` a null value, ``transactional`` written by a
+        transactional producer."""
+        self._emit(
+            context, TraceType.SENT, cluster, topic, partition, offset, None, attributes,
+            timestamp_ms, key_hash, tombstone, transactional,
+        )  # fmt: skip
 
     def emit_received(
         self,
@@ -116,9 +127,15 @@ class TraceEmitter:
         offset: int,
         group: str,
         attributes: Mapping[str, str] | None = None,
+        *,
+        read_uncommitted: bool = False,
     ) -> None:
-        """Record that consumer group ``group`` received a traced record (``attributes``: a resent record's mark)."""
-        self._emit(context, TraceType.RECEIVED, cluster, topic, partition, offset, group, attributes)
+        """Record that consumer group ``group`` received a traced record (``attributes``: a resent record's mark;
+        ``read_uncommitted``: the group reads with isolation.level=read_uncommitted)."""
+        self._emit(
+            context, TraceType.RECEIVED, cluster, topic, partition, offset, group, attributes,
+            read_uncommitted=read_uncommitted,
+        )  # fmt: skip
 
     def flush_before_commit(self) -> None:
         """Give pending traces a bounded chance to be delivered before offsets are committed.
@@ -196,6 +213,11 @@ class TraceEmitter:
         offset: int,
         group: str | None,
         attributes: Mapping[str, str] | None,
+        timestamp_ms: int | None = None,
+        key_hash: str | None = None,
+        tombstone: bool = False,
+        transactional: bool = False,
+        read_uncommitted: bool = False,
     ) -> None:
         seq = next(self._seq)
         prev_offsets: tuple[int, ...] = ()
@@ -212,7 +234,7 @@ class TraceEmitter:
                     self._location,
                     cluster,
                     trace_type,
-                    self._clock_ms(),
+                    self._clock_ms() if timestamp_ms is None else timestamp_ms,
                     topic,
                     partition,
                     offset,
@@ -222,6 +244,10 @@ class TraceEmitter:
                     context.sampling_percent,
                     attributes or NO_ATTRIBUTES,
                     prev_offsets,
+                    key_hash,
+                    tombstone,
+                    transactional,
+                    read_uncommitted,
                 )
             )
         except Exception as exc:  # tracing must never crash the application it observes

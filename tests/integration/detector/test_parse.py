@@ -107,6 +107,9 @@ def test_every_trace_field_comes_out_of_the_jvm_as_the_codec_reads_it(spark: Any
         sent_trace(),
         sent_trace(type=TraceType.RECEIVED, group="enricher", attributes={}, prev_offsets=(40, 39, 37)),
         sent_trace(message_id="ünïcode-✓", sampling_percent=100.0, offset=0, partition=0, attributes={"a": "é"}),
+        sent_trace(message_id="v3", attributes={}, key_hash="0123456789abcdef", tombstone=True, transactional=True),
+        sent_trace(message_id="v3", type=TraceType.RECEIVED, group="g", attributes={}, read_uncommitted=True),
+        sent_trace(message_id="v3a", key_hash="fedcba9876543210", attributes={"a": "b"}),  # the variant's way
     ]
     parsed = parse_traces(kafka_rows(spark, [encode_trace(t) for t in traces]), STREAMS)
     rows = {(r.message_id, r.type): r for r in valid(parsed, with_pointers=True).collect()}
@@ -133,6 +136,12 @@ def test_every_trace_field_comes_out_of_the_jvm_as_the_codec_reads_it(spark: Any
         assert row.sampling_percent == decoded.sampling_percent
         assert (json.loads(row.attributes) if row.attributes else {}) == dict(decoded.attributes)
         assert tuple(row.prev_offsets or ()) == decoded.prev_offsets
+        assert (row.key_hash, row.tombstone, row.transactional, row.read_uncommitted) == (
+            decoded.key_hash,
+            decoded.tombstone,
+            decoded.transactional,
+            decoded.read_uncommitted,
+        )
 
 
 def templated(**raw: str) -> bytes:
@@ -210,6 +219,32 @@ PARITY: list[bytes | None] = [
     templated(sampling_percent="100.5"),
     templated(prev_offsets="[" + ",".join(map(str, range(17))) + "]"),
     templated(location='"' + "l" * 250 + '"'),
+    # version 3: valid, with and without its fields, and each of its rules broken
+    json.dumps(record(key_hash="0123456789abcdef", tombstone=True, transactional=True)).encode(),
+    json.dumps(record(type="RECEIVED", group="g", read_uncommitted=True)).encode(),
+    json.dumps(record(key_hash=None, tombstone=False, read_uncommitted=False)).encode(),
+    json.dumps(record(type="RECEIVED", group="g", transactional=False)).encode(),
+    json.dumps(record(v=2, tombstone=True)).encode(),  # a version-2 trace has no version-3 field
+    json.dumps(record(key_hash="ABCDEF0123456789")).encode(),
+    json.dumps(record(key_hash="0123456789abcde")).encode(),
+    json.dumps(record(key_hash=7)).encode(),
+    json.dumps(record(tombstone="true")).encode(),
+    json.dumps(record(type="RECEIVED", group="g", key_hash="0123456789abcdef")).encode(),
+    json.dumps(record(type="RECEIVED", group="g", transactional=True)).encode(),
+    json.dumps(record(read_uncommitted=True)).encode(),
+    *(
+        encode_trace(trace)  # the encoder's template, its version-3 tail valid and broken
+        for trace in (
+            sent_trace(attributes={}, key_hash="0123456789abcdef", tombstone=True, transactional=True),
+            sent_trace(attributes={}, transactional=True),
+            sent_trace(attributes={}, type=TraceType.RECEIVED, group="g", read_uncommitted=True),
+            sent_trace(attributes={}, key_hash="ABCDEF0123456789"),
+            sent_trace(attributes={}, read_uncommitted=True),
+            sent_trace(attributes={}, type=TraceType.RECEIVED, group="g", key_hash="0123456789abcdef"),
+            sent_trace(attributes={}, type=TraceType.RECEIVED, group="g", tombstone=True),
+            sent_trace(attributes={}, type=TraceType.RECEIVED, group="g", transactional=True),
+        )
+    ),
     b'"a string"',
     b"",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -9,6 +10,7 @@ import pytest
 
 from khipu.trace import MAX_TRACE_BYTES, Trace, TraceDecodeError, TraceType, decode_trace, encode_trace
 from khipu.trace.codec import TRACE_FORMAT_VERSION, decode_record, encode_mark
+from khipu.trace.keys import key_hash
 from khipu.trace.model import EmitterMark
 
 
@@ -57,7 +59,35 @@ def test_encoded_trace_decodes_to_an_equal_trace(trace: Trace) -> None:
 
 
 def test_encoding_carries_the_format_version() -> None:
-    assert json.loads(encode_trace(sent_trace()))["v"] == TRACE_FORMAT_VERSION == 2
+    assert json.loads(encode_trace(sent_trace()))["v"] == TRACE_FORMAT_VERSION == 3
+
+
+def test_version_3_fields_round_trip_and_are_written_only_when_they_say_something() -> None:
+    traced = sent_trace(key_hash=key_hash(b"customer-42"), tombstone=True, transactional=True)
+    assert decode_trace(encode_trace(traced)) == traced
+    received = sent_trace(type=TraceType.RECEIVED, group="sink", attributes={}, read_uncommitted=True)
+    assert decode_trace(encode_trace(received)) == received
+    plain = json.loads(encode_trace(sent_trace()))
+    assert not set(plain) & {"key_hash", "tombstone", "transactional", "read_uncommitted"}
+    written = json.loads(encode_trace(traced))
+    assert (written["key_hash"], written["tombstone"], written["transactional"]) == (
+        hashlib.sha256(b"customer-42").hexdigest()[:16],
+        True,
+        True,
+    )
+
+
+def test_a_key_hash_is_the_first_8_bytes_of_the_keys_sha256() -> None:
+    assert key_hash(b"customer-42") == hashlib.sha256(b"customer-42").hexdigest()[:16]
+    assert key_hash("customer-42") == key_hash(b"customer-42")  # a str key is its UTF-8 bytes
+    assert key_hash(None) is None and key_hash(b"") == hashlib.sha256(b"").hexdigest()[:16]
+
+
+def test_a_version_2_trace_still_decodes_with_no_version_3_fields() -> None:
+    version_2 = {**record(), "v": 2}
+    assert decode_trace(raw(version_2)) == sent_trace()
+    explicit_false = record(tombstone=False, transactional=False)
+    assert decode_trace(raw(explicit_false)) == sent_trace()
 
 
 def test_a_version_1_trace_still_decodes_without_a_back_pointer() -> None:
@@ -110,7 +140,7 @@ MALFORMED = [
     # 3. JSON, but an array rather than an object
     (b"[1, 2]", "<record>", "expected a JSON object"),
     # 4. a future format version this decoder does not know
-    (raw(record(v=3)), "v", "unsupported format version 3"),
+    (raw(record(v=4)), "v", "unsupported format version 4"),
     # 5. a field the version does not define
     (raw(record(colour="red")), "colour", "unknown field"),
     # 6. required field missing
@@ -157,6 +187,20 @@ MALFORMED = [
     (raw(record())[:-1] + b', "offset": 42}', "offset", "appears more than once"),
     # 25. NaN is not a JSON number (Python's json would read it)
     (raw(record()).replace(b"12.5", b"NaN"), "<record>", "NaN is not a JSON number"),
+    # 26. version 2 has no key hash (nor any version-3 field)
+    (raw(record(v=2, key_hash="0123456789abcdef")), "key_hash", "unknown field in format version 2"),
+    # 27. a key hash is 16 lowercase hex digits, never the key
+    (raw(record(key_hash="customer-42")), "key_hash", "16 lowercase hex digits"),
+    # 28. ... and only a SENT trace has one (the record's key is the writer's)
+    (raw(record(type="RECEIVED", group="g", key_hash="0123456789abcdef")), "key_hash", "only SENT traces"),
+    # 29. flags are JSON booleans
+    (raw(record(transactional="yes")), "transactional", "expected true or false"),
+    # 30. a consumer does not write a tombstone
+    (raw(record(type="RECEIVED", group="g", tombstone=True)), "tombstone", "only SENT traces"),
+    # 31. ... nor write transactionally
+    (raw(record(type="RECEIVED", group="g", transactional=True)), "transactional", "only SENT traces"),
+    # 32. a producer has no isolation level
+    (raw(record(read_uncommitted=True)), "read_uncommitted", "only RECEIVED traces"),
 ]
 
 
