@@ -39,7 +39,9 @@ from khipu.detector.model import (
     CommittedLookup,
     DetectorConfig,
     PointerLookup,
+    RecordLookup,
     RemovalLookup,
+    nothing_asked,
     nothing_pointed_at,
     nothing_removed,
 )
@@ -146,6 +148,7 @@ class Lookups:
     pointed_at: PointerLookup = nothing_pointed_at
     removed: RemovalLookup = nothing_removed
     read_to: Callable[[int], int | None] | None = None  # given the batch's time: how far the trace topic is read
+    record: RecordLookup = nothing_asked  # a record's fate in its log: its transaction's outcome, compaction
 
 
 @dataclass(frozen=True)
@@ -453,6 +456,18 @@ class BucketJudge:
         partition[m, t] = column("partition")
         offset = np.full((n, topics), NONE, dtype=np.int64)
         offset[m, t] = column("offset")
+
+        def flag(name: str) -> np.ndarray:
+            return np.asarray(traces.column(name).fill_null(False).to_numpy(zero_copy_only=False))[rows].astype(bool)
+
+        sent = ~np.asarray(plan.is_read, dtype=bool)[h]
+        transactional = np.zeros((n, topics), dtype=bool)
+        transactional[m[sent], t[sent]] = flag("transactional")[sent]
+        read_uncommitted = flag("read_uncommitted")
+        uncommitted = np.zeros((n, hops), dtype=bool)
+        uncommitted[m[~sent], h[~sent]] = read_uncommitted[~sent]
+        committed_read = np.zeros((n, topics), dtype=bool)
+        committed_read[m[~sent & ~read_uncommitted], t[~sent & ~read_uncommitted]] = True
         memo = np.frombuffer(b"".join(messages.memo[mine]), dtype=np.int64).reshape(n, hops).copy()
         done_before = ((messages.emitted[mine][:, None] >> np.arange(hops, dtype=np.int64)) & 1).astype(bool)
         first_seen = messages.first_seen_ms[mine].astype(np.int64)
@@ -477,8 +492,9 @@ class BucketJudge:
                 if start is not None:
                     log_start[unread[partition[unread, topic] == value], hop_number] = start
         return CleanGrid(
-            present, ts, has_position, partition, offset, first_seen, memo, done_before, committed, log_start
-        )
+            present, ts, has_position, partition, offset, first_seen, memo, done_before, committed, log_start,
+            transactional, committed_read, uncommitted,
+        )  # fmt: skip
 
     def _delivered(
         self,
@@ -530,6 +546,7 @@ class BucketJudge:
         decision = decide(
             str(messages.ids[position]), plan.stream, traces, lookups.committed, memo,
             int(messages.first_seen_ms[position]), now_ms, self.config, lookups.pointed_at, read_to, lookups.removed,
+            lookups.record,
         )  # fmt: skip
         emitted = int(messages.emitted[position])
         reported = {plan.hops[i].id for i in range(plan.size) if emitted >> i & 1}

@@ -13,10 +13,12 @@ a grid of messages x hops:
 - a topic with no trace, which a processor that wrote the message on must have read, is *implied*;
   its read hops settle ``grace_ms`` after the message was first seen.
 
-Whenever those rules would say anything but DELIVERED — a read hop settled without its receive (LOST or
-TRACE_LOST), a write hop judged without its SENT (TRACE_LOST), a processor's input settled while an
-output shows nothing (LOST, dropped), an implied read hop settled (TRACE_LOST), an unread record that
-may have left the log, the maximum wait reached (PENDING) — the message is *out of the domain* here and
+Whenever those rules would say anything but DELIVERED — a read hop settled without its receive (LOST,
+TRACE_LOST, ABORTED or SUPERSEDED), a write hop judged without its SENT (TRACE_LOST), a processor's input
+settled while an output shows nothing (LOST, dropped), an implied read hop settled (TRACE_LOST), an unread
+record that may have left the log, the maximum wait reached (PENDING) — or whenever they would ask the log
+about a transaction (a transactional write no read_committed receipt proves committed, a read_uncommitted
+receipt of a transactional record: it may be ABORTED) — the message is *out of the domain* here and
 ``decide`` judges it, from then on. Inside the domain this module gives exactly ``decide``'s answer:
 the same DELIVERED verdicts (with their latencies), the same hops still open, the same memo of when
 each group was first seen past the message. ``tests/unit/detector/test_clean.py`` proves it on the
@@ -55,6 +57,9 @@ class CleanGrid:
     emitted: Bools  # (n, H) the hop's verdict was emitted before
     committed: Ints  # (n, H) read hops on a topic with a position: the group's committed offset there
     log_start: Ints  # (n, H) read hops on a topic with a position: the partition's log start
+    transactional: Bools  # (n, T) the message's SENT trace on the topic says a transactional producer wrote it
+    committed_read: Bools  # (n, T) a read_committed group's receipt on the topic (proof its transaction committed)
+    uncommitted: Bools  # (n, H) read hops: the receipt is a read_uncommitted group's
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,8 @@ def judge_clean(plan: RoutePlan, grid: CleanGrid, now_ms: int, clock_ms: int, co
         seen = memo[:, hop]
         settled_here = passed & (clock_ms - seen >= grace)
         out |= settled_here & ~present[:, hop]  # settled without its receive: LOST or TRACE_LOST
+        # a read_uncommitted receipt of a transactional record: whether it committed is the log's to say
+        out |= settled_here & present[:, hop] & grid.uncommitted[:, hop] & grid.transactional[:, topic]
         arrived = _arrived_past(plan, hop, present, has_position, implied)
         settled_implied = implied[:, topic] & arrived & (clock_ms >= first_seen + grace)
         out |= settled_implied  # TRACE_LOST: no trace on the topic at all
@@ -128,6 +135,8 @@ def judge_clean(plan: RoutePlan, grid: CleanGrid, now_ms: int, clock_ms: int, co
             blocked |= open_hops[:, blocker]
         judged = reached[:, topic] & ~blocked
         out |= judged & ~present[:, hop]  # judged without its SENT: TRACE_LOST
+        # a transactional write no read_committed receipt proves committed: the log is asked (it may have aborted)
+        out |= judged & present[:, hop] & grid.transactional[:, topic] & ~grid.committed_read[:, topic]
         deliver[:, hop] = judged & present[:, hop]
         open_hops[:, hop] = reached[:, topic] & blocked
 

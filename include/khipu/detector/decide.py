@@ -48,8 +48,12 @@ from khipu.detector.model import (
     CommittedLookup,
     DetectorConfig,
     PointerLookup,
+    RecordFate,
+    RecordLookup,
+    RecordState,
     Removal,
     RemovalLookup,
+    nothing_asked,
     nothing_pointed_at,
     nothing_removed,
     removal_cause,
@@ -60,6 +64,10 @@ from khipu.tracing.headers import ATTRIBUTE_RESEND_HOP, ATTRIBUTE_RESEND_ID
 from khipu.verdicts.model import RECEIPT_KINDS, Cause, Verdict, VerdictKind
 
 Position = tuple[int, int]  # (partition, offset)
+# A hop waiting on a transaction Kafka has not decided yet waits this long past the maximum wait before it is
+# PENDING: Kafka's own bound on a transaction (the broker's default transaction.max.timeout.ms), so a slow commit
+# never shows as PENDING, and a hanging transaction still leaves the detector's state.
+OPEN_TRANSACTION_WAIT_MS = 900_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +85,7 @@ class Lookups:
     committed: CommittedLookup
     pointed_at: PointerLookup = nothing_pointed_at
     removed: RemovalLookup = nothing_removed
+    record: RecordLookup = nothing_asked
 
 
 # -- the evidence: a message's traces, by hop and by position ---------------------------------------------
@@ -90,6 +99,9 @@ class Evidence:
     targeted: Mapping[Hop, Mapping[Position, int | None]] = field(default_factory=dict)  # resent for one group
     resent: Mapping[str, tuple[Trace, ...]] = field(default_factory=dict)  # lost hop id -> its resend's traces
     resent_at: Mapping[TopicRef, frozenset[Position]] = field(default_factory=dict)  # positions of resent records
+    sent_at: Mapping[TopicRef, Mapping[Position, Trace]] = field(default_factory=dict)  # the SENT trace there
+    # positions a read_committed group received: such a receipt proves the record's transaction committed
+    committed_reads: Mapping[TopicRef, frozenset[Position]] = field(default_factory=dict)
 
     def written_on(self, topic: TopicRef) -> bool:
         """The message is on ``topic`` at a position its route wrote (not only as Khipu's resend)."""
@@ -119,6 +131,8 @@ def gather(traces: Sequence[Trace]) -> Evidence:
     targeted: dict[Hop, dict[Position, int | None]] = {}
     resent: dict[str, list[Trace]] = {}
     resent_at: dict[TopicRef, set[Position]] = {}
+    sent_at: dict[TopicRef, dict[Position, Trace]] = {}
+    committed_reads: dict[TopicRef, set[Position]] = {}
     for trace in sorted(traces, key=lambda t: (t.timestamp_ms, t.emitter_id, t.emitter_seq)):
         hop = Hop.of_trace(trace)
         position = (trace.partition, trace.offset)
@@ -126,8 +140,11 @@ def gather(traces: Sequence[Trace]) -> Evidence:
             at = positions.setdefault(hop.topic, {})
             sent.setdefault(hop, []).append(trace)
             at[position] = trace.timestamp_ms if at.get(position) is None else at[position]
+            sent_at.setdefault(hop.topic, {}).setdefault(position, trace)
             continue
         received.setdefault(hop, []).append(trace)
+        if not trace.read_uncommitted:
+            committed_reads.setdefault(hop.topic, set()).add(position)
         resend = resend_of(trace)
         if resend is not None:
             resent.setdefault(resend[1], []).append(trace)
@@ -141,6 +158,8 @@ def gather(traces: Sequence[Trace]) -> Evidence:
         targeted,
         {hop: tuple(ts) for hop, ts in resent.items()},
         {topic: frozenset(at) for topic, at in resent_at.items()},
+        sent_at,
+        {topic: frozenset(at) for topic, at in committed_reads.items()},
     )
 
 
@@ -159,11 +178,36 @@ class Moment:
     first_seen_ms: int
     implied: tuple[TopicRef, ...]  # topics the message evidently passed with no trace there
     source_sent_ms: int | None
+    fates: dict[tuple[TopicRef, Position], RecordFate] = field(default_factory=dict)  # asked once per evaluation
 
     @property
     def timed_out(self) -> bool:
         """Past the maximum wait: what is open goes PENDING; write hops are judged on the SENT there is."""
         return self.clock_ms - self.first_seen_ms >= self.config.max_wait_ms
+
+    @property
+    def transaction_timed_out(self) -> bool:
+        """Past the maximum wait and Kafka's own bound on a transaction: a hop waiting on one goes PENDING."""
+        return self.clock_ms - self.first_seen_ms >= self.config.max_wait_ms + OPEN_TRANSACTION_WAIT_MS
+
+    def fate(self, topic: TopicRef, position: Position) -> RecordFate:
+        """The record at a position of the message, as its log tells it (asked of the cluster once per evaluation;
+        with the key hash of the SENT trace there, to look for a later record of its key)."""
+        key = (topic, position)
+        if key not in self.fates:
+            sent = self.evidence.sent_at.get(topic, {}).get(position)
+            key_hash = sent.key_hash if sent is not None else None
+            self.fates[key] = self.lookups.record(topic.cluster, topic.topic, position[0], position[1], key_hash)
+        return self.fates[key]
+
+    def transaction_outcome(self, topic: TopicRef, position: Position) -> RecordState:
+        """VISIBLE, ABORTED or OPEN for a record written in a transaction (VISIBLE for any other): a read_committed
+        receipt proves the commit; otherwise the log is asked (UNKNOWN: it could not say)."""
+        sent = self.evidence.sent_at.get(topic, {}).get(position)
+        if sent is None or not sent.transactional or position in self.evidence.committed_reads.get(topic, ()):
+            return RecordState.VISIBLE
+        state = self.fate(topic, position).state
+        return state if state in (RecordState.ABORTED, RecordState.OPEN, RecordState.UNKNOWN) else RecordState.VISIBLE
 
     @property
     def overdue(self) -> bool:
@@ -327,6 +371,10 @@ class ReadFacts:
     pointed: Position | None  # a position the group's location says it received (pointer or mark)
     removal: Removal | None  # the record at ``at`` left the log before the group read it
     timed_out: bool
+    fate: RecordFate | None = None  # no receipt: the record at ``at`` as its log tells it
+    receipts_aborted: bool = False  # every receipt was of a record whose transaction aborted (read_uncommitted)
+    reprocessed: bool = False  # read again by an exactly-once processor that wrote each output once
+    waits_on_transaction: bool = False  # open while Kafka has not decided a transaction it depends on
 
     @property
     def reads_per_position(self) -> Mapping[Position, int]:
@@ -336,14 +384,56 @@ class ReadFacts:
         return counts
 
 
+def uncommitted_receipts(moment: Moment, hop: Hop) -> list[RecordState]:
+    """The transaction outcome of each position a read_uncommitted group received (it may read a record whose
+    transaction later aborts, or has not ended)."""
+    receives = moment.evidence.received.get(hop, ())
+    positions = {(t.partition, t.offset) for t in receives if t.read_uncommitted}
+    return [moment.transaction_outcome(hop.topic, position) for position in sorted(positions)]
+
+
+def reprocessing(moment: Moment, hop: Hop) -> RecordState | None:
+    """A processor that reads its input again is reprocessing after an aborted transaction (exactly-once: its
+    offsets commit with its output) when every write of the message it made was transactional and each output
+    holds it at most once: VISIBLE then, OPEN while one of its transactions is undecided, None otherwise."""
+    route = moment.stream.route
+    processor = route.reader(hop.topic, hop.group or "")
+    if processor is None or not processor.is_processor:
+        return None
+    writes = [(out, moment.evidence.sent.get(Hop.write(processor.location, out), ())) for out in processor.writes]
+    sents = [t for _, traces in writes for t in traces]
+    if not sents or not all(t.transactional for t in sents):
+        return None
+    outcomes = {
+        out: [moment.transaction_outcome(out, (t.partition, t.offset)) for t in traces] for out, traces in writes
+    }
+    if any(o in (RecordState.OPEN, RecordState.UNKNOWN) for found in outcomes.values() for o in found):
+        return RecordState.OPEN
+    once = all(sum(o is RecordState.VISIBLE for o in found) <= 1 for found in outcomes.values())
+    return RecordState.VISIBLE if once else None
+
+
 def read_facts(moment: Moment, hop: Hop, progress: ReadProgress) -> ReadFacts:
     assert hop.group is not None
     positions = moment.evidence.positions_for(hop)
     receives = moment.evidence.received.get(hop, ())
     at = (receives[0].partition, receives[0].offset) if receives else min(positions) if positions else None
     arrived = arrived_past(moment, hop)
-    pointed = removal = None  # asked of the world only when the rules before them do not already hold
-    if progress.settled and not receives and not arrived and at is not None:
+    settled, timed_out = progress.settled, moment.timed_out
+    # a read_uncommitted receipt proves nothing of its transaction: the log says whether it committed
+    outcomes = uncommitted_receipts(moment, hop) if settled or timed_out else []
+    read_twice = bool(receives) and len(receives) > len({(t.partition, t.offset) for t in receives})
+    again = reprocessing(moment, hop) if read_twice and (settled or timed_out) else None
+    undecided = any(o in (RecordState.OPEN, RecordState.UNKNOWN) for o in outcomes) or again is RecordState.OPEN
+    if not settled and timed_out and at is not None and not receives:  # a read_committed group held at the LSO?
+        undecided = moment.transaction_outcome(hop.topic, at) is RecordState.OPEN
+    if undecided:  # waiting on Kafka to decide a transaction: not late, and Kafka bounds the wait
+        settled, timed_out = False, moment.transaction_timed_out
+    receipts_aborted = (
+        bool(outcomes) and all(t.read_uncommitted for t in receives) and all(o is RecordState.ABORTED for o in outcomes)
+    )
+    pointed = removal = fate = None  # asked of the world only when the rules before them do not already hold
+    if settled and not receives and not arrived and at is not None:
         location = moment.stream.route.location_of(hop.group)
         if location is not None:
             pointed = next(
@@ -355,13 +445,15 @@ def read_facts(moment: Moment, hop: Hop, progress: ReadProgress) -> ReadFacts:
                 None,
             )
         if pointed is None:
+            fate = moment.fate(hop.topic, at)
             removal = progress.removals.get(at) or moment.lookups.removed(
                 hop.topic.cluster, hop.group, hop.topic.topic, *at
             )
     resent_here = moment.evidence.resent.get(hop.id, ())
     return ReadFacts(
-        hop, progress.settled, receives, positions, at, arrived, resent_here, pointed, removal, moment.timed_out
-    )
+        hop, settled, receives, positions, at, arrived, resent_here, pointed, removal, timed_out,
+        fate, receipts_aborted, again is RecordState.VISIBLE, undecided,
+    )  # fmt: skip
 
 
 def read_resend_arrived(facts: ReadFacts) -> bool:
@@ -379,6 +471,15 @@ def read_open(facts: ReadFacts) -> bool:
 def no_trace_on_topic(facts: ReadFacts) -> bool:
     """Implied: no trace shows the message on the topic, a processor reading it wrote it on."""
     return facts.at is None
+
+
+def received_only_aborted(facts: ReadFacts) -> bool:
+    """A read_uncommitted group received the message, but every record it got was of a transaction that aborted."""
+    return facts.receipts_aborted
+
+
+def reread_by_exactly_once_processor(facts: ReadFacts) -> bool:
+    return facts.reprocessed
 
 
 def received_once(facts: ReadFacts) -> bool:
@@ -399,6 +500,21 @@ def later_hop_shows_arrival(facts: ReadFacts) -> bool:
 
 def group_points_at_it(facts: ReadFacts) -> bool:
     return not facts.receives and facts.pointed is not None
+
+
+def written_in_aborted_transaction(facts: ReadFacts) -> bool:
+    """Never received, and its log says its transaction aborted: no read_committed group ever sees it."""
+    return not facts.receives and facts.fate is not None and facts.fate.state is RecordState.ABORTED
+
+
+def compacted_away(facts: ReadFacts) -> bool:
+    """Never received, and log compaction removed it (a later record of its key supersedes it): gone from the
+    middle of a compacted topic's log, or below the log start of a compact,delete topic whose log still holds a
+    later record of its key."""
+    fate = facts.fate
+    if facts.receives or fate is None:
+        return False
+    return fate.state is RecordState.COMPACTED or (fate.state is RecordState.GONE and fate.later_of_key is not None)
 
 
 def removed_before_read(facts: ReadFacts) -> bool:
@@ -442,6 +558,56 @@ def _duplicate_read(cause: Cause, detail: Callable[[ReadFacts], str]) -> Callabl
         )
 
     return build
+
+
+def _aborted_receipt(moment: Moment, facts: ReadFacts) -> Verdict:
+    return verdict(
+        moment,
+        facts.hop,
+        kind=VerdictKind.ABORTED,
+        count=len(facts.receives),
+        at=facts.at,
+        trace=facts.receives[0],
+        detail=f"group {facts.hop.group} reads uncommitted and received offset {facts.at[1] if facts.at else '?'}, "
+        "but its transaction aborted: for read_committed readers it never existed",
+    )
+
+
+def _aborted_unread(moment: Moment, facts: ReadFacts) -> Verdict:
+    assert facts.at is not None and facts.fate is not None
+    return verdict(
+        moment,
+        facts.hop,
+        kind=VerdictKind.ABORTED,
+        at=facts.at,
+        detail=f"offset {facts.at[1]} was written in a transaction that aborted: group {facts.hop.group} reads "
+        f"committed records only and was never to see it ({facts.fate.detail})",
+    )
+
+
+def _superseded(moment: Moment, facts: ReadFacts) -> Verdict:
+    assert facts.at is not None and facts.fate is not None
+    fate, offset = facts.fate, facts.at[1]
+    sent = moment.evidence.sent_at.get(facts.hop.topic, {}).get(facts.at)
+    if fate.state is RecordState.GONE:
+        why = f"retention removed offset {offset}, and offset {fate.later_of_key} holds a later record of its key"
+    elif fate.later_of_key is not None:
+        why = f"log compaction removed offset {offset}: offset {fate.later_of_key} holds a later record of its key"
+    elif sent is not None and sent.tombstone:
+        why = f"offset {offset} was a tombstone; compaction removes tombstones once delete.retention.ms has passed"
+    else:
+        why = (
+            f"log compaction removed offset {offset}; no record of its key is left either: the later one was a "
+            "tombstone, itself removed after delete.retention.ms"
+        )
+    return verdict(
+        moment,
+        facts.hop,
+        kind=VerdictKind.SUPERSEDED,
+        cause=Cause.COMPACTED,
+        at=facts.at,
+        detail=f"{why}; group {facts.hop.group} reads the topic's latest value per key, as compaction promises",
+    )
 
 
 def _trace_lost_implied(moment: Moment, facts: ReadFacts) -> Verdict:
@@ -541,6 +707,14 @@ READ_RULES: tuple[ReadRule, ...] = (
     (read_open_past_max_wait, _pending),
     (read_open, _wait),
     (no_trace_on_topic, _trace_lost_implied),
+    (received_only_aborted, _aborted_receipt),
+    (
+        reread_by_exactly_once_processor,
+        _duplicate_read(
+            Cause.REPROCESSED_AFTER_ABORT,
+            lambda f: "read again after an aborted transaction: its output was written once (exactly once)",
+        ),
+    ),
     (received_once, _delivered),
     (same_offset_read_twice, _duplicate_read(Cause.REWIND_REPLAY, lambda f: "the same offset was read more than once")),
     (
@@ -549,6 +723,8 @@ READ_RULES: tuple[ReadRule, ...] = (
     ),
     (later_hop_shows_arrival, _trace_lost_arrived),
     (group_points_at_it, _trace_lost_pointed),
+    (written_in_aborted_transaction, _aborted_unread),
+    (compacted_away, _superseded),
     (removed_before_read, _lost_removed),
     (never_received, _lost_skipped),
 )
@@ -572,10 +748,16 @@ class WriteFacts:
     inputs_reached: tuple[Hop, ...]  # a processor's input read hops that got the message
     resent: tuple[Trace, ...]  # the RECEIVED traces of Khipu's resend for a loss at this hop
     timed_out: bool
+    aborted: frozenset[Position] = frozenset()  # written positions whose transaction aborted
 
     @property
     def written_offsets(self) -> frozenset[Position]:
-        return frozenset((t.partition, t.offset) for t in self.sents)
+        """Where the message was written for its readers to see: every SENT position but the aborted ones."""
+        return frozenset((t.partition, t.offset) for t in self.sents) - self.aborted
+
+    @property
+    def visible_sents(self) -> tuple[Trace, ...]:
+        return tuple(t for t in self.sents if (t.partition, t.offset) not in self.aborted)
 
 
 def processor_inputs(moment: Moment, hop: Hop) -> list[Hop]:
@@ -591,12 +773,30 @@ def write_blocked(moment: Moment, hop: Hop, read_settled: Mapping[Hop, bool]) ->
     return not all(read_settled.get(h, True) for h in [*readers, *processor_inputs(moment, hop)])
 
 
-def write_facts(moment: Moment, hop: Hop, read_settled: Mapping[Hop, bool], reached: set[Hop]) -> WriteFacts:
+def write_facts(
+    moment: Moment, hop: Hop, read_settled: Mapping[Hop, bool], reached: set[Hop], on_transaction: set[Hop]
+) -> WriteFacts:
+    """``on_transaction``: the read hops open only because Kafka has not decided a transaction yet; a write hop they
+    hold back waits as long as they do."""
     evidence = moment.evidence
     inputs = processor_inputs(moment, hop)
     reads = tuple(t for h in inputs for t in evidence.received.get(h, ()))
     sents = evidence.sent.get(hop, ())
-    settled = not write_blocked(moment, hop, read_settled) or (moment.timed_out and bool(sents))
+    blocked = write_blocked(moment, hop, read_settled)
+    held_by_transaction = blocked and any(
+        h in on_transaction
+        for h in [*(Hop.read(hop.topic, c.group) for c in moment.stream.route.readers_of(hop.topic)), *inputs]
+    )
+    timed_out = moment.transaction_timed_out if held_by_transaction else moment.timed_out
+    settled = not blocked or (timed_out and bool(sents))
+    aborted: set[Position] = set()
+    if settled:  # a transactional write is judged on its transaction's outcome, once Kafka has one
+        outcomes = {
+            (t.partition, t.offset): moment.transaction_outcome(hop.topic, (t.partition, t.offset)) for t in sents
+        }
+        aborted = {position for position, outcome in outcomes.items() if outcome is RecordState.ABORTED}
+        if any(o in (RecordState.OPEN, RecordState.UNKNOWN) for o in outcomes.values()):
+            settled, timed_out = False, moment.transaction_timed_out
     return WriteFacts(
         hop,
         settled,
@@ -606,7 +806,8 @@ def write_facts(moment: Moment, hop: Hop, read_settled: Mapping[Hop, bool], reac
         reads,
         tuple(h for h in inputs if h in reached),
         evidence.resent.get(hop.id, ()),
-        moment.timed_out,
+        timed_out,
+        frozenset(aborted),
     )
 
 
@@ -632,6 +833,10 @@ def never_sent(facts: WriteFacts) -> bool:
     return not facts.sents
 
 
+def every_write_aborted(facts: WriteFacts) -> bool:
+    return not facts.written_offsets
+
+
 def written_once(facts: WriteFacts) -> bool:
     return len(facts.written_offsets) == 1
 
@@ -646,8 +851,26 @@ def written_several_times(facts: WriteFacts) -> bool:
 
 
 def _write_latency(facts: WriteFacts) -> int | None:
-    """From the processor's first receive to its first write (none for a producer)."""
-    return facts.sents[0].timestamp_ms - facts.input_reads[0].timestamp_ms if facts.input_reads else None
+    """From the processor's first receive to its first write its readers see (none for a producer)."""
+    return facts.visible_sents[0].timestamp_ms - facts.input_reads[0].timestamp_ms if facts.input_reads else None
+
+
+def _aborted_attempts(facts: WriteFacts) -> str:
+    return f"; {len(facts.aborted)} earlier attempt(s) in aborted transactions" if facts.aborted else ""
+
+
+def _aborted_write(moment: Moment, facts: WriteFacts) -> Verdict:
+    first = facts.sents[0]
+    where = ", ".join(str(offset) for _, offset in sorted(facts.aborted))
+    return verdict(
+        moment,
+        facts.hop,
+        kind=VerdictKind.ABORTED,
+        count=len(facts.aborted),
+        at=(first.partition, first.offset),
+        trace=first,
+        detail=f"written at offset {where} in a transaction that aborted: read_committed readers never see it",
+    )
 
 
 def _lost_dropped(moment: Moment, facts: WriteFacts) -> Verdict:
@@ -676,7 +899,7 @@ def _trace_lost_write(moment: Moment, facts: WriteFacts) -> Verdict:
 
 
 def _written(moment: Moment, facts: WriteFacts) -> Verdict:
-    first = facts.sents[0]
+    first = facts.visible_sents[0]
     return verdict(
         moment,
         facts.hop,
@@ -685,13 +908,13 @@ def _written(moment: Moment, facts: WriteFacts) -> Verdict:
         at=(first.partition, first.offset),
         trace=first,
         latency_ms=_write_latency(facts),
-        detail="written once",
+        detail=f"written once{_aborted_attempts(facts)}",
     )
 
 
 def _duplicate_write(cause: Cause) -> Callable[[Moment, WriteFacts], Verdict]:
     def build(moment: Moment, facts: WriteFacts) -> Verdict:
-        first = facts.sents[0]
+        first = facts.visible_sents[0]
         return verdict(
             moment,
             facts.hop,
@@ -701,7 +924,7 @@ def _duplicate_write(cause: Cause) -> Callable[[Moment, WriteFacts], Verdict]:
             at=(first.partition, first.offset),
             trace=first,
             latency_ms=_write_latency(facts),
-            detail=f"written at {len(facts.written_offsets)} offsets",
+            detail=f"written at {len(facts.written_offsets)} offsets{_aborted_attempts(facts)}",
         )
 
     return build
@@ -716,6 +939,7 @@ WRITE_RULES: tuple[WriteRule, ...] = (
     (write_open, _wait),
     (got_it_and_wrote_nothing, _lost_dropped),
     (never_sent, _trace_lost_write),
+    (every_write_aborted, _aborted_write),
     (written_once, _written),
     (processor_reread_input, _duplicate_write(Cause.REWIND_REPLAY)),
     (written_several_times, _duplicate_write(Cause.PRODUCER_RETRY)),
@@ -778,6 +1002,7 @@ def decide(
     pointed_at: PointerLookup = nothing_pointed_at,
     read_to_ms: int | None = None,
     removed: RemovalLookup = nothing_removed,
+    record: RecordLookup = nothing_asked,
 ) -> Decision:
     """Judge every hop the message reached (see the module doc).
 
@@ -785,7 +1010,9 @@ def decide(
     up to it). Grace and maximum wait run on ``min(now_ms, read_to_ms)``: a detector behind on the
     trace topic sees committed offsets ahead of the traces it has read, and must not conclude
     from traces it has not read yet. ``removed`` says whether a record left its log before a group
-    got to it (expiry or truncation; see :class:`khipu.detector.model.Removal`).
+    got to it (expiry or truncation; see :class:`khipu.detector.model.Removal`); ``record`` what the log says of
+    the record at a position (its transaction's outcome, or compaction: :class:`khipu.detector.model.RecordFate`),
+    asked only where the traces cannot tell.
     """
     evidence = gather(traces)
     sources = [t for hop, ts in evidence.sent.items() if stream.route.is_source(hop) for t in ts]
@@ -793,7 +1020,7 @@ def decide(
         message_id=message_id,
         stream=stream,
         evidence=evidence,
-        lookups=Lookups(committed, pointed_at, removed),
+        lookups=Lookups(committed, pointed_at, removed, record),
         config=config,
         now_ms=now_ms,
         clock_ms=now_ms if read_to_ms is None else min(now_ms, read_to_ms),
@@ -807,13 +1034,18 @@ def decide(
     # new entries go first; the caller's memo (only read) may answer any key
     memo: ChainMap[str, int] = ChainMap({}, cast(MutableMapping[str, int], passed_at))
     read_settled: dict[Hop, bool] = {}
+    on_transaction: set[Hop] = set()
 
     for hop in read_hops_reached(moment):
         progress = read_progress(moment, hop, memo)
         memo.update(progress.passed_at)
-        read_settled[hop] = progress.settled
+        facts = read_facts(moment, hop, progress)
+        read_settled[hop] = facts.settled
         checks.extend(progress.next_check_ms)
-        found = judge_read(moment, read_facts(moment, hop, progress))
+        if facts.waits_on_transaction:
+            on_transaction.add(hop)
+            checks.append(moment.now_ms + config.recheck_ms)
+        found = judge_read(moment, facts)
         if found is None:
             open_hops.append(hop)
         else:
@@ -821,7 +1053,7 @@ def decide(
 
     reached = {hop for hop, v in judged.items() if v.kind in RECEIPT_KINDS or v.kind is VerdictKind.RESENT}
     for hop in write_hops_reached(moment, read_settled, reached):
-        found = judge_write(moment, write_facts(moment, hop, read_settled, reached))
+        found = judge_write(moment, write_facts(moment, hop, read_settled, reached, on_transaction))
         if found is None:
             open_hops.append(hop)
         else:

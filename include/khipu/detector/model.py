@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 from khipu.errors import InvalidSetting
 from khipu.verdicts.model import Cause
@@ -102,3 +103,36 @@ PointerLookup = Callable[[str, str, str, int, int], bool]
 
 def nothing_pointed_at(location: str, cluster: str, topic: str, partition: int, offset: int) -> bool:
     return False
+
+
+class RecordState(StrEnum):
+    """What the log says of the record at a position, as a consumer of either isolation level would find it."""
+
+    VISIBLE = "visible"  # in the log, and read_committed readers see it (committed, or written without a transaction)
+    ABORTED = "aborted"  # in the log, written in a transaction that aborted: only read_uncommitted readers see it
+    OPEN = "open"  # at or past the partition's last stable offset: its transaction is not decided yet
+    COMPACTED = "compacted"  # gone from a compacted topic's log though the log starts before it: the cleaner took it
+    GONE = "gone"  # below the partition's log start (retention, DeleteRecords): see Removal
+    UNKNOWN = "unknown"  # not asked, or the cluster could not answer
+
+
+@dataclass(frozen=True, slots=True)
+class RecordFate:
+    """The record at a position, as its log tells it. ``later_of_key``: on a compacted topic, the offset of a later
+    record of the same key still in the log (None: none there, or not looked for). ``detail``: how it was told."""
+
+    state: RecordState
+    later_of_key: int | None = None
+    compacted_topic: bool = False  # the topic's cleanup.policy includes compact
+    detail: str = ""
+
+
+UNKNOWN_FATE = RecordFate(RecordState.UNKNOWN, detail="not asked")
+
+# record_fate(cluster, topic, partition, offset, key_hash) -> the record's fate in its log (key_hash: the SENT
+# trace's, to look for a later record of the same key)
+RecordLookup = Callable[[str, str, int, int, str | None], RecordFate]
+
+
+def nothing_asked(cluster: str, topic: str, partition: int, offset: int, key_hash: str | None) -> RecordFate:
+    return UNKNOWN_FATE

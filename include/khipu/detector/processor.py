@@ -34,7 +34,9 @@ from khipu.detector.model import (
     CommittedLookup,
     DetectorConfig,
     PointerLookup,
+    RecordLookup,
     RemovalLookup,
+    nothing_asked,
     nothing_pointed_at,
     nothing_removed,
 )
@@ -73,6 +75,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
         removed: RemovalLookup = nothing_removed,
         log_start: LogStartLookup | None = None,
         earlier_routes: Mapping[str, RouteIds] | None = None,
+        record: RecordLookup = nothing_asked,
     ) -> None:
         self.registry, self.config = registry, config
         self.lookups = Lookups(
@@ -81,6 +84,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
             pointed_at=pointed_at,
             removed=removed,
             read_to=read_to,
+            record=record,
         )
         self.judge = BucketJudge(RoutePlans.of(registry), config, earlier_routes)
 

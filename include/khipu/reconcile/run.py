@@ -357,7 +357,7 @@ def _pointer_lookup(pointed: set[tuple[str, str, str, int, int]], lookups: Looku
             return True
         return lookups.pointed_at(location, cluster, topic, partition, offset)
 
-    return Lookups(lookups.committed, pointed_at, lookups.removed)
+    return Lookups(lookups.committed, pointed_at, lookups.removed, lookups.record)
 
 
 def kafka_record_namer(connections: Mapping[str, KafkaConnection]) -> RecordNamer:

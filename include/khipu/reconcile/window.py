@@ -207,6 +207,7 @@ def rejudge(
         lookups.pointed_at,
         read_to_ms=max(window.read_to_ms, now_ms),
         removed=lookups.removed,
+        record=lookups.record,
     )
     return tuple(replace(v, decided_by=Judge.RECONCILIATION.value, first_seen_ms=first_seen) for v in decision.verdicts)
 

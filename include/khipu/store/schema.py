@@ -190,6 +190,9 @@ verdict_metrics = Table(
     Column("pending", Integer, nullable=False),
     Column("confirmed_lost", Integer, nullable=False, server_default="0"),
     Column("retracted", Integer, nullable=False, server_default="0"),
+    Column("aborted", Integer, nullable=False, server_default="0"),  # a transaction aborted: Kafka's own semantics
+    Column("superseded", Integer, nullable=False, server_default="0"),  # compacted behind a later record of its key
+    Column("reprocessed", Integer, nullable=False, server_default="0"),  # a duplicate not counted (exactly-once)
     Column("false_loss_rate", Float),  # retracted / provisional LOST (LOST + CONFIRMED_LOST + RETRACTED); null: none
     Column("loss_rate", Float, nullable=False),
     Column("duplicate_rate", Float, nullable=False),
@@ -197,6 +200,7 @@ verdict_metrics = Table(
     Column("latency_p95_ms", BigInteger),
     Column("latency_p99_ms", BigInteger),
     Column("latency_histogram", Text),  # JSON {"bucket": count}; null: a minute stored before migration 0008
+    Column("skew_histogram", Text),  # JSON {"bucket": count} of latencies clock skew made impossible; null: none
     Index("ix_verdict_metrics_time", "minute_ms"),
 )
 
@@ -216,7 +220,11 @@ verdict_metric_parts = Table(
     Column("pending", Integer, nullable=False),
     Column("confirmed_lost", Integer, nullable=False),
     Column("retracted", Integer, nullable=False),
+    Column("aborted", Integer, nullable=False, server_default="0"),
+    Column("superseded", Integer, nullable=False, server_default="0"),
+    Column("reprocessed", Integer, nullable=False, server_default="0"),
     Column("latency_histogram", Text, nullable=False),  # JSON {"bucket": count}
+    Column("skew_histogram", Text),  # JSON {"bucket": count}; null: none
     Index("ix_verdict_metric_parts_part", "part"),
 )
 

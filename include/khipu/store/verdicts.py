@@ -47,7 +47,10 @@ VERDICT_COLUMNS = (
     "evidence_kind",
     "late_evidence",
 )
-COUNT_COLUMNS = ("delivered", "lost", "duplicate", "trace_lost", "pending", "confirmed_lost", "retracted")
+COUNT_COLUMNS = (
+    "delivered", "lost", "duplicate", "trace_lost", "pending", "confirmed_lost", "retracted", "aborted", "superseded",
+    "reprocessed",
+)  # fmt: skip
 MINUTE_COLUMNS = ("stream", "hop", "minute_ms")
 CHANGES_PART = "changes"  # the part store_changes adds every change of a stored verdict to
 CHUNK = 500  # ids (or minutes) per IN (...) query
@@ -76,7 +79,15 @@ class MinuteCountsLike(Protocol):
     @property
     def retracted(self) -> int: ...
     @property
+    def aborted(self) -> int: ...
+    @property
+    def superseded(self) -> int: ...
+    @property
+    def reprocessed(self) -> int: ...
+    @property
     def latency_histogram(self) -> Mapping[int, int]: ...
+    @property
+    def skew_histogram(self) -> Mapping[int, int]: ...
 
 
 class MetricsLike(Protocol):
@@ -111,13 +122,19 @@ class MinuteTotals:
     pending: int = 0
     confirmed_lost: int = 0
     retracted: int = 0
+    aborted: int = 0
+    superseded: int = 0
+    reprocessed: int = 0
     latency_histogram: Mapping[int, int] = field(default_factory=dict)  # bucket -> latencies; no zero entries
+    skew_histogram: Mapping[int, int] = field(default_factory=dict)  # bucket -> impossible latencies
 
     @classmethod
     def of_row(cls, row: Any) -> MinuteTotals:
-        """The totals of a stored part or metric row (its count columns and histogram text)."""
+        """The totals of a stored part or metric row (its count columns and histograms' text)."""
         return totals_of(
-            [int(getattr(row, name) or 0) for name in COUNT_COLUMNS], histogram_of_text(row.latency_histogram).items()
+            [int(getattr(row, name) or 0) for name in COUNT_COLUMNS],
+            histogram_of_text(row.latency_histogram).items(),
+            histogram_of_text(getattr(row, "skew_histogram", None)).items(),
         )
 
     @property
@@ -128,23 +145,33 @@ class MinuteTotals:
     @property
     def empty(self) -> bool:
         """Nothing counted: no verdict, no latency (a part of nothing, a change that moved nothing)."""
-        return self.no_verdicts and not self.latency_histogram
+        return self.no_verdicts and not self.latency_histogram and not self.skew_histogram
 
 
-def totals_of(counts: Sequence[int], histogram: Iterable[tuple[int, int]]) -> MinuteTotals:
-    """Totals of counts in :data:`COUNT_COLUMNS` order and histogram entries (added up per bucket, zeros dropped)."""
+def _summed(entries: Iterable[tuple[int, int]]) -> dict[int, int]:
     summed: Counter[int] = Counter()
-    for bucket, count in histogram:
+    for bucket, count in entries:
         summed[int(bucket)] += int(count)
-    entries = {bucket: summed[bucket] for bucket in sorted(summed) if summed[bucket]}
-    delivered, lost, duplicate, trace_lost, pending, confirmed_lost, retracted = (int(count) for count in counts)
-    return MinuteTotals(delivered, lost, duplicate, trace_lost, pending, confirmed_lost, retracted, entries)
+    return {bucket: summed[bucket] for bucket in sorted(summed) if summed[bucket]}
+
+
+def totals_of(
+    counts: Sequence[int], histogram: Iterable[tuple[int, int]], skews: Iterable[tuple[int, int]] = ()
+) -> MinuteTotals:
+    """Totals of counts in :data:`COUNT_COLUMNS` order and histograms' entries (added up per bucket, zeros
+    dropped)."""
+    values = dict(zip(COUNT_COLUMNS, (int(count) for count in counts), strict=True))
+    return MinuteTotals(**values, latency_histogram=_summed(histogram), skew_histogram=_summed(skews))
 
 
 def added(first: MinuteCountsLike, second: MinuteCountsLike) -> MinuteTotals:
     """The sum of two counts: column by column, bucket by bucket."""
     counts = [a + b for a, b in zip(_counts(first), _counts(second), strict=True)]
-    return totals_of(counts, [*first.latency_histogram.items(), *second.latency_histogram.items()])
+    return totals_of(
+        counts,
+        [*first.latency_histogram.items(), *second.latency_histogram.items()],
+        [*first.skew_histogram.items(), *second.skew_histogram.items()],
+    )
 
 
 def histogram_text(histogram: Mapping[int, int]) -> str:
@@ -434,7 +461,7 @@ def _minutes(counts: Mapping[MinuteOf, MinuteCountsLike]) -> dict[Minute, Minute
 
 
 def _totals(counts: MinuteCountsLike) -> MinuteTotals:
-    return totals_of(_counts(counts), counts.latency_histogram.items())
+    return totals_of(_counts(counts), counts.latency_histogram.items(), counts.skew_histogram.items())
 
 
 def _minute_columns(table: Any) -> list[Any]:
@@ -448,6 +475,7 @@ def _part_values(minute: Minute, part: str, counts: MinuteCountsLike) -> dict[st
         "part": part,
         **dict(zip(COUNT_COLUMNS, _counts(totals), strict=True)),
         "latency_histogram": histogram_text(totals.latency_histogram),
+        "skew_histogram": histogram_text(totals.skew_histogram),
     }
 
 
@@ -516,6 +544,7 @@ def _metric_values(minute: Minute, totals: MinuteTotals, figures: MetricsLike) -
         "latency_p95_ms": figures.latency_p95_ms,
         "latency_p99_ms": figures.latency_p99_ms,
         "latency_histogram": histogram_text(totals.latency_histogram),
+        "skew_histogram": histogram_text(totals.skew_histogram),
     }
 
 

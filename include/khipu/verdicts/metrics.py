@@ -15,6 +15,13 @@ them and no one reads a minute's verdicts back:
 Latencies are counted per bucket (:func:`latency_bucket`): exact up to 1 s, three significant digits
 above, so a minute's histogram stays small however many verdicts it has and the percentiles are exact
 where latencies are small (off by less than 1 % above a second).
+
+**Kafka working as designed is counted apart.** ABORTED (a transaction that aborted) and SUPERSEDED (a record
+compaction removed behind a later one of its key) are neither losses nor deliveries: they have counts of
+their own and are in no rate's denominator. A DUPLICATE caused by an exactly-once processor reprocessing
+after an aborted transaction is counted as ``reprocessed``, not in the duplicate rate (its output was
+written once). **A latency clock skew makes impossible** (negative: received before it was written, written
+on before it was read) is not a latency: it goes to the skew histogram, never into the percentiles.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from khipu.verdicts.model import VerdictKind
+from khipu.verdicts.model import NOT_COUNTED_DUPLICATES, VerdictKind
 
 MINUTE_MS = 60_000
 COUNTED = (
@@ -39,14 +46,20 @@ COUNTED = (
     VerdictKind.PENDING,
     VerdictKind.CONFIRMED_LOST,
     VerdictKind.RETRACTED,
-)  # every kind a stored verdict has; the rates are shares of these
+    VerdictKind.ABORTED,
+    VerdictKind.SUPERSEDED,
+)  # every kind a stored verdict has
 # a resent or unrecoverable loss was a confirmed loss all the same: its minute's loss rate does not change
 COUNTED_AS = {VerdictKind.RESENT: VerdictKind.CONFIRMED_LOST, VerdictKind.UNRECOVERABLE: VerdictKind.CONFIRMED_LOST}
-COUNT_NAMES = tuple(kind.value.lower() for kind in COUNTED)  # MinuteCounts' fields and the stored count columns
+REPROCESSED = "reprocessed"  # the count of a DUPLICATE whose cause is not counted against the stream
+# MinuteCounts' fields and the stored count columns
+COUNT_NAMES = (*(kind.value.lower() for kind in COUNTED), REPROCESSED)
+APART = ("aborted", "superseded")  # Kafka working as designed: in no rate's denominator
 EXACT_UP_TO_MS = 1000  # latencies up to here keep their own bucket
 _COUNT_OF = {kind.value: kind.value.lower() for kind in COUNTED} | {
     kind.value: counted.value.lower() for kind, counted in COUNTED_AS.items()
 }  # a verdict kind -> the count it adds to
+_NOT_COUNTED = frozenset(cause.value for cause in NOT_COUNTED_DUPLICATES)
 _DECADES = 10 ** np.arange(3, 19, dtype=np.int64)  # 1e3 .. 1e18: each one reached drops one more digit
 _SCALES = 10 ** np.arange(0, 17, dtype=np.int64)
 
@@ -56,6 +69,8 @@ class Outcome(Protocol):
 
     @property
     def verdict(self) -> str: ...
+    @property
+    def cause(self) -> str | None: ...
     @property
     def latency_ms(self) -> int | None: ...
 
@@ -78,7 +93,15 @@ class CountsLike(Protocol):
     @property
     def retracted(self) -> int: ...
     @property
+    def aborted(self) -> int: ...
+    @property
+    def superseded(self) -> int: ...
+    @property
+    def reprocessed(self) -> int: ...
+    @property
     def latency_histogram(self) -> Mapping[int, int]: ...
+    @property
+    def skew_histogram(self) -> Mapping[int, int]: ...
 
 
 class MinuteKey(NamedTuple):
@@ -104,12 +127,17 @@ class MinuteMetrics:
     pending: int
     confirmed_lost: int
     retracted: int
+    aborted: int
+    superseded: int
+    reprocessed: int
     false_loss_rate: float | None  # retracted / provisional LOST (lost + confirmed + retracted); None: no loss said
-    loss_rate: float  # (lost + confirmed lost) / verdicts counted (0 when none)
-    duplicate_rate: float
+    loss_rate: float  # (lost + confirmed lost) / judged (every verdict but ABORTED and SUPERSEDED; 0 when none)
+    duplicate_rate: float  # duplicate / judged (reprocessing after an abort is not a duplicate here)
     latency_p50_ms: int | None  # None: no verdict of the minute has a latency
     latency_p95_ms: int | None
     latency_p99_ms: int | None
+    skewed: int  # latencies clock skew made impossible (in no percentile)
+    skew_worst_ms: int | None  # the most impossible of them (negative), as its bucket
 
 
 def latency_bucket(ms: int) -> int:
@@ -151,41 +179,64 @@ class MinuteCounts:
     pending: int = 0
     confirmed_lost: int = 0
     retracted: int = 0
+    aborted: int = 0
+    superseded: int = 0
+    reprocessed: int = 0
     latency_histogram: Mapping[int, int] = field(default_factory=dict)  # latency_bucket -> latencies in it
+    skew_histogram: Mapping[int, int] = field(default_factory=dict)  # the same of impossible (negative) latencies
 
     def __post_init__(self) -> None:
-        histogram = dict(self.latency_histogram)  # its own copy: the value stays as it was made
-        if 0 in histogram.values():
-            histogram = {bucket: count for bucket, count in histogram.items() if count}
-        object.__setattr__(self, "latency_histogram", histogram)
+        for name in ("latency_histogram", "skew_histogram"):
+            histogram = dict(getattr(self, name))  # its own copy: the value stays as it was made
+            if 0 in histogram.values():
+                histogram = {bucket: count for bucket, count in histogram.items() if count}
+            object.__setattr__(self, name, histogram)
 
     @classmethod
     def of(cls, outcomes: Iterable[Outcome]) -> MinuteCounts:
-        """The counts of these verdicts (RESENT and UNRECOVERABLE count as confirmed losses)."""
+        """The counts of these verdicts (RESENT and UNRECOVERABLE count as confirmed losses; an impossible
+        latency counts as skew)."""
         counts: Counter[str] = Counter()
         latencies: Counter[int] = Counter()
+        skews: Counter[int] = Counter()
         for outcome in outcomes:
-            counts[count_name(outcome.verdict)] += 1
+            counts[count_name(outcome.verdict, outcome.cause)] += 1
             if outcome.latency_ms is not None:
-                latencies[latency_bucket(int(outcome.latency_ms))] += 1
-        return _made(counts, latencies)
+                bucket = latency_bucket(int(outcome.latency_ms))
+                (skews if bucket < 0 else latencies)[bucket] += 1
+        return _made(counts, latencies, skews)
 
     @classmethod
     def like(cls, counts: CountsLike) -> MinuteCounts:
         """The same counts as a :class:`MinuteCounts`."""
-        return _made({name: int(getattr(counts, name)) for name in COUNT_NAMES}, counts.latency_histogram)
+        values = {name: int(getattr(counts, name)) for name in COUNT_NAMES}
+        return _made(values, counts.latency_histogram, counts.skew_histogram)
 
     @classmethod
     def of_row(cls, row: Mapping[str, Any]) -> MinuteCounts:
         """The counts of a stored ``verdict_metrics`` or ``verdict_metric_parts`` row: its count columns and its
-        ``latency_histogram`` text (none in a minute stored before migration 0008: no latencies)."""
+        histograms' text (none in a minute stored before migration 0008: no latencies; 0010: no skew)."""
         counts = {name: int(row.get(name) or 0) for name in COUNT_NAMES}
-        return _made(counts, cls.histogram_of_json(row.get("latency_histogram")))
+        return _made(
+            counts,
+            cls.histogram_of_json(row.get("latency_histogram")),
+            cls.histogram_of_json(row.get("skew_histogram")),
+        )
 
     @property
     def verdicts(self) -> int:
-        """Every verdict counted (the rates' denominator)."""
+        """Every verdict counted."""
         return sum(getattr(self, name) for name in COUNT_NAMES)
+
+    @property
+    def judged(self) -> int:
+        """The verdicts the rates are shares of: all but Kafka's own semantics (ABORTED, SUPERSEDED)."""
+        return self.verdicts - sum(int(getattr(self, name)) for name in APART)
+
+    @property
+    def skewed(self) -> int:
+        """How many latencies clock skew made impossible."""
+        return sum(self.skew_histogram.values())
 
     @property
     def latency_count(self) -> int:
@@ -208,14 +259,26 @@ class MinuteCounts:
         return self._combined(other, -1)
 
     def _combined(self, other: CountsLike, sign: int) -> MinuteCounts:
-        histogram = Counter(self.latency_histogram)
-        for bucket, count in other.latency_histogram.items():
-            histogram[bucket] += sign * count
-        return _made({name: getattr(self, name) + sign * getattr(other, name) for name in COUNT_NAMES}, histogram)
+        histograms = []
+        for mine, theirs in (
+            (self.latency_histogram, other.latency_histogram),
+            (self.skew_histogram, other.skew_histogram),
+        ):
+            histogram = Counter(mine)
+            for bucket, count in theirs.items():
+                histogram[bucket] += sign * count
+            histograms.append(histogram)
+        counts = {name: getattr(self, name) + sign * getattr(other, name) for name in COUNT_NAMES}
+        return _made(counts, *histograms)
 
     def histogram_json(self) -> str:
-        """The histogram as compact JSON text, buckets in order: ``{"-3":1,"120":4,"12300":1}``."""
+        """The histogram as compact JSON text, buckets in order: ``{"3":1,"120":4,"12300":1}``."""
         entries = {str(bucket): self.latency_histogram[bucket] for bucket in sorted(self.latency_histogram)}
+        return json.dumps(entries, separators=(",", ":"))
+
+    def skew_json(self) -> str:
+        """The skew histogram as compact JSON text (:meth:`histogram_json`'s form)."""
+        entries = {str(bucket): self.skew_histogram[bucket] for bucket in sorted(self.skew_histogram)}
         return json.dumps(entries, separators=(",", ":"))
 
     @staticmethod
@@ -235,17 +298,14 @@ class MinuteCounts:
             ) from None
 
 
-def _made(counts: Mapping[str, int], histogram: Mapping[int, int]) -> MinuteCounts:
-    """A :class:`MinuteCounts` of counts by name (:data:`COUNT_NAMES`)."""
+def _made(
+    counts: Mapping[str, int], histogram: Mapping[int, int], skews: Mapping[int, int] | None = None
+) -> MinuteCounts:
+    """A :class:`MinuteCounts` of counts by name (:data:`COUNT_NAMES`; a name not given is 0)."""
     return MinuteCounts(
-        delivered=counts["delivered"],
-        lost=counts["lost"],
-        duplicate=counts["duplicate"],
-        trace_lost=counts["trace_lost"],
-        pending=counts["pending"],
-        confirmed_lost=counts["confirmed_lost"],
-        retracted=counts["retracted"],
+        **{name: int(counts.get(name, 0)) for name in COUNT_NAMES},
         latency_histogram=histogram,
+        skew_histogram=skews or {},
     )
 
 
@@ -257,8 +317,11 @@ def _histogram(entries: Iterable[tuple[int, int]]) -> dict[int, int]:
     return {bucket: summed[bucket] for bucket in sorted(summed) if summed[bucket]}
 
 
-def count_name(verdict: str) -> str:
-    """The count a verdict kind adds to (``"RESENT"`` -> ``"confirmed_lost"``)."""
+def count_name(verdict: str, cause: str | None = None) -> str:
+    """The count a verdict adds to (``"RESENT"`` -> ``"confirmed_lost"``; a DUPLICATE of a cause not counted
+    against the stream -> ``"reprocessed"``)."""
+    if verdict == VerdictKind.DUPLICATE.value and cause in _NOT_COUNTED:
+        return REPROCESSED
     try:
         return _COUNT_OF[verdict]
     except KeyError:
@@ -277,17 +340,19 @@ def minutes_touched(rows: Iterable[Mapping[str, Any]]) -> list[MinuteKey]:
 
 class _RowOutcome(NamedTuple):
     verdict: str
+    cause: str | None
     latency_ms: int | None
 
 
 def counts_by_minute(rows: Iterable[Mapping[str, Any]]) -> dict[MinuteKey, MinuteCounts]:
-    """The counts of verdict rows (``stream``, ``hop``, ``verdict``, ``decided_ms``, ``latency_ms``) per
-    (stream, hop, minute decided in). For a few rows; :func:`counts_by_minute_columns` for a batch."""
+    """The counts of verdict rows (``stream``, ``hop``, ``verdict``, ``cause``, ``decided_ms``, ``latency_ms``)
+    per (stream, hop, minute decided in). For a few rows; :func:`counts_by_minute_columns` for a batch."""
     grouped: dict[MinuteKey, list[_RowOutcome]] = {}
     for row in rows:
         key = MinuteKey(row["stream"], row["hop"], minute_of(int(row["decided_ms"])))
         latency = row.get("latency_ms")
-        grouped.setdefault(key, []).append(_RowOutcome(row["verdict"], None if latency is None else int(latency)))
+        outcome = _RowOutcome(row["verdict"], row.get("cause"), None if latency is None else int(latency))
+        grouped.setdefault(key, []).append(outcome)
     return {key: MinuteCounts.of(outcomes) for key, outcomes in sorted(grouped.items())}
 
 
@@ -297,45 +362,75 @@ def counts_by_minute_columns(
     verdict: npt.ArrayLike,
     decided_ms: npt.ArrayLike,
     latency_ms: npt.ArrayLike,
+    cause: npt.ArrayLike | None = None,
 ) -> dict[MinuteKey, MinuteCounts]:
     """:func:`counts_by_minute` of a batch given as columns (numpy arrays, pyarrow arrays, pandas series), with
     numpy: no Python loop per row, only one per (stream, hop, minute) of the batch. ``latency_ms`` marks a
-    verdict without a latency as null (None, NaN, a pyarrow null)."""
+    verdict without a latency as null (None, NaN, a pyarrow null); ``cause`` (None: no verdict has one) only
+    matters to a DUPLICATE."""
+    import pandas as pd  # here, not at the top: the readers of the metrics never load it
+
     stream_codes, streams = _codes(stream, "stream")
     hop_codes, hops = _codes(hop, "hop")
     kind_codes, kinds = _codes(verdict, "verdict")
+    no_cause = np.full(len(kind_codes), None, dtype=object)
+    cause_codes, causes = pd.factorize(no_cause if cause is None else np.asarray(cause, dtype=object))  # None: -1
     decided = np.asarray(decided_ms, dtype=np.int64)
     has_latency, latencies = _latencies(latency_ms)
     lengths = {"stream": len(stream_codes), "hop": len(hop_codes), "verdict": len(kind_codes),
-               "decided_ms": len(decided), "latency_ms": len(has_latency)}  # fmt: skip
+               "cause": len(cause_codes), "decided_ms": len(decided), "latency_ms": len(has_latency)}  # fmt: skip
     if len(set(lengths.values())) > 1:
         raise ValueError(f"the columns of a batch have one value per verdict; got lengths {lengths}")
+    # the count each distinct (verdict, cause) adds to, looked up once per pair
+    width_causes = len(causes) + 1
+    pairs, pair_of_row = np.unique(kind_codes * width_causes + cause_codes + 1, return_inverse=True)
+    pair_counts = [
+        COUNT_NAMES.index(
+            count_name(
+                str(kinds[pair // width_causes]), causes[pair % width_causes - 1] if pair % width_causes else None
+            )
+        )
+        for pair in pairs.tolist()
+    ]
+    counted = np.asarray(pair_counts, dtype=np.int64)[pair_of_row] if len(pairs) else np.zeros(0, dtype=np.int64)
     minutes, minute_codes = np.unique(decided // MINUTE_MS * MINUTE_MS, return_inverse=True)
-    counted = np.array([COUNT_NAMES.index(count_name(str(kind))) for kind in kinds], dtype=np.int64)[kind_codes]
     # one code per (stream, hop, minute) of the batch, and one row of counts per code
     groups, group_codes = np.unique(
         (stream_codes * len(hops) + hop_codes) * len(minutes) + minute_codes, return_inverse=True
     )
     width = len(COUNT_NAMES)
     counts = np.bincount(group_codes * width + counted, minlength=len(groups) * width).reshape(len(groups), width)
-    # the latencies sorted by (group, bucket): each run of equal pairs is one histogram entry
-    timed_groups, buckets = group_codes[has_latency], latency_buckets(latencies)
-    order = np.lexsort((buckets, timed_groups))
-    timed_groups, buckets = timed_groups[order], buckets[order]
-    run_starts = np.flatnonzero(
-        np.concatenate(([True], (timed_groups[1:] != timed_groups[:-1]) | (buckets[1:] != buckets[:-1])))
-    )[: len(order)]
-    entries = np.diff(np.append(run_starts, len(order)))
-    first_run = np.searchsorted(timed_groups[run_starts], np.arange(len(groups) + 1))
+    buckets = latency_buckets(latencies)
+    timed = group_codes[has_latency]
+    possible = _histograms(timed[buckets >= 0], buckets[buckets >= 0], len(groups))
+    impossible = _histograms(timed[buckets < 0], buckets[buckets < 0], len(groups))
     found: dict[MinuteKey, MinuteCounts] = {}
     for group, code in enumerate(groups.tolist()):
         stream_hop, minute = divmod(code, len(minutes))
         stream_code, hop_code = divmod(stream_hop, len(hops))
-        runs = slice(first_run[group], first_run[group + 1])
-        histogram = dict(zip(buckets[run_starts[runs]].tolist(), entries[runs].tolist(), strict=True))
         key = MinuteKey(str(streams[stream_code]), str(hops[hop_code]), int(minutes[minute]))
-        found[key] = _made(dict(zip(COUNT_NAMES, counts[group].tolist(), strict=True)), histogram)
+        found[key] = _made(
+            dict(zip(COUNT_NAMES, counts[group].tolist(), strict=True)), possible[group], impossible[group]
+        )
     return dict(sorted(found.items()))
+
+
+def _histograms(
+    group_codes: npt.NDArray[np.int64], buckets: npt.NDArray[np.int64], groups: int
+) -> list[dict[int, int]]:
+    """Per group, its latencies' histogram (bucket -> count), from each latency's group and bucket."""
+    order = np.lexsort((buckets, group_codes))
+    timed_groups, buckets = group_codes[order], buckets[order]
+    run_starts = np.flatnonzero(
+        np.concatenate(([True], (timed_groups[1:] != timed_groups[:-1]) | (buckets[1:] != buckets[:-1])))
+    )[: len(order)]
+    entries = np.diff(np.append(run_starts, len(order)))
+    first_run = np.searchsorted(timed_groups[run_starts], np.arange(groups + 1))
+    return [
+        dict(zip(buckets[run_starts[first_run[g] : first_run[g + 1]]].tolist(),
+                 entries[first_run[g] : first_run[g + 1]].tolist(), strict=True))
+        for g in range(groups)
+    ]  # fmt: skip
 
 
 def _codes(values: npt.ArrayLike, name: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.object_]]:
@@ -405,7 +500,7 @@ def metrics_of(key: tuple[str, str, int], counts: CountsLike) -> MinuteMetrics:
     :func:`percentile`; the value is the bucket's)."""
     stream, hop, minute_ms = key
     summed = MinuteCounts.like(counts)
-    judged = summed.verdicts or 1
+    judged = summed.judged or 1
     said_lost = summed.lost + summed.confirmed_lost + summed.retracted
     return MinuteMetrics(
         stream=stream,
@@ -418,12 +513,17 @@ def metrics_of(key: tuple[str, str, int], counts: CountsLike) -> MinuteMetrics:
         pending=summed.pending,
         confirmed_lost=summed.confirmed_lost,
         retracted=summed.retracted,
+        aborted=summed.aborted,
+        superseded=summed.superseded,
+        reprocessed=summed.reprocessed,
         false_loss_rate=summed.retracted / said_lost if said_lost else None,
         loss_rate=(summed.lost + summed.confirmed_lost) / judged,
         duplicate_rate=summed.duplicate / judged,
         latency_p50_ms=histogram_percentile(summed.latency_histogram, 0.50),
         latency_p95_ms=histogram_percentile(summed.latency_histogram, 0.95),
         latency_p99_ms=histogram_percentile(summed.latency_histogram, 0.99),
+        skewed=summed.skewed,
+        skew_worst_ms=min(summed.skew_histogram, default=None),
     )
 
 

@@ -21,10 +21,13 @@ class VerdictKind(StrEnum):
     RETRACTED = "RETRACTED"  # final: a LOST that later evidence contradicts (it says what the hop really got)
     RESENT = "RESENT"  # a confirmed loss Khipu resent, and the detector saw the resent copy arrive at the hop
     UNRECOVERABLE = "UNRECOVERABLE"  # a confirmed loss with no original left, or past resend.max_attempts
+    ABORTED = "ABORTED"  # final: written in a transaction that aborted; never visible to read_committed readers
+    SUPERSEDED = "SUPERSEDED"  # final: compaction removed it before the group read it; a later record of its key holds
 
 
 RESEND_KINDS = frozenset({VerdictKind.RESENT, VerdictKind.UNRECOVERABLE})  # the last states of a confirmed loss
-FINAL_KINDS = frozenset({VerdictKind.CONFIRMED_LOST, VerdictKind.RETRACTED, *RESEND_KINDS})
+KAFKA_SEMANTICS_KINDS = frozenset({VerdictKind.ABORTED, VerdictKind.SUPERSEDED})  # Kafka working as designed
+FINAL_KINDS = frozenset({VerdictKind.CONFIRMED_LOST, VerdictKind.RETRACTED, *RESEND_KINDS, *KAFKA_SEMANTICS_KINDS})
 LOSS_KINDS = frozenset({VerdictKind.LOST, VerdictKind.CONFIRMED_LOST})
 RECEIPT_KINDS = frozenset({VerdictKind.DELIVERED, VerdictKind.DUPLICATE, VerdictKind.TRACE_LOST})
 
@@ -36,6 +39,12 @@ class Cause(StrEnum):
     TRUNCATED = "truncated"  # removed from the log (DeleteRecords) before the group read it, younger than retention
     REWIND_REPLAY = "rewind_replay"  # the same offset read again
     PRODUCER_RETRY = "producer_retry"  # the same id written at two offsets
+    REPROCESSED_AFTER_ABORT = "reprocessed_after_abort"  # an exactly-once processor read it again after an abort
+    COMPACTED = "compacted"  # log compaction removed it: a later record of its key supersedes it
+
+
+# A duplicate of this cause is shown, but not counted against the stream: its output was written once
+NOT_COUNTED_DUPLICATES = frozenset({Cause.REPROCESSED_AFTER_ABORT})
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,10 @@ a DELIVERED write hop turned into a false TRACE_LOST, a duplicate never reported
   it). Never worse either: a PENDING never replaces a decided verdict, and a stored receipt (or a
   duplicate's count) is never turned into less by a read that lacks a trace the stored one saw.
 
+- **Kafka's own semantics are final.** ABORTED (a transaction that aborted) and SUPERSEDED (compacted behind
+  a later record of its key) are never undone: the record they are about may leave the log since, and a judge
+  that can no longer ask the log must not turn them into a loss. A provisional loss the full evidence shows to
+  be one of them becomes it (the history says it was not a loss).
 - **A resend closes a confirmed loss.** The detector's RESENT (the resent copy arrived) replaces a loss or
   an UNRECOVERABLE; the resend task's UNRECOVERABLE replaces a CONFIRMED_LOST. Reconciliation never
   turns either back into a loss: its window's traces predate the resend.
@@ -39,7 +43,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from khipu.verdicts.model import FINAL_KINDS, LOSS_KINDS, RECEIPT_KINDS, RESEND_KINDS, Cause, Verdict, VerdictKind
+from khipu.verdicts.model import (
+    FINAL_KINDS,
+    KAFKA_SEMANTICS_KINDS,
+    LOSS_KINDS,
+    RECEIPT_KINDS,
+    RESEND_KINDS,
+    Cause,
+    Verdict,
+    VerdictKind,
+)
 
 
 class Judge(StrEnum):
@@ -221,6 +234,22 @@ def resend_settled(stored: Verdict | None, judged: Verdict) -> bool:
     return stored is not None and stored.kind in RESEND_KINDS
 
 
+def kafka_semantics_settled(stored: Verdict | None, judged: Verdict) -> bool:
+    """ABORTED or SUPERSEDED stored: Kafka said so while the record was there to ask about."""
+    return stored is not None and stored.kind in KAFKA_SEMANTICS_KINDS
+
+
+def loss_explained_by_kafka(stored: Verdict | None, judged: Verdict) -> bool:
+    """A stored loss that all the evidence shows was an aborted transaction, or compaction."""
+    return judged.kind in KAFKA_SEMANTICS_KINDS and stored is not None and stored.kind in LOSS_KINDS
+
+
+def _not_a_loss(stored: Verdict | None, judged: Verdict) -> Change | None:
+    assert stored is not None
+    explained = _in_first_minute(stored, judged)
+    return Change(explained, f"not a loss: {judged.kind.value}: {judged.detail}")
+
+
 def judged_pending_over_decided(stored: Verdict | None, judged: Verdict) -> bool:
     return stored is not None and stored.kind is not VerdictKind.PENDING and judged.kind is VerdictKind.PENDING
 
@@ -265,6 +294,8 @@ def _confirm(stored: Verdict | None, judged: Verdict) -> Change | None:
 # A reconciliation judgement: the first rule that holds gives what to store.
 RECONCILIATION_RULES: tuple[Rule, ...] = (
     (resend_settled, _keep_decided),
+    (kafka_semantics_settled, _keep_decided),
+    (loss_explained_by_kafka, _not_a_loss),
     (judged_pending_over_decided, _keep_decided),
     (fewer_receipts_than_stored, _keep_decided),
     (still_missing, _confirm),

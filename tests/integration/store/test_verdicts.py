@@ -121,6 +121,30 @@ def test_a_replayed_batch_replaces_its_own_part_and_leaves_the_same_tables(store
     assert_minutes_are_the_sum_of_their_parts(store)
 
 
+def test_kafka_semantics_reprocessing_and_skew_are_stored_apart_and_outside_the_rates(store: Store) -> None:
+    """ABORTED, SUPERSEDED and a reprocessed duplicate have count columns of their own, an impossible latency
+    goes to the skew histogram: summed from parts like every count, and the rates and percentiles leave them out."""
+    batch = [
+        verdict("m1", "DELIVERED", 1_000, 10),
+        verdict("m2", "DELIVERED", 2_000, -30_412),  # received 30 s before it was written: clock skew
+        verdict("m3", "ABORTED", 3_000),
+        verdict("m4", "SUPERSEDED", 4_000, cause="compacted"),
+        verdict("m5", "DUPLICATE", 5_000, 20, cause="reprocessed_after_abort"),
+        verdict("m6", "LOST", 6_000, cause="skipped_by_consumer"),
+    ]
+    archive_batch(store, "detector:q1:9", batch[:3])
+    store_change(store, batch[3], None, None)
+    store_change(store, batch[4], None, None)
+    store_change(store, batch[5], None, None)
+    [minute] = store.verdicts.read_metrics()
+    counts = {name: minute[name] for name in ("delivered", "lost", "duplicate", "aborted", "superseded", "reprocessed")}
+    assert counts == {"delivered": 2, "lost": 1, "duplicate": 0, "aborted": 1, "superseded": 1, "reprocessed": 1}
+    assert minute["skew_histogram"] == '{"-30400":1}' and minute["latency_histogram"] == '{"10":1,"20":1}'
+    assert minute["loss_rate"] == 1 / 4 and minute["duplicate_rate"] == 0.0  # of 4 judged, not 6
+    assert (minute["latency_p50_ms"], minute["latency_p99_ms"]) == (10, 20)  # no negative percentile
+    assert_minutes_are_the_sum_of_their_parts(store)
+
+
 def test_a_part_replaced_by_fewer_minutes_takes_its_counts_out_of_the_minutes_it_left(store: Store) -> None:
     archive_batch(
         store, "detector:q1:1", [verdict("m1", "DELIVERED", 1_000, 10), verdict("m2", "DELIVERED", 70_000, 5)]
@@ -277,7 +301,8 @@ def test_migration_0008_keeps_every_stored_minute_as_a_part_with_its_latencies(
         migrate_to(url, "0007")
         store = Store(url)
         try:
-            old_metrics = {c.name for c in schema.verdict_metrics.columns} - {"latency_histogram"}
+            added_since = {"latency_histogram", "skew_histogram", "aborted", "superseded", "reprocessed"}  # 0008, 0010
+            old_metrics = {c.name for c in schema.verdict_metrics.columns} - added_since
             with store.engine.begin() as tx:
                 for row in rows:
                     values = {**{k: v for k, v in row.items() if k != "group"}, "group_id": row["group"]}

@@ -21,7 +21,7 @@ import pytest
 
 from khipu.detector.bucket import TRACE_STATE, BucketJudge, BucketState, Lookups, route_ids, routes_fingerprint
 from khipu.detector.decide import decide
-from khipu.detector.model import DetectorConfig, Removal
+from khipu.detector.model import DetectorConfig, RecordFate, RecordState, Removal
 from khipu.detector.routes import RoutePlans, trace_hop_key
 from khipu.registry import parse_registry
 from khipu.registry.model import Registry
@@ -53,6 +53,7 @@ streams:
 class World:
     committed: dict[tuple[str, str, int], int] = field(default_factory=dict)  # (group, topic, partition)
     log_start: dict[tuple[str, int], int] = field(default_factory=dict)
+    fates: dict[tuple[str, int], RecordFate] = field(default_factory=dict)  # (topic, offset) -> the log's answer
 
     def committed_of(self, cluster: str, group: str, topic: str, partition: int) -> int | None:
         return self.committed.get((group, topic, partition))
@@ -63,6 +64,9 @@ class World:
     def removed(self, cluster: str, group: str, topic: str, partition: int, offset: int) -> Removal | None:
         start = self.log_start.get((topic, partition))
         return Removal(start, 0, None) if start is not None and start > offset else None
+
+    def record(self, cluster: str, topic: str, partition: int, offset: int, key: str | None) -> RecordFate:
+        return self.fates.get((topic, offset), RecordFate(RecordState.VISIBLE))
 
 
 @dataclass
@@ -95,7 +99,7 @@ class OneByOne:
             stream = self.registry.streams.get(state.traces[0].stream)
             assert stream is not None
             decision = decide(message_id, stream, state.traces, world.committed_of, state.memo, state.first_seen, now,
-                              CONFIG, removed=world.removed)  # fmt: skip
+                              CONFIG, removed=world.removed, record=world.record)  # fmt: skip
             fresh = [v for v in decision.verdicts if v.hop not in state.emitted]
             out.extend(fresh)
             if decision.done:
@@ -123,8 +127,10 @@ def rows_of(traces: Sequence[Trace], registry: Registry) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(TRACE_STATE.names))
 
 
-def random_messages(rng: random.Random, count: int) -> list[tuple[int, Trace]]:
-    """(the batch it arrives in, trace) for ``count`` messages with random faults."""
+def random_messages(rng: random.Random, count: int, world: World | None = None) -> list[tuple[int, Trace]]:
+    """(the batch it arrives in, trace) for ``count`` messages with random faults; with a ``world``, Kafka's own
+    semantics too: transactions (committed, aborted, proc reading uncommitted) and compaction (the world's log
+    answers for them)."""
     out: list[tuple[int, Trace]] = []
     seq = iter(range(1_000_000))
     next_offset: dict[str, int] = {"in": 0, "out": 0, "f1": 0, "f2": 0}
@@ -154,7 +160,10 @@ def random_messages(rng: random.Random, count: int) -> list[tuple[int, Trace]]:
         in_at, out_at = next_offset["in"], next_offset["out"]
         next_offset["in"] += 1
         next_offset["out"] += 1
-        fault = rng.choices(["none", "lost trace", "skip", "drop", "reread", "retry"], [60, 10, 8, 7, 8, 7])[0]
+        faults, weights = ["none", "lost trace", "skip", "drop", "reread", "retry"], [60, 10, 8, 7, 8, 7]
+        if world is not None:
+            faults, weights = [*faults, "committed", "aborted", "compacted"], [*weights, 10, 8, 6]
+        fault = rng.choices(faults, weights)[0]
         hops = [
             ("p", TraceType.SENT, "in", in_at, None),
             ("proc", TraceType.RECEIVED, "in", in_at, "proc"),
@@ -173,9 +182,19 @@ def random_messages(rng: random.Random, count: int) -> list[tuple[int, Trace]]:
         elif fault == "retry":
             hops.append(("p", TraceType.SENT, "in", next_offset["in"], None))
             next_offset["in"] += 1
+        elif fault == "aborted" and world is not None:  # p's transaction aborted: a read_committed proc never sees it
+            world.fates[("in", in_at)] = RecordFate(RecordState.ABORTED)
+            hops = hops[:1] if rng.random() < 0.6 else hops  # else proc reads uncommitted, and wrote it on
+        elif fault == "compacted" and world is not None:  # s1 started after the cleaner removed out@out_at
+            world.fates[("out", out_at)] = RecordFate(RecordState.COMPACTED, later_of_key=out_at + 50)
+            hops.pop(3)
         for i, (loc, kind, topic, offset, group) in enumerate(hops):
             arrives = batch + (rng.randrange(3) if rng.random() < 0.3 else 0)
-            out.append((arrives, trace(m, "orders", loc, kind, topic, offset, group, ts + 10 * i)))
+            made = trace(m, "orders", loc, kind, topic, offset, group, ts + 10 * i)
+            if fault in ("committed", "aborted") and topic == "in":
+                uncommitted = kind is TraceType.RECEIVED and (fault == "aborted" or rng.random() < 0.5)
+                made = made._replace(transactional=kind is TraceType.SENT, read_uncommitted=uncommitted)
+            out.append((arrives, made))
     return out
 
 
@@ -200,11 +219,11 @@ def key(v: Mapping[str, Any] | Verdict, hop_ids: Sequence[str] = HOP_IDS) -> tup
 @pytest.mark.parametrize("seed", range(6))
 def test_a_bucket_judges_every_message_as_decide_alone_does(seed: int) -> None:
     rng = random.Random(seed)
-    arrivals = random_messages(rng, 120)
     world = World()
+    arrivals = random_messages(rng, 120, world)
     alone, bucket = OneByOne(REGISTRY), BucketJudge(RoutePlans.of(REGISTRY), CONFIG)
     state = BucketState.empty()
-    lookups = Lookups(world.committed_of, world.start_of, removed=world.removed)
+    lookups = Lookups(world.committed_of, world.start_of, removed=world.removed, record=world.record)
     expected: list[tuple[Any, ...]] = []
     got: list[tuple[Any, ...]] = []
     clean = judged = 0
@@ -227,6 +246,8 @@ def test_a_bucket_judges_every_message_as_decide_alone_does(seed: int) -> None:
     assert len(got) == len(set(got))  # no hop reported twice
     assert sorted(got) == sorted(expected)
     assert len(expected) > 300 and clean > judged  # most of the work was the clean judge's
+    kinds = {v[2] for v in expected}
+    assert {"ABORTED", "SUPERSEDED", "DELIVERED", "LOST"} <= kinds  # Kafka's semantics were in the mix
 
 
 # the registry changed under the detector: a stream sorting first gained hops (every global hop number moved),

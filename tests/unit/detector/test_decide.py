@@ -13,8 +13,9 @@ from typing import NamedTuple
 import pytest
 
 from khipu.detector.decide import decide
-from khipu.detector.model import DetectorConfig, Removal
+from khipu.detector.model import UNKNOWN_FATE, DetectorConfig, RecordFate, RecordState, Removal
 from khipu.registry import parse_registry
+from khipu.trace.keys import key_hash
 from khipu.trace.model import Trace, TraceType
 from khipu.tracing.headers import ATTRIBUTE_RESEND_HOP, ATTRIBUTE_RESEND_ID
 from khipu.verdicts.model import Cause, VerdictKind
@@ -33,7 +34,18 @@ D, L, DUP, TL, P, RS = (
 _seq = iter(range(10_000))
 
 
-def sent(location: str, topic: str, offset: int, ts: int, partition: int = 0) -> Trace:
+def sent(
+    location: str,
+    topic: str,
+    offset: int,
+    ts: int,
+    partition: int = 0,
+    *,
+    txn: bool = False,
+    key: bytes | None = None,
+    tombstone: bool = False,
+) -> Trace:
+    """A SENT trace (``txn``: by a transactional producer; ``key``: the record's key, hashed as the library does)."""
     return Trace(
         "m1",
         "orders",
@@ -48,10 +60,14 @@ def sent(location: str, topic: str, offset: int, ts: int, partition: int = 0) ->
         f"{location}-e",
         next(_seq),
         100.0,
+        key_hash=key_hash(key),
+        tombstone=tombstone,
+        transactional=txn,
     )
 
 
-def recv(group: str, topic: str, offset: int, ts: int, partition: int = 0) -> Trace:
+def recv(group: str, topic: str, offset: int, ts: int, partition: int = 0, *, uncommitted: bool = False) -> Trace:
+    """A RECEIVED trace (``uncommitted``: the group reads with isolation.level=read_uncommitted)."""
     return Trace(
         "m1",
         "orders",
@@ -66,6 +82,7 @@ def recv(group: str, topic: str, offset: int, ts: int, partition: int = 0) -> Tr
         f"{group}-e",
         next(_seq),
         100.0,
+        read_uncommitted=uncommitted,
     )
 
 
@@ -109,6 +126,47 @@ class Case(NamedTuple):
     pointed: frozenset[tuple[str, str, str, int, int]] = frozenset()  # (location, cluster, topic, partition, offset)
     # (group, topic) -> the message's record left the log before that group got to it
     removed: Mapping[tuple[str, str], Removal] = MappingProxyType({})
+    # (topic, offset) -> what the log says of the record there (not listed: the lookup could not say)
+    fates: Mapping[tuple[str, int], RecordFate] = MappingProxyType({})
+
+
+def txn(*, skip: set[str] = frozenset(), uncommitted: set[str] = frozenset()) -> list[Trace]:  # type: ignore[assignment]
+    """clean() with the producer's write into in made in a transaction; the groups named read uncommitted."""
+    traces = []
+    for trace in clean(skip=skip):
+        if trace.type is TraceType.SENT and trace.topic == "in":
+            trace = trace._replace(transactional=True)
+        if trace.group in uncommitted:
+            trace = trace._replace(read_uncommitted=True)
+        traces.append(trace)
+    return traces
+
+
+def exactly_once(*, output_commits: int = 1) -> list[Trace]:
+    """proc as an exactly-once processor whose first transaction aborted: it read in@5 twice, wrote out@7 in the
+    aborted transaction and out@9 in the committed one (``output_commits=2``: out@7 committed too); the sinks read
+    committed records only."""
+    return [
+        sent("p", "in", 5, 1000),
+        recv("proc", "in", 5, 1100),
+        sent("proc", "out", 7, 1200, txn=True),
+        recv("proc", "in", 5, 1600),
+        sent("proc", "out", 9, 1700, txn=True),
+        *([recv("s1", "out", 7, 1750), recv("s2", "out", 7, 1760)] if output_commits == 2 else []),
+        recv("s1", "out", 9, 1800),
+        recv("s2", "out", 9, 1900),
+    ]
+
+
+ABORTED_FATE = RecordFate(RecordState.ABORTED, detail="read_committed returns offset 6 first")
+VISIBLE_FATE = RecordFate(RecordState.VISIBLE, detail="read_committed returns it")
+OPEN_FATE = RecordFate(RecordState.OPEN, detail="at the last stable offset 5")
+COMPACTED_BY_12 = RecordFate(RecordState.COMPACTED, later_of_key=12, compacted_topic=True, detail="gone at offset 7")
+COMPACTED_NO_KEY = RecordFate(RecordState.COMPACTED, compacted_topic=True, detail="gone at offset 7")
+GONE_KEY_AT_12 = RecordFate(RecordState.GONE, later_of_key=12, compacted_topic=True, detail="below the log start")
+GONE_NO_KEY = RecordFate(RecordState.GONE, compacted_topic=True, detail="below the log start")
+EOS_PAST = {("proc", "in"): 6, ("s1", "out"): 10, ("s2", "out"): 10}
+A, SUP = VerdictKind.ABORTED, VerdictKind.SUPERSEDED
 
 
 # fmt: off
@@ -256,6 +314,76 @@ CASES = [
          {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (RS, None, 1), S2: (D, None, 1)},
          True, "the original's traces and the resend's in one state: s1's hop is RESENT, not a duplicate read at "
          "two offsets, and s2 is not lost at the resend's offset"),
+    # Transactions (Kafka's exactly-once): a record of an aborted transaction is never visible to read_committed
+    # readers; that is not a loss
+    Case(35, txn(skip={PROC_IN, PROC_OUT, S1, S2}), PAST, 60_000, 70_000,
+         {SRC: (A, None, 1), PROC_IN: (A, None, 0)}, True,
+         "written in a transaction that aborted: proc (read_committed) committed past it and never saw it; the "
+         "write is ABORTED, proc's hop is ABORTED, and nothing past it has a verdict", fates={("in", 5): ABORTED_FATE}),
+    Case(36, txn(uncommitted={"proc"}), PAST, 60_000, 70_000,
+         {SRC: (A, None, 1), PROC_IN: (A, None, 1), PROC_OUT: (D, None, 1), S1: (D, None, 1), S2: (D, None, 1)},
+         True, "proc reads uncommitted and got the aborted record: its hop shows it received a record of an aborted "
+         "transaction (ABORTED, count 1); what proc itself wrote on is real and delivered",
+         fates={("in", 5): ABORTED_FATE}),
+    Case(37, txn(uncommitted={"proc"}), PAST, 60_000, 70_000,
+         {S1: (D, None, 1), S2: (D, None, 1)}, False,
+         "the transaction is still open (at the last stable offset): proc's uncommitted read proves nothing yet, "
+         "so its hop, the write into in and proc's own write (held back by its input) wait for Kafka to decide",
+         fates={("in", 5): OPEN_FATE}),
+    Case(38, txn(), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (D, None, 1), S2: (D, None, 1)},
+         True, "a read_committed group received it: that proves the transaction committed, and the log is not asked "
+         "(the lookup here would wrongly say aborted)", fates={("in", 5): ABORTED_FATE}),
+    Case(39, txn(uncommitted={"proc"}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (D, None, 1), S2: (D, None, 1)},
+         True, "only a read_uncommitted group got it, so the log is asked: committed, delivered as usual",
+         fates={("in", 5): VISIBLE_FATE}),
+    Case(40, exactly_once(), EOS_PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (DUP, Cause.REPROCESSED_AFTER_ABORT, 2), PROC_OUT: (D, None, 1),
+          S1: (D, None, 1), S2: (D, None, 1)}, True,
+         "an exactly-once processor's first transaction aborted: it read in@5 again and wrote out@9 in the one that "
+         "committed; out@7 is aborted, so the write is DELIVERED once, and the re-read is reprocessing, not a "
+         "duplicate against the stream", fates={("out", 7): ABORTED_FATE}),
+    Case(41, exactly_once(output_commits=2), EOS_PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (DUP, Cause.REWIND_REPLAY, 2), PROC_OUT: (DUP, Cause.REWIND_REPLAY, 2),
+          S1: (DUP, Cause.PRODUCER_RETRY, 2), S2: (DUP, Cause.PRODUCER_RETRY, 2)}, True,
+         "both of proc's transactions committed: the re-read made a real duplicate downstream (a rewind, whatever "
+         "the transactions)"),
+    Case(42, txn(skip={PROC_IN, PROC_OUT, S1, S2}), {("proc", "in"): 5}, 60_000, 901_000, {}, False,
+         "15 min on, proc (read_committed) is still held at the last stable offset by the open transaction: it "
+         "waits on Kafka, not late, so no PENDING", fates={("in", 5): OPEN_FATE}),
+    Case(43, txn(skip={PROC_IN, PROC_OUT, S1, S2}), {("proc", "in"): 5}, 60_000, 1_801_000,
+         {SRC: (P, None, 0), PROC_IN: (P, None, 0), PROC_OUT: (P, None, 0)}, True,
+         "the transaction still open past the maximum wait and Kafka's own bound on a transaction (a hanging "
+         "transaction): PENDING, handed to reconciliation (proc's output waited on its input)",
+         fates={("in", 5): OPEN_FATE}),
+    # Compaction: a record the cleaner removed behind a later record of its key is not a loss
+    Case(44, clean(skip={S1}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1),
+          S1: (SUP, Cause.COMPACTED, 0), S2: (D, None, 1)}, True,
+         "s1 started after the cleaner ran: out@7 is gone from the middle of the log and offset 12 holds a later "
+         "record of its key: SUPERSEDED, not skipped", fates={("out", 7): COMPACTED_BY_12}),
+    Case(45, [*clean(skip={PROC_OUT, S1}), sent("proc", "out", 7, 1200, key=b"k1", tombstone=True)], PAST, 60_000,
+         70_000, {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1),
+                  S1: (SUP, Cause.COMPACTED, 0), S2: (D, None, 1)}, True,
+         "out@7 was a tombstone, removed once delete.retention.ms passed: Kafka's delete marker, not a loss",
+         fates={("out", 7): COMPACTED_NO_KEY}),
+    Case(46, clean(skip={S1}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1),
+          S1: (L, Cause.SKIPPED_BY_CONSUMER, 0), S2: (D, None, 1)}, True,
+         "on a compacted topic too, a record still in the log that the group committed past unread was skipped",
+         fates={("out", 7): VISIBLE_FATE}),
+    Case(47, clean(skip={S1}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1),
+          S1: (SUP, Cause.COMPACTED, 0), S2: (D, None, 1)}, True,
+         "compact,delete: retention took out@7 before s1 read it, but offset 12 (still in the log) holds a later "
+         "record of its key: s1 reads the newer value, nothing is missing",
+         removed={("s1", "out"): AGED_OUT}, fates={("out", 7): GONE_KEY_AT_12}),
+    Case(48, clean(skip={S1}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1),
+          S1: (L, Cause.EXPIRED, 0), S2: (D, None, 1)}, True,
+         "compact,delete: retention took out@7 and no later record of its key is left: expired, as on any topic",
+         removed={("s1", "out"): AGED_OUT}, fates={("out", 7): GONE_NO_KEY}),
 ]
 # fmt: on
 
@@ -271,15 +399,20 @@ def test_verdict_rule_table(case: Case) -> None:
     def removed(cluster: str, group: str, topic: str, partition: int, offset: int) -> Removal | None:
         return case.removed.get((group, topic))
 
+    def record(cluster: str, topic: str, partition: int, offset: int, key: str | None) -> RecordFate:
+        return case.fates.get((topic, offset), UNKNOWN_FATE)
+
     passed_at: dict[str, int] = {}
     if case.passed_for_ms is not None:
         first = decide(
-            "m1", STREAM, case.traces, committed, {}, 1000, case.now_ms - case.passed_for_ms, CONFIG, removed=removed
-        )
+            "m1", STREAM, case.traces, committed, {}, 1000, case.now_ms - case.passed_for_ms, CONFIG,
+            removed=removed, record=record,
+        )  # fmt: skip
         passed_at = dict(first.passed_at)
     decision = decide(
-        "m1", STREAM, case.traces, committed, passed_at, 1000, case.now_ms, CONFIG, pointed_at, removed=removed
-    )
+        "m1", STREAM, case.traces, committed, passed_at, 1000, case.now_ms, CONFIG, pointed_at, removed=removed,
+        record=record,
+    )  # fmt: skip
     got = {v.hop: (v.kind, v.cause, v.count) for v in decision.verdicts}
     assert got == case.expected, case.reason
     for v in decision.verdicts:  # a lost trace told by a pointer names the position pointed at

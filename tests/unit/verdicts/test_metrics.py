@@ -35,6 +35,7 @@ KEY = MinuteKey("orders", "orders/sink", 5 * MINUTE_MS)
 class Stored(NamedTuple):
     verdict: str
     latency_ms: int | None = None
+    cause: str | None = None
 
 
 class Case(NamedTuple):
@@ -73,6 +74,17 @@ CASES = [
          "two latencies: the median's rank 0.5 rounds half to even, to the lower one"),
     Case(9, delivered(*range(100, -1, -1)), (101, 0, 0, 0, 0), (0.0, 0.0), (50, 95, 99),
          "latencies 0..100 in any order: each percentile is the value of its rank"),
+    Case(10, [*delivered(5, 5), Stored("LOST"), Stored("ABORTED"), Stored("ABORTED"), Stored("SUPERSEDED")],
+         (2, 1, 0, 0, 0), (1 / 3, 0.0), (5, 5, 5),
+         "ABORTED and SUPERSEDED are Kafka working as designed: counted apart, in no rate's denominator (1 loss "
+         "of 3 judged, not of 6)"),
+    Case(11, [Stored("DUPLICATE", 9, "reprocessed_after_abort"), Stored("DUPLICATE", 7, "rewind_replay"),
+              *delivered(8, 8)], (2, 0, 1, 0, 0), (0.0, 0.25), (8, 9, 9),
+         "a re-read by an exactly-once processor after an abort is shown but not a duplicate against the stream: "
+         "1 duplicate of 4 judged; its latency is a latency all the same"),
+    Case(12, [*delivered(10, 20, -30_412, -5)], (4, 0, 0, 0, 0), (0.0, 0.0), (10, 20, 20),
+         "a negative latency (received before it was written) is clock skew, never a latency: counted apart, the "
+         "percentiles are of 10 and 20 only"),
 ]
 # fmt: on
 
@@ -84,6 +96,36 @@ def test_minute_metrics(case: Case) -> None:
     assert (got.delivered, got.lost, got.duplicate, got.trace_lost, got.pending) == case.counts, case.reason
     assert (got.loss_rate, got.duplicate_rate) == case.rates, case.reason
     assert (got.latency_p50_ms, got.latency_p95_ms, got.latency_p99_ms) == case.latencies, case.reason
+    kinds = [o.verdict for o in case.outcomes]
+    assert (got.aborted, got.superseded) == (kinds.count("ABORTED"), kinds.count("SUPERSEDED")), case.reason
+    assert got.reprocessed == sum(o.cause == "reprocessed_after_abort" for o in case.outcomes), case.reason
+    negative = [o.latency_ms for o in case.outcomes if o.latency_ms is not None and o.latency_ms < 0]
+    assert got.skewed == len(negative), case.reason
+    assert got.skew_worst_ms == (latency_bucket(min(negative)) if negative else None), case.reason
+
+
+def test_the_columns_of_a_batch_count_as_the_rows_do() -> None:
+    """counts_by_minute_columns (the detector's writer, numpy) and counts_by_minute (a row at a time) agree, with
+    causes, Kafka's semantics and skew in the mix."""
+    rng = random.Random(3)
+    kinds = [
+        ("DELIVERED", None), ("DUPLICATE", "rewind_replay"), ("DUPLICATE", "reprocessed_after_abort"),
+        ("LOST", "skipped_by_consumer"), ("ABORTED", None), ("SUPERSEDED", "compacted"), ("RESENT", None),
+    ]  # fmt: skip
+    rows = []
+    for _ in range(2_000):
+        verdict, cause = rng.choice(kinds)
+        latency = rng.choice([None, rng.randrange(0, 5_000), rng.randrange(-40_000, 0)])
+        rows.append({"stream": rng.choice("ab"), "hop": rng.choice("xyz"), "verdict": verdict, "cause": cause,
+                     "decided_ms": rng.randrange(0, 5 * MINUTE_MS), "latency_ms": latency})  # fmt: skip
+    columns = {name: [row[name] for row in rows] for name in rows[0]}
+    by_columns = counts_by_minute_columns(
+        columns["stream"], columns["hop"], columns["verdict"], columns["decided_ms"], columns["latency_ms"],
+        columns["cause"],
+    )  # fmt: skip
+    assert by_columns == counts_by_minute(rows)
+    assert sum(c.reprocessed for c in by_columns.values()) == sum(r["cause"] == "reprocessed_after_abort" for r in rows)
+    assert sum(c.skewed for c in by_columns.values()) == sum((r["latency_ms"] or 0) < 0 for r in rows)
 
 
 def test_the_numbers_are_the_same_however_the_verdicts_are_ordered() -> None:
@@ -182,7 +224,7 @@ def test_latencies_above_a_second_are_counted_and_ranked_by_their_bucket() -> No
 def test_percentiles_of_a_histogram_are_those_of_its_latencies_when_each_is_its_own_bucket() -> None:
     rng = random.Random(5)
     for _ in range(200):
-        values = [rng.randint(-50, 1000) for _ in range(rng.randint(1, 60))]
+        values = [rng.randint(0, 1000) for _ in range(rng.randint(1, 60))]
         histogram = MinuteCounts.of(delivered(*values)).latency_histogram
         for fraction in (0.0, 0.5, 0.95, 0.99, 1.0):
             assert histogram_percentile(histogram, fraction) == percentile(values, fraction)
@@ -220,17 +262,21 @@ def test_minus_undoes_plus_and_drops_the_buckets_it_empties() -> None:
 def test_resent_and_unrecoverable_count_as_confirmed_losses() -> None:
     counts = MinuteCounts.of(OUTCOMES)
     assert (counts.lost, counts.confirmed_lost, counts.verdicts) == (1, 2, len(OUTCOMES))
-    assert (counts.latency_count, counts.latency_sum_ms) == (8, 40 + 1_500 + 12_300 - 3 + 5 + 5 + 999 + 1_000)
+    assert (counts.latency_count, counts.latency_sum_ms) == (7, 40 + 1_500 + 12_300 + 5 + 5 + 999 + 1_000)
+    assert counts.skew_histogram == {-3: 1}  # the one impossible latency, apart
 
 
 def test_the_histogram_is_compact_json_and_reads_back() -> None:
     counts = MinuteCounts.of(OUTCOMES)
     text = counts.histogram_json()
-    assert text == '{"-3":1,"5":2,"40":1,"999":1,"1000":1,"1500":1,"12300":1}'
+    assert text == '{"5":2,"40":1,"999":1,"1000":1,"1500":1,"12300":1}'
+    assert counts.skew_json() == '{"-3":1}'
     assert MinuteCounts.histogram_of_json(text) == counts.latency_histogram
     assert MinuteCounts.histogram_of_json(None) == {} == MinuteCounts.histogram_of_json("")
-    row = {"delivered": 4, "lost": 1, "latency_histogram": text, "pending": None}
-    assert MinuteCounts.of_row(row) == MinuteCounts(delivered=4, lost=1, latency_histogram=counts.latency_histogram)
+    row = {"delivered": 4, "lost": 1, "latency_histogram": text, "pending": None, "skew_histogram": '{"-3":1}'}
+    assert MinuteCounts.of_row(row) == MinuteCounts(
+        delivered=4, lost=1, latency_histogram=counts.latency_histogram, skew_histogram={-3: 1}
+    )
     with pytest.raises(ValueError, match=r"latency histogram '\[1, 2\]' is not a JSON object of bucket -> count"):
         MinuteCounts.histogram_of_json("[1, 2]")
 

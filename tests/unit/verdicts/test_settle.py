@@ -22,6 +22,7 @@ D, L, DUP, TL, P = (
     VerdictKind.PENDING,
 )
 CL, R, RS, UN = VerdictKind.CONFIRMED_LOST, VerdictKind.RETRACTED, VerdictKind.RESENT, VerdictKind.UNRECOVERABLE
+AB, SUP = VerdictKind.ABORTED, VerdictKind.SUPERSEDED
 FIRST, FRESH = 1_000, 500_000
 
 
@@ -139,6 +140,22 @@ CASES = [
          (UN, SKIP, 0, False), "the resend task gives up on a confirmed loss: UNRECOVERABLE, keeping the cause"),
     Case(31, hop(RS, cause=SKIP, offset=20, seen=FRESH), hop(UN, by=Judge.RESEND, count=0), None,
          "a loss already RESENT is never made UNRECOVERABLE by a late give-up"),
+    # Kafka's own semantics: final once said
+    Case(32, hop(AB, count=0), hop(L, cause=SKIP, count=0, by=Judge.RECONCILIATION), None,
+         "ABORTED stays: reconciliation, hours later, may find the aborted record cleaned from the log and call "
+         "it missing; it was never to be read"),
+    Case(33, hop(SUP, cause=Cause.COMPACTED, count=0), hop(L, cause=SKIP, count=0, by=Judge.RECONCILIATION), None,
+         "SUPERSEDED stays: the later record of its key may itself be gone by now"),
+    Case(34, hop(L, cause=SKIP, count=0), hop(AB, count=0, by=Judge.RECONCILIATION), (AB, None, 0, False),
+         "a provisional LOST (the log could not be asked then) that all the evidence shows aborted is not a loss: "
+         "ABORTED, not RETRACTED"),
+    Case(35, hop(CL, cause=SKIP, count=0, by=Judge.RECONCILIATION), hop(SUP, cause=Cause.COMPACTED, count=0,
+         by=Judge.RECONCILIATION), (SUP, Cause.COMPACTED, 0, False),
+         "a confirmed loss a backfill shows was compacted away behind a later record of its key: SUPERSEDED"),
+    Case(36, hop(AB, count=0), hop(D, seen=FRESH), (AB, None, 0, True),
+         "a late receipt (a fresh state) does not undo ABORTED; it is kept for reconciliation, which keeps it"),
+    Case(37, hop(P, count=0), hop(AB, count=0, by=Judge.RECONCILIATION), (AB, None, 0, False),
+         "a PENDING hop (its transaction still open at the maximum wait) that all the evidence shows aborted"),
 ]
 # fmt: on
 
