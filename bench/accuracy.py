@@ -36,8 +36,7 @@ from khipu.demo.scoreboard import (
     window_audit,
 )
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
-from khipu.detector.committed import ClusterClients, CommittedOffsets, PointedPositions, RecordRemovals
-from khipu.detector.decide import Lookups
+from khipu.detector.committed import ClusterClients, cluster_lookups
 from khipu.detector.job import DETECTOR_QUERY, DetectorJob, start_detector
 from khipu.detector.launch import connector_jars
 from khipu.detector.model import DetectorConfig
@@ -183,7 +182,7 @@ def main() -> int:
         time.sleep(wait_s)
         connections = {"local": broker.connection()}
         clients = ClusterClients(connections, store_url)
-        lookups = Lookups(CommittedOffsets(clients), PointedPositions(store_url), RecordRemovals(clients))
+        lookups = cluster_lookups(clients, store_url)
         reconcile(
             spark,
             job.archive_dir,

@@ -21,8 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from khipu.detector.committed import ClusterClients, CommittedOffsets, PointedPositions, RecordRemovals
-from khipu.detector.decide import Lookups
+from khipu.detector.committed import ClusterClients, cluster_lookups
 from khipu.detector.launch import driver_settings, read_connections_file
 from khipu.detector.model import DetectorConfig
 from khipu.errors import InvalidSetting
@@ -83,7 +82,7 @@ def main(argv: list[str]) -> int:
     store = Store(store_url)
     try:
         clients = ClusterClients(connections, store_url)
-        lookups = Lookups(CommittedOffsets(clients), PointedPositions(store_url), RecordRemovals(clients))
+        lookups = cluster_lookups(clients, store_url)
         report = reconcile(
             spark,
             args.archive,

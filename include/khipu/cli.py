@@ -603,9 +603,10 @@ def _traces_count(args: argparse.Namespace, settings: KhipuSettings) -> int:
 
 
 def _topics_ensure(args: argparse.Namespace, settings: KhipuSettings) -> int:
-    wanted = {settings.trace_topic: args.partitions, settings.lost_topic: 1}
-    created = KafkaAdmin(settings.kafka()).ensure_topics(wanted)
-    print(f"created {', '.join(created)}" if created else f"{' and '.join(wanted)} already exist")
+    admin = KafkaAdmin(settings.kafka())
+    print(admin.ensure_trace_topic(settings.trace_topic, args.partitions))
+    created = admin.ensure_topics({settings.lost_topic: 1})
+    print(f"created {settings.lost_topic}" if created else f"{settings.lost_topic} exists")
     return 0
 
 

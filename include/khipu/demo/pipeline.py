@@ -626,12 +626,9 @@ def prepare_topics(config: DemoConfig, topology: DemoTopology, timeout_s: float 
     """Fail fast, and clearly, when the broker cannot be reached; create the demo's topics if missing."""
     admin = KafkaAdmin(KafkaConnection(config.bootstrap_servers, cluster=topology.source_topic.cluster), timeout_s)
     try:
+        admin.ensure_trace_topic(config.trace_topic, config.trace_partitions)
         return admin.ensure_topics(
-            {
-                topology.source_topic.topic: config.partitions,
-                topology.output_topic.topic: config.partitions,
-                config.trace_topic: config.trace_partitions,
-            }
+            {topology.source_topic.topic: config.partitions, topology.output_topic.topic: config.partitions}
         )
     except KafkaUnavailable as exc:
         raise DemoError(f"{exc}; is the stack up (`make up`)?") from None

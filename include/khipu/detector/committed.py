@@ -1,6 +1,6 @@
 """What the detector asks of the clusters: committed offsets (the broker first, the snapshot store when it cannot
-answer) and log starts (the snapshot store when fresh, the broker otherwise); stream progress and back-pointers
-from the store.
+answer), log starts (the snapshot store when fresh, the broker otherwise), and what a record's log says of it
+(its transaction's outcome, compaction: :class:`RecordFates`); stream progress and back-pointers from the store.
 
 One provider per Python worker, cached per (cluster, group) for ``cache_ms``: deciding a
 micro-batch of messages costs a few group lookups, not one per message.
@@ -11,11 +11,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from khipu.detector.model import Removal
-from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
+from confluent_kafka import KafkaException
+
+from khipu.detector.decide import Lookups
+from khipu.detector.model import RecordFate, RecordState, Removal
+from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable, TopicRetention
+from khipu.kafka.records import Isolation, LogReader
 from khipu.store import RemovalEvidence, Store
+from khipu.trace import keys
 
 log = logging.getLogger(__name__)
 
@@ -251,3 +257,181 @@ class RecordRemovals:
                 return None, None
             self._retention[(cluster, topic)] = (kept.retention_ms, kept.retention_bytes)
         return self._retention[(cluster, topic)]
+
+
+@dataclass
+class _Range:
+    """Offsets one isolation level found over ``[start, end)`` of a partition, read at ``at_ms``."""
+
+    start: int
+    end: int
+    offsets: frozenset[int]
+    at_ms: int
+
+
+@dataclass
+class _KeyIndex:
+    """The newest offset of each key hash over ``[start, end)`` of a partition (read_committed), read at ``at_ms``."""
+
+    start: int
+    end: int
+    newest: dict[str, int]
+    at_ms: int
+
+
+class RecordFates:
+    """``record(cluster, topic, partition, offset, key_hash)``: what the log says of the record at a position
+    (:class:`khipu.detector.model.RecordFate`), asked only where the traces cannot tell (a would-be LOST, a
+    transactional write no read_committed receipt proves committed):
+
+    - below the partition's log start: GONE (retention, DeleteRecords);
+    - at or past the last stable offset, below the high watermark: OPEN (its transaction is not decided);
+    - a read_uncommitted consumer finds a later offset first: the record is not in the log; on a compacted topic
+      the cleaner took it: COMPACTED (a delete-only topic has no such gap: UNKNOWN);
+    - otherwise a read_committed consumer finds it (VISIBLE) or skips it (ABORTED).
+
+    On a compacted topic, with the SENT trace's key hash, a later record of the same key still in the log is
+    looked for (``later_of_key``; read_committed, at most ``key_scan_limit`` records per partition). One read
+    answers for the records after it too (each level's offsets are kept per range for ``cache_ms``), so a
+    batch's lookups on a partition cost a read or two. A cluster that does not answer gives UNKNOWN, logged:
+    the rules then decide as they would without the log (a provisional LOST reconciliation re-decides)."""
+
+    def __init__(
+        self, clients: ClusterClients, cache_ms: int = 2_000, key_scan_limit: int = 1_000_000, clock_ms: Any = None
+    ) -> None:
+        self.clients, self.cache_ms, self.key_scan_limit = clients, cache_ms, key_scan_limit
+        self._clock_ms = clock_ms
+        self._readers: dict[str, LogReader] = {}
+        self._bounds: dict[tuple[str, str, int], tuple[int, tuple[int, int, int]]] = {}
+        self._topics: dict[tuple[str, str], tuple[int, TopicRetention | None]] = {}
+        self._ranges: dict[tuple[str, str, int, Isolation], list[_Range]] = {}
+        self._keys: dict[tuple[str, str, int], _KeyIndex] = {}
+
+    def __getstate__(self) -> dict[str, Any]:  # shipped to executors without live clients or stale answers
+        state = dict(self.__dict__)
+        state.update(_readers={}, _bounds={}, _topics={}, _ranges={}, _keys={})
+        return state
+
+    def _now(self) -> int:
+        return int(self._clock_ms()) if self._clock_ms else time.time_ns() // 1_000_000
+
+    def __call__(self, cluster: str, topic: str, partition: int, offset: int, key_hash: str | None) -> RecordFate:
+        try:
+            return self._fate(cluster, topic, partition, offset, key_hash)
+        except (KafkaUnavailable, KafkaException) as exc:
+            log.warning("the log of %s[%d] on %s could not say what offset %d is: %s", topic, partition, cluster,
+                        offset, exc)  # fmt: skip
+            return RecordFate(RecordState.UNKNOWN, detail=f"the cluster did not answer: {exc}")
+
+    def _fate(self, cluster: str, topic: str, partition: int, offset: int, key_hash: str | None) -> RecordFate:
+        now = self._now()
+        start, stable, high = self._partition_bounds(cluster, topic, partition, now)
+        kept = self._topic(cluster, topic, now)
+        compacted = kept is not None and kept.compacted
+        if offset < start:
+            later = self._later_of_key(cluster, topic, partition, start, stable, key_hash, now) if compacted else None
+            return RecordFate(RecordState.GONE, later, compacted, f"the log starts at {start} now")
+        if offset >= high:
+            return RecordFate(RecordState.UNKNOWN, compacted_topic=compacted, detail=f"the log ends at {high}")
+        if offset >= stable:
+            return RecordFate(
+                RecordState.OPEN, compacted_topic=compacted, detail=f"at or past the last stable offset {stable}"
+            )
+        if not self._holds(cluster, topic, partition, offset, high, Isolation.UNCOMMITTED, now):
+            if not compacted:
+                return RecordFate(
+                    RecordState.UNKNOWN, detail=f"offset {offset} holds no record, on a topic not compacted"
+                )
+            later = self._later_of_key(cluster, topic, partition, offset + 1, stable, key_hash, now)
+            return RecordFate(RecordState.COMPACTED, later, True, f"offset {offset} is gone from the log (compacted)")
+        if self._holds(cluster, topic, partition, offset, stable, Isolation.COMMITTED, now):
+            return RecordFate(RecordState.VISIBLE, compacted_topic=compacted, detail="read_committed reads it")
+        return RecordFate(
+            RecordState.ABORTED,
+            compacted_topic=compacted,
+            detail=f"read_uncommitted reads offset {offset}, read_committed skips it",
+        )
+
+    def _reader(self, cluster: str) -> LogReader:
+        if cluster not in self._readers:
+            connection = self.clients.clusters.get(cluster)
+            if connection is None:
+                raise KafkaUnavailable(f"no connection for cluster {cluster!r}")
+            self._readers[cluster] = LogReader(connection)
+        return self._readers[cluster]
+
+    def _admin(self, cluster: str) -> KafkaAdmin:
+        admin = self.clients.admin(cluster)
+        if admin is None:
+            raise KafkaUnavailable(f"no connection for cluster {cluster!r}")
+        return admin
+
+    def _partition_bounds(self, cluster: str, topic: str, partition: int, now: int) -> tuple[int, int, int]:
+        """(log start, last stable offset, high watermark), asked at most every ``cache_ms``."""
+        key = (cluster, topic, partition)
+        cached = self._bounds.get(key)
+        if cached is not None and now - cached[0] < self.cache_ms:
+            return cached[1]
+        admin, where = self._admin(cluster), [(topic, partition)]
+        answers = (admin.log_starts(where), admin.stable_offsets(where), admin.watermarks(where))
+        errors = [error for answer in answers for error in answer.errors]
+        if errors:
+            raise KafkaUnavailable("; ".join(errors))
+        bounds = (answers[0].found[where[0]], answers[1].found[where[0]], answers[2].found[where[0]][1])
+        self._bounds[key] = (now, bounds)
+        return bounds
+
+    def _topic(self, cluster: str, topic: str, now: int) -> TopicRetention | None:
+        cached = self._topics.get((cluster, topic))
+        if cached is None or now - cached[0] >= 60_000:
+            found = self._admin(cluster).retention([topic]).found.get(topic)
+            cached = (now, found)
+            self._topics[(cluster, topic)] = cached
+        return cached[1]
+
+    def _holds(
+        self, cluster: str, topic: str, partition: int, offset: int, end: int, isolation: Isolation, now: int
+    ) -> bool:
+        """Whether a consumer of this isolation level finds ``offset`` (reading on from it to ``end``, remembered)."""
+        ranges = self._ranges.setdefault((cluster, topic, partition, isolation), [])
+        ranges[:] = [r for r in ranges if now - r.at_ms < self.cache_ms]
+        for known in ranges:
+            if known.start <= offset < known.end:
+                return offset in known.offsets
+        limit = 500
+        records = self._reader(cluster).read(topic, partition, offset, end, isolation, limit)
+        covered = end if len(records) < limit else records[-1].offset + 1
+        ranges.append(_Range(offset, covered, frozenset(r.offset for r in records), now))
+        return any(r.offset == offset for r in records)
+
+    def _later_of_key(
+        self, cluster: str, topic: str, partition: int, after: int, stable: int, key_hash: str | None, now: int
+    ) -> int | None:
+        """The newest offset at or after ``after`` holding a record of the key (read_committed), or None."""
+        if key_hash is None:
+            return None
+        key = (cluster, topic, partition)
+        index = self._keys.get(key)
+        if index is None or index.start > after or now - index.at_ms >= 10 * self.cache_ms:
+            index = self._keys[key] = _KeyIndex(after, after, {}, now)
+        reader, read = self._reader(cluster), 0
+        while index.end < stable and read < self.key_scan_limit:
+            records = reader.read(topic, partition, index.end, stable, Isolation.COMMITTED, 5_000)
+            if not records:
+                index.end = stable
+                break
+            for record in records:
+                hashed = keys.key_hash(record.key)
+                if hashed is not None:
+                    index.newest[hashed] = record.offset
+            index.end, read = records[-1].offset + 1, read + len(records)
+        newest = index.newest.get(key_hash)
+        return newest if newest is not None and newest >= after else None
+
+
+def cluster_lookups(clients: ClusterClients, store_url: str) -> Lookups:
+    """What the rules ask of the clusters and the store, as reconciliation asks it (the detector's processor holds
+    the same lookups): committed offsets, pointers, removals from the log, records' fates."""
+    return Lookups(
+        CommittedOffsets(clients), PointedPositions(store_url), RecordRemovals(clients), RecordFates(clients)
+    )

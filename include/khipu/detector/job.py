@@ -31,6 +31,7 @@ from khipu.detector.committed import (
     ClusterClients,
     CommittedOffsets,
     PointedPositions,
+    RecordFates,
     RecordRemovals,
     StreamReadProgress,
 )
@@ -40,7 +41,8 @@ from khipu.detector.outputs import BatchFigures, BatchKeys, DetectorWriter, Hear
 from khipu.detector.parse import parse_traces
 from khipu.detector.processor import INPUT_SCHEMA, MALFORMED, MARK, OUTPUT_SCHEMA, TRACE, VerdictProcessor
 from khipu.detector.routes import HOP_KEY_FIELDS, HOP_KEY_SEPARATOR, RoutePlans
-from khipu.kafka import KafkaConnection
+from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
+from khipu.kafka.admin import TRACE_TOPIC_CONFIG
 from khipu.registry.loader import load_registry
 from khipu.store import Store
 
@@ -198,6 +200,23 @@ def prepare(parsed: DataFrame, plans: RoutePlans, buckets: int) -> DataFrame:
     return parsed.select(*[columns[name].alias(name) if name in columns else F.col(f"`{name}`") for name in names])
 
 
+def warn_unless_stamped_by_the_broker(job: DetectorJob) -> None:
+    """How far the trace topic is read is taken from its record times when the detector is behind: exact with
+    LogAppendTime, off by the emitters' clock skew with CreateTime (``khipu topics ensure`` sets the former)."""
+    try:
+        stamped = KafkaAdmin(job.trace_connection, timeout_s=10).timestamp_type(job.trace_topic)
+    except KafkaUnavailable as exc:
+        log.warning("the trace topic's timestamp type could not be read: %s", exc)
+        return
+    if stamped is not None and stamped != TRACE_TOPIC_CONFIG["message.timestamp.type"]:
+        log.warning(
+            "trace topic %s keeps %s: while the detector is behind, how far it has read follows the clocks of the "
+            "applications writing traces; set message.timestamp.type=LogAppendTime (`khipu topics ensure` does)",
+            job.trace_topic,
+            stamped,
+        )
+
+
 def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery]:
     registry = load_registry(job.registry_path)
     spark.conf.set("spark.sql.shuffle.partitions", str(job.shuffle_partitions))
@@ -209,6 +228,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
     spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     figures = BatchFigures()
     spark.streams.addListener(HeartbeatListener(job.store_url, figures))
+    warn_unless_stamped_by_the_broker(job)
     clients = ClusterClients(job.connections_by_cluster(sorted(registry.clusters)), job.store_url)
     removals = RecordRemovals(clients)
     plans = RoutePlans.of(registry)
@@ -234,6 +254,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         removals,
         removals.log_start,
         earlier_routes,
+        RecordFates(clients),
     )
     judged = (
         prepare(parse_traces(read_traces(spark, job), registry.streams), plans, job.buckets)

@@ -13,12 +13,23 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec, ResourceType
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    OffsetSpec,
+    ResourceType,
+)
 
 from khipu.kafka.connection import KafkaConnection, KafkaUnavailable
 
 T = TypeVar("T")
+# Khipu's trace topic is stamped by the broker: how far the detector has read it is then a broker time, whatever
+# the clocks of the applications writing traces (docs/detector.md, "Time")
+TRACE_TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}
 NO_OFFSET = -1001  # librdkafka's OFFSET_INVALID: the group has no commit for the partition
 Position = tuple[str, int]  # (topic, partition)
 
@@ -35,10 +46,19 @@ class GroupDescription:
 
 @dataclass(frozen=True, slots=True)
 class TopicRetention:
-    """A topic's ``retention.ms`` and ``retention.bytes`` (-1: unlimited)."""
+    """How a topic keeps its records: ``retention.ms`` and ``retention.bytes`` (-1: unlimited), its
+    ``cleanup.policy`` (delete, compact, or both) and how long compaction keeps a tombstone
+    (``delete.retention.ms``)."""
 
     retention_ms: int | None
     retention_bytes: int | None
+    cleanup_policy: frozenset[str] = frozenset({"delete"})
+    delete_retention_ms: int | None = None
+
+    @property
+    def compacted(self) -> bool:
+        """Compaction removes records of this topic behind later ones of their key."""
+        return "compact" in self.cleanup_policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +123,39 @@ class KafkaAdmin:
                     raise self._unavailable(f"create topic {name!r}", exc) from None
         return created
 
+    def ensure_trace_topic(self, topic: str, partitions: int) -> str:
+        """Create Khipu's trace topic stamped by the broker (:data:`TRACE_TOPIC_CONFIG`), or set an existing one
+        so; returns what was done, in words."""
+        if self.ensure_topics({topic: partitions}, {topic: TRACE_TOPIC_CONFIG}):
+            return f"created {topic} ({partitions} partitions, LogAppendTime)"
+        if self.timestamp_type(topic) == TRACE_TOPIC_CONFIG["message.timestamp.type"]:
+            return f"{topic} exists, stamped by the broker (LogAppendTime)"
+        resource = ConfigResource(
+            ResourceType.TOPIC,
+            topic,
+            incremental_configs=[
+                ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+                for name, value in TRACE_TOPIC_CONFIG.items()
+            ],
+        )
+        for future in self._client.incremental_alter_configs([resource], request_timeout=self.timeout_s).values():
+            try:
+                future.result(timeout=self.timeout_s)
+            except KafkaException as exc:
+                raise self._unavailable(f"set message.timestamp.type=LogAppendTime on topic {topic!r}", exc) from None
+        return f"{topic} exists; set it to be stamped by the broker (LogAppendTime)"
+
+    def timestamp_type(self, topic: str) -> str | None:
+        """The topic's ``message.timestamp.type`` (CreateTime or LogAppendTime); None when it cannot be read."""
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        for future in self._client.describe_configs([resource], request_timeout=self.timeout_s).values():
+            try:
+                entry = future.result(timeout=self.timeout_s).get("message.timestamp.type")
+            except KafkaException:
+                return None
+            return None if entry is None else str(entry.value)
+        return None
+
     def retention(self, topics: Iterable[str]) -> Results[TopicRetention]:
         resources = [ConfigResource(ResourceType.TOPIC, topic) for topic in sorted(set(topics))]
         if not resources:
@@ -115,8 +168,13 @@ class KafkaAdmin:
             except KafkaException as exc:
                 errors.append(f"configs of topic {resource.name}: {error_text(exc)}")
                 continue
+            policy = entries.get("cleanup.policy")
+            policies = frozenset(p.strip() for p in (policy.value if policy and policy.value else "delete").split(","))
             found[resource.name] = TopicRetention(
-                _int_config(entries, "retention.ms"), _int_config(entries, "retention.bytes")
+                _int_config(entries, "retention.ms"),
+                _int_config(entries, "retention.bytes"),
+                policies,
+                _int_config(entries, "delete.retention.ms"),
             )
         return Results(found, tuple(errors))
 
@@ -133,16 +191,35 @@ class KafkaAdmin:
         found: dict[Any, tuple[int, int]] = {tp: (starts[tp], ends[tp]) for tp in wanted if tp in starts and tp in ends}
         return Results(found, tuple(errors))
 
+    def stable_offsets(self, positions: Iterable[Position]) -> Results[int]:
+        """The last stable offset per partition (ListOffsets latest, read_committed): records from there on may
+        belong to a transaction not decided yet, and no read_committed consumer reads past it."""
+        wanted = sorted(set(positions))
+        errors: list[str] = []
+        found = (
+            self._list_offsets(wanted, OffsetSpec.latest(), errors, IsolationLevel.READ_COMMITTED)  # type: ignore[no-untyped-call]
+            if wanted
+            else {}
+        )
+        return Results(dict(found), tuple(errors))
+
     def log_starts(self, positions: Iterable[Position]) -> Results[int]:
         wanted = sorted(set(positions))
         errors: list[str] = []
         found = self._list_offsets(wanted, OffsetSpec.earliest(), errors) if wanted else {}  # type: ignore[no-untyped-call]
         return Results(dict(found), tuple(errors))
 
-    def _list_offsets(self, positions: list[Position], spec: OffsetSpec, errors: list[str]) -> dict[Position, int]:
+    def _list_offsets(
+        self,
+        positions: list[Position],
+        spec: OffsetSpec,
+        errors: list[str],
+        isolation: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
+    ) -> dict[Position, int]:
         found: dict[Position, int] = {}
         request = {TopicPartition(topic, partition): spec for topic, partition in positions}
-        for tp, future in self._client.list_offsets(request, request_timeout=self.timeout_s).items():
+        answers = self._client.list_offsets(request, isolation_level=isolation, request_timeout=self.timeout_s)
+        for tp, future in answers.items():
             try:
                 found[(tp.topic, tp.partition)] = future.result(timeout=self.timeout_s).offset
             except KafkaException as exc:

@@ -1,9 +1,12 @@
 """One record at a time: reading it back from its log (how reconciliation names a message no trace identifies,
-and where a resend finds its original), finding a record by a header, producing one and learning its offset."""
+and where a resend finds its original), finding a record by a header, producing one and learning its offset;
+and a log reader that tells what a consumer of either isolation level finds at an offset (:class:`LogReader`)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -168,3 +171,84 @@ def record_headers(
     """The headers of the record at (topic, partition, offset), or (None, why not): see :func:`read_record`."""
     record, why = read_record(connection, topic, partition, offset, timeout_s)
     return (None, why) if record is None else (dict(record.headers), None)
+
+
+class Isolation(StrEnum):
+    """A consumer's ``isolation.level``: read_committed skips records of aborted transactions and stops at the last
+    stable offset; read_uncommitted returns every data record."""
+
+    COMMITTED = "read_committed"
+    UNCOMMITTED = "read_uncommitted"
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRecord:
+    offset: int
+    key: bytes | None
+
+
+class LogReader:
+    """Reads a partition's records as a consumer of each isolation level would, without a group (nothing is
+    committed): one long-lived consumer per level, assigned per read and tuned to answer in milliseconds
+    (a fetch waits 10 ms, not 500). Not thread-safe; one per cluster and worker."""
+
+    def __init__(self, connection: KafkaConnection, timeout_s: float = 10.0) -> None:
+        self.connection, self.timeout_s = connection, timeout_s
+        self._consumers: dict[Isolation, Any] = {}
+
+    def _consumer(self, isolation: Isolation) -> Any:
+        if isolation not in self._consumers:
+            self._consumers[isolation] = Consumer(
+                {
+                    **self.connection.client_config(),
+                    "group.id": "khipu-log-reader",  # required by the client; never used to commit
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": True,
+                    "auto.offset.reset": "earliest",
+                    "isolation.level": isolation.value,
+                    "fetch.wait.max.ms": 10,
+                    "fetch.queue.backoff.ms": 0,
+                    "queued.min.messages": 1,
+                }
+            )
+        return self._consumers[isolation]
+
+    def read(
+        self, topic: str, partition: int, start: int, end: int, isolation: Isolation, limit: int = 500
+    ) -> list[ReadRecord]:
+        """The records of ``[start, end)`` (``end``: where the caller knows the log ends for this level: the high
+        watermark, or the last stable offset for read_committed), at most ``limit`` of them, in order: the
+        offsets the log holds there and that this isolation level sees. Raises KafkaException when the cluster
+        does not answer within the timeout (an outage must never pass for a missing record)."""
+        if start >= end:
+            return []
+        consumer = self._consumer(isolation)
+        consumer.assign([TopicPartition(topic, partition, start)])
+        found: list[ReadRecord] = []
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while len(found) < limit:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise KafkaException(
+                        f"no answer reading {topic}[{partition}] from {start} on {self.connection.describe()}"
+                    )
+                for message in consumer.consume(min(limit - len(found), 500), min(remaining, 1.0)):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            return found
+                        raise KafkaException(error)
+                    if message.offset() >= end:
+                        return found
+                    found.append(ReadRecord(int(message.offset()), message.key()))
+                    if message.offset() + 1 >= end:
+                        return found
+            return found
+        finally:
+            consumer.unassign()
+
+    def close(self) -> None:
+        for consumer in self._consumers.values():
+            consumer.close()
+        self._consumers.clear()

@@ -86,13 +86,10 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
             f"answering after {time.monotonic() - started_at:.1f}s"
         )
     try:
-        created = KafkaAdmin(settings.kafka()).ensure_topics(
-            {
-                settings.trace_topic: 4,
-                settings.lost_topic: 1,
-                topology.source_topic.topic: 3,
-                topology.output_topic.topic: 3,
-            }
+        admin = KafkaAdmin(settings.kafka())
+        say(f"topics: {admin.ensure_trace_topic(settings.trace_topic, 4)}")
+        created = admin.ensure_topics(
+            {settings.lost_topic: 1, topology.source_topic.topic: 3, topology.output_topic.topic: 3}
         )
     except KafkaUnavailable as exc:
         raise StackError(str(exc)) from None

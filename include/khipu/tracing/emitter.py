@@ -264,7 +264,11 @@ class TraceEmitter:
         if self._needs_new_producer:
             self._replace_producer()
         try:
-            self._producer.produce(self._topic, encode_trace(trace), trace.message_id.encode())
+            # stamped by the emitter's clock, as a trace record written on its host is (Khipu's trace topic has the
+            # broker stamp it again: LogAppendTime)
+            self._producer.produce(
+                self._topic, encode_trace(trace), trace.message_id.encode(), timestamp=self._clock_ms()
+            )
         except BufferError:
             self._channel_healthy = False
             self._warn(

@@ -18,8 +18,7 @@ import pytest
 
 from khipu.demo.faults import FaultRates
 from khipu.demo.score import observable_messages, score
-from khipu.detector.committed import ClusterClients, CommittedOffsets, PointedPositions, RecordRemovals
-from khipu.detector.decide import Lookups
+from khipu.detector.committed import ClusterClients, cluster_lookups
 from khipu.detector.job import DETECTOR_QUERY, start_detector
 from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerProcess
@@ -84,7 +83,7 @@ def test_after_reconciliation_the_final_verdicts_equal_the_ground_truth(
 
     connections = {"local": broker.connection()}
     clients = ClusterClients(connections, job.store_url)
-    lookups = Lookups(CommittedOffsets(clients), PointedPositions(job.store_url), RecordRemovals(clients))
+    lookups = cluster_lookups(clients, job.store_url)
     lines: list[str] = []
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     report = reconcile(

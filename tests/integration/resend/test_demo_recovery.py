@@ -20,8 +20,7 @@ from khipu.demo.pipeline import DemoConfig, run_demo
 from khipu.demo.recovery import recovery_report
 from khipu.demo.score import observable_messages, score
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
-from khipu.detector.committed import ClusterClients, CommittedOffsets, PointedPositions, RecordRemovals
-from khipu.detector.decide import Lookups
+from khipu.detector.committed import ClusterClients, cluster_lookups
 from khipu.detector.job import DETECTOR_QUERY, start_detector
 from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerProcess
@@ -78,7 +77,7 @@ def test_a_demo_with_skips_and_drops_ends_with_every_loss_resent_to_exactly_the_
         spark.conf.set("spark.sql.session.timeZone", "UTC")
         reconcile(
             spark, job.archive_dir, window, registry, VerdictBook(store.verdicts),
-            Lookups(CommittedOffsets(clients), PointedPositions(job.store_url), RecordRemovals(clients)),
+            cluster_lookups(clients, job.store_url),
             SHORT_WAIT, now_ms(), name_record=kafka_record_namer(connections), progress=lambda line: None,
             verdict_archive_dir=job.verdicts_dir,
         )  # fmt: skip
