@@ -79,8 +79,10 @@ class ClusterClients:
     """One admin client per cluster and one store, built lazily where they are used (on executors) and never
     pickled live: shared by the lookups below, so a worker holds one client per cluster, not one per lookup."""
 
-    def __init__(self, clusters: Mapping[str, KafkaConnection], store_url: str | None = None) -> None:
-        self.clusters, self.store_url = dict(clusters), store_url
+    def __init__(
+        self, clusters: Mapping[str, KafkaConnection], store_url: str | None = None, timeout_s: float = 10.0
+    ) -> None:
+        self.clusters, self.store_url, self.timeout_s = dict(clusters), store_url, timeout_s
         self._admins: dict[str, KafkaAdmin] = {}
         self._store: Store | None = None
 
@@ -95,7 +97,7 @@ class ClusterClients:
         if connection is None:
             return None
         if cluster not in self._admins:
-            self._admins[cluster] = KafkaAdmin(connection, timeout_s=10)
+            self._admins[cluster] = KafkaAdmin(connection, timeout_s=self.timeout_s)
         return self._admins[cluster]
 
     def store(self) -> Store | None:
@@ -259,6 +261,9 @@ class RecordRemovals:
         return self._retention[(cluster, topic)]
 
 
+SILENT_FOR_MS = 5_000  # a cluster that did not answer is not asked again for this long (UNKNOWN meanwhile)
+
+
 @dataclass
 class _Range:
     """Offsets one isolation level found over ``[start, end)`` of a partition, read at ``at_ms``."""
@@ -302,6 +307,7 @@ class RecordFates:
         self.clients, self.cache_ms, self.key_scan_limit = clients, cache_ms, key_scan_limit
         self._clock_ms = clock_ms
         self._readers: dict[str, LogReader] = {}
+        self._silent: dict[str, tuple[int, str]] = {}  # cluster -> when it last did not answer, and why
         self._bounds: dict[tuple[str, str, int], tuple[int, tuple[int, int, int]]] = {}
         self._topics: dict[tuple[str, str], tuple[int, TopicRetention | None]] = {}
         self._ranges: dict[tuple[str, str, int, Isolation], list[_Range]] = {}
@@ -309,19 +315,27 @@ class RecordFates:
 
     def __getstate__(self) -> dict[str, Any]:  # shipped to executors without live clients or stale answers
         state = dict(self.__dict__)
-        state.update(_readers={}, _bounds={}, _topics={}, _ranges={}, _keys={})
+        state.update(_readers={}, _silent={}, _bounds={}, _topics={}, _ranges={}, _keys={})
         return state
 
     def _now(self) -> int:
         return int(self._clock_ms()) if self._clock_ms else time.time_ns() // 1_000_000
 
     def __call__(self, cluster: str, topic: str, partition: int, offset: int, key_hash: str | None) -> RecordFate:
+        now = self._now()
+        silent = self._silent.get(cluster)
+        if silent is not None and now - silent[0] < SILENT_FOR_MS:  # asked again at once, a batch would stall
+            return RecordFate(
+                RecordState.UNKNOWN, detail=f"the cluster did not answer {now - silent[0]} ms ago: {silent[1]}"
+            )
         try:
             return self._fate(cluster, topic, partition, offset, key_hash)
-        except (KafkaUnavailable, KafkaException) as exc:
+        except (KafkaUnavailable, KafkaException, TimeoutError) as exc:
+            why = str(exc) or type(exc).__name__
+            self._silent[cluster] = (now, why)
             log.warning("the log of %s[%d] on %s could not say what offset %d is: %s", topic, partition, cluster,
-                        offset, exc)  # fmt: skip
-            return RecordFate(RecordState.UNKNOWN, detail=f"the cluster did not answer: {exc}")
+                        offset, why)  # fmt: skip
+            return RecordFate(RecordState.UNKNOWN, detail=f"the cluster did not answer: {why}")
 
     def _fate(self, cluster: str, topic: str, partition: int, offset: int, key_hash: str | None) -> RecordFate:
         now = self._now()
@@ -373,11 +387,13 @@ class RecordFates:
         if cached is not None and now - cached[0] < self.cache_ms:
             return cached[1]
         admin, where = self._admin(cluster), [(topic, partition)]
-        answers = (admin.log_starts(where), admin.stable_offsets(where), admin.watermarks(where))
-        errors = [error for answer in answers for error in answer.errors]
-        if errors:
-            raise KafkaUnavailable("; ".join(errors))
-        bounds = (answers[0].found[where[0]], answers[1].found[where[0]], answers[2].found[where[0]][1])
+        answers: list[Any] = []
+        for ask in (admin.log_starts, admin.stable_offsets, admin.watermarks):  # the first failure ends it
+            answer = ask(where)
+            if answer.errors:
+                raise KafkaUnavailable("; ".join(answer.errors))
+            answers.append(answer.found[where[0]])
+        bounds = (answers[0], answers[1], answers[2][1])
         self._bounds[key] = (now, bounds)
         return bounds
 

@@ -224,6 +224,10 @@ class KafkaAdmin:
                 found[(tp.topic, tp.partition)] = future.result(timeout=self.timeout_s).offset
             except KafkaException as exc:
                 errors.append(f"list offsets of {tp.topic}[{tp.partition}]: {error_text(exc)}")
+            except TimeoutError:
+                errors.append(
+                    f"list offsets of {tp.topic}[{tp.partition}]: no answer within {self.timeout_s:g} s{self._why()}"
+                )
         return found
 
     def delete_records(self, before: Mapping[Position, int]) -> dict[Position, int]:

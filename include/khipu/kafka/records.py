@@ -227,23 +227,25 @@ class LogReader:
         found: list[ReadRecord] = []
         deadline = time.monotonic() + self.timeout_s
         try:
-            while len(found) < limit:
+            while len(found) < limit:  # poll, not consume: consume waits for its count, past the partition's end
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                message = consumer.poll(min(remaining, 1.0)) if remaining > 0 else None
+                if message is None:
+                    if time.monotonic() < deadline:
+                        continue
                     raise KafkaException(
                         f"no answer reading {topic}[{partition}] from {start} on {self.connection.describe()}"
                     )
-                for message in consumer.consume(min(limit - len(found), 500), min(remaining, 1.0)):
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            return found
-                        raise KafkaException(error)
-                    if message.offset() >= end:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
                         return found
-                    found.append(ReadRecord(int(message.offset()), message.key()))
-                    if message.offset() + 1 >= end:
-                        return found
+                    raise KafkaException(error)
+                if message.offset() >= end:
+                    return found
+                found.append(ReadRecord(int(message.offset()), message.key()))
+                if message.offset() + 1 >= end:
+                    return found
             return found
         finally:
             consumer.unassign()
