@@ -15,7 +15,8 @@ When a hop is settled (ready to be judged):
   the message on that topic and ``grace_ms`` has gone by since that was first seen: until then
   the message is simply on its way, however long that takes (up to ``max_wait_ms``). A record
   that left the log before the group got to it (the partition's log start passed it while the
-  group's committed offset had not) is settled the same way: the group can never read it.
+  group's committed offset had not) is settled the same way: the group can never read it (on a compacted
+  topic only once the group has gone past: a later record of its key it reads makes it SUPERSEDED).
 - A write hop once the hops reading its topic are settled (and, for a processor, its input
   read); past ``max_wait_ms`` a write hop with SENT traces is judged on them.
 - A topic no trace shows the message on, but which a processor evidently read it from (it wrote
@@ -343,8 +344,10 @@ def read_progress(moment: Moment, hop: Hop, memo: Mapping[str, int]) -> ReadProg
         # has been on its way longer than the grace: most are passed by then, and asking costs
         if not passed and moment.overdue:
             gone = lookups.removed(hop.topic.cluster, hop.group, hop.topic.topic, partition, offset)
-            if gone is not None:
-                removals[(partition, offset)] = gone  # out of the log before the group got to it: final too
+            # out of the log before the group got to it: final too, but on a compacted topic (compact,delete), where
+            # a later record of its key the group reads is what it is owed, only once the group has gone past
+            if gone is not None and not moment.fate(hop.topic, (partition, offset)).compacted_topic:
+                removals[(partition, offset)] = gone
         if passed or (partition, offset) in removals:
             key = memo_key(hop, (partition, offset))
             seen = passed_at[key] = memo.get(key, moment.now_ms)

@@ -210,7 +210,9 @@ class SnapshotRepository:
 
     def removal_evidence(self, cluster: str, group: str, topic: str, partition: int, offset: int) -> RemovalEvidence:
         """What the snapshot history says of a record that left its log: when it was first seen gone, whether
-        the group's committed offset was past it while it was still there (a skip), the topic's retention."""
+        the group's committed offset was past it while it was still there (a skip), the topic's retention as it
+        was then (the newest snapshot at or before it was first seen gone: retention changed since says nothing of
+        why it went; the newest of all when none is that old)."""
         table = schema.offset_snapshots
         same = and_(table.c.cluster == cluster, table.c.topic == topic, table.c.partition == partition)
         with self._engine.begin() as tx:
@@ -227,12 +229,14 @@ class SnapshotRepository:
                 )
                 .limit(1)
             ).first()
-            kept = tx.execute(
+            kept_query = (
                 select(table.c.retention_ms, table.c.retention_bytes)
                 .where(same, table.c.retention_ms.is_not(None))
                 .order_by(table.c.snapshot_ms.desc())
                 .limit(1)
-            ).first()
+            )
+            kept = tx.execute(kept_query.where(table.c.snapshot_ms <= first_gone)).first() if first_gone else None
+            kept = kept or tx.execute(kept_query).first()
         return RemovalEvidence(
             first_gone_ms=None if first_gone is None else int(first_gone),
             passed_while_present=skipped is not None,

@@ -169,6 +169,13 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
         )
         return context.message_id
 
+    def commit_transaction(self, *args: Any, **kwargs: Any) -> Any:
+        """Flush pending traces (bounded), then commit as ``Producer.commit_transaction`` does: an exactly-once
+        processor's consumer offsets commit with its transaction (``send_offsets_to_transaction``), so its RECEIVED
+        traces go out before, as :meth:`TracedConsumer.commit` sends them before a commit."""
+        self._emitter.flush_before_commit()
+        return super().commit_transaction(*args, **kwargs)
+
     def flush(self, timeout: float = -1) -> int:
         """Flush the records, then the traces their delivery reports produced."""
         remaining = int(super().flush(timeout) if timeout >= 0 else super().flush())

@@ -38,6 +38,17 @@ def test_the_history_says_when_a_record_went_and_whether_the_group_had_skipped_i
     assert removals("local", "sleeper", "orders", 0, 45) is None  # still in the log
 
 
+def test_the_retention_a_record_left_under_is_the_one_of_the_snapshot_that_first_saw_it_gone(store: Store) -> None:
+    """An operator raised retention after the record expired: it still expired, under the retention it had then."""
+    now = time.time_ns() // 1_000_000
+    snapshot(store, now - 60_000, "sleeper", committed=10, log_start=0, retention_ms=3_000)
+    snapshot(store, now - 30_000, "sleeper", committed=10, log_start=45, retention_ms=3_000)  # first seen gone
+    snapshot(store, now - 5_000, "sleeper", committed=10, log_start=45, retention_ms=3_600_000)  # raised since
+    removals = RecordRemovals(ClusterClients({"local": KafkaConnection(f"127.0.0.1:{free_port()}")}, store.url))
+    gone = removals("local", "sleeper", "orders", 0, 40)
+    assert gone is not None and (gone.removed_by_ms, gone.retention_ms) == (now - 30_000, 3_000)
+
+
 def test_a_store_that_cannot_answer_fails_the_lookup_instead_of_calling_a_skip_a_removal(store: Store) -> None:
     now = time.time_ns() // 1_000_000
     snapshot(store, now - 1_000, "sleeper", committed=10, log_start=45)

@@ -384,6 +384,12 @@ CASES = [
           S1: (L, Cause.EXPIRED, 0), S2: (D, None, 1)}, True,
          "compact,delete: retention took out@7 and no later record of its key is left: expired, as on any topic",
          removed={("s1", "out"): AGED_OUT}, fates={("out", 7): GONE_NO_KEY}),
+    Case(49, clean(skip={S1}), {**PAST, ("s1", "out"): 3}, 60_000, 100_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), S2: (D, None, 1)}, False,
+         "compact,delete: retention took out@7 while s1 is still at offset 3; unlike a delete-only topic (case 24) "
+         "that is not final yet: a later record of its key written before s1 gets there is what s1 is owed, so the "
+         "hop waits for s1 to pass (and the write into out waits with it)",
+         removed={("s1", "out"): AGED_OUT}, fates={("out", 7): GONE_NO_KEY}),
 ]
 # fmt: on
 
