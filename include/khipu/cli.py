@@ -379,6 +379,11 @@ def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
         if args.stream in (None, stream):
             counts.setdefault((stream, hop), {})[verdict + (f"/{cause}" if cause else "")] = number
     total = sum(sum(per_hop.values()) for per_hop in counts.values())
+    # Kafka working as designed, and reprocessing an exactly-once processor did: shown apart from losses
+    apart = {name: sum(n for (stream, _, verdict, cause), n in kinds.items()
+                       if (verdict, cause) in pairs and args.stream in (None, stream))
+             for name, pairs in (("ABORTED", {("ABORTED", "")}), ("SUPERSEDED", {("SUPERSEDED", "compacted")}),
+                                 ("reprocessed", {("DUPLICATE", "reprocessed_after_abort")}))}  # fmt: skip
     if args.json:
         return _print_json(
             {
@@ -386,6 +391,7 @@ def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
                 "verdicts": total,
                 "per_hop": [{"stream": s, "hop": h, "kinds": k} for (s, h), k in sorted(counts.items())],
                 "newest_losses": lost,
+                "not_losses": apart,
                 "late_evidence": len(late),
                 "heartbeat": beat,
             }
@@ -393,6 +399,12 @@ def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
     print(f"{total} verdicts in the last {args.minutes:g} minutes")
     for (stream, hop), per_hop in sorted(counts.items()):
         print(f"{stream:14} {hop:52} " + ", ".join(f"{k} {n}" for k, n in sorted(per_hop.items())))
+    if any(apart.values()):
+        print(
+            f"not losses (Kafka's own semantics): {apart['ABORTED']} ABORTED (transactions that aborted), "
+            f"{apart['SUPERSEDED']} SUPERSEDED (compacted behind a later record of their key); "
+            f"{apart['reprocessed']} duplicates were an exactly-once processor reprocessing after an abort"
+        )
     for row in reversed(lost):
         print(f"{row['verdict']} {row['message_id']} at {row['hop']} [{row['cause']}]: {row['detail']}")
     if late:
@@ -438,7 +450,7 @@ def _trace(args: argparse.Namespace, settings: KhipuSettings) -> int:
     )
     for hop in report.hops:
         verdict = hop.verdict
-        said = "no verdict yet"
+        said = hop.not_reached or "no verdict yet"
         if verdict is not None:
             said = str(verdict["verdict"]) + (f"/{verdict['cause']}" if verdict["cause"] else "")
             said += f" at {utc_text(verdict['decided_ms'])} by {verdict['decided_by']}"

@@ -21,11 +21,13 @@ from typing import Any
 from khipu.alerting.model import Alert, AlertState, Severity
 from khipu.errors import InvalidSetting
 from khipu.registry.model import AlertThresholds
+from khipu.verdicts.metrics import JUDGED_COUNTS
 
 VERDICT_ALERT_KIND = "verdict_threshold"
 LOSSES = ("lost", "confirmed_lost")
-# the per-minute counts a window's verdicts are the sum of (a rate's denominator): the alerts, the exporter, the view
-COUNTED_KINDS = ("delivered", "lost", "confirmed_lost", "duplicate", "trace_lost", "pending", "retracted")
+# the per-minute counts a window's verdicts are the sum of (a rate's denominator): the alerts, the exporter, the view;
+# ABORTED and SUPERSEDED (Kafka's own semantics) are not among them
+COUNTED_KINDS = JUDGED_COUNTS
 
 
 class ThresholdConfigError(InvalidSetting):

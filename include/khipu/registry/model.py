@@ -135,6 +135,14 @@ class Route:
         """The processor whose write ``hop`` is (a consumer at the hop's location that writes its topic)."""
         return next((c for c in self.consumers if c.location == hop.location and hop.topic in c.writes), None)
 
+    def feeders_of(self, hop: Hop) -> tuple[Hop, ...]:
+        """The hops a message passes right before ``hop``: a read hop's topic's writes; a processor's write, its
+        input reads (a producer's write: none)."""
+        if hop.kind is HopKind.READ:
+            return self.writers_of(hop.topic)
+        processor = self.processor_writing(hop)
+        return tuple(Hop.read(t, processor.group) for t in processor.reads) if processor else ()
+
     def location_of(self, group: str) -> str | None:
         """Where ``group``'s consumers run (their emitter's location)."""
         return next((c.location for c in self.consumers if c.group == group), None)

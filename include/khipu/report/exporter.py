@@ -143,6 +143,7 @@ class StoreReading:
     verdict_kinds: Mapping[tuple[str, str, str, str], int]  # (stream, hop, verdict, cause or "") -> verdicts
     hop_figures: Mapping[tuple[str, str], HopFigures]  # over the alert window
     latencies: Mapping[tuple[str, str], LatencyCounts]  # per (stream, hop), bounds as the buckets
+    skew: Mapping[tuple[str, str], tuple[int, int]]  # per (stream, hop): impossible latencies, the worst (ms)
     partitions: Sequence[Mapping[str, Any]]  # store.health.current_rows
     heartbeats: Mapping[str, Mapping[str, Any] | None]  # query -> its newest report (None: never)
     quarantined: int
@@ -150,7 +151,7 @@ class StoreReading:
     alerts_firing: Mapping[str, int]  # alert kind -> subjects whose last alert fired
 
 
-NOTHING_READ = StoreReading({}, {}, {}, [], {}, 0, [], {})
+NOTHING_READ = StoreReading({}, {}, {}, {}, [], {}, 0, [], {})
 
 
 def read_store(store: Store, cluster: str, now_ms: int, windows: ExportWindows, queries: Sequence[str]) -> StoreReading:
@@ -172,6 +173,11 @@ def read_store(store: Store, cluster: str, now_ms: int, windows: ExportWindows, 
             for hop, counts in counts_by_hop(in_verdict_window).items()
             if counts.latency_count
         },
+        skew={
+            hop: (counts.skewed, min(counts.skew_histogram))
+            for hop, counts in counts_by_hop(in_verdict_window).items()
+            if counts.skewed
+        },
         partitions=store.health.current_rows(cluster),
         heartbeats={query: store.heartbeat.latest(query) for query in queries},
         quarantined=quarantined,
@@ -186,6 +192,7 @@ def metric_families(reading: StoreReading, now_ms: int, windows: ExportWindows) 
         *verdict_families(reading, windows),
         *hop_rate_families(reading, windows),
         latency_family(reading, windows),
+        *skew_families(reading, windows),
         *consumer_families(reading),
         *detector_families(reading, now_ms),
         *trace_channel_families(reading),
@@ -209,14 +216,16 @@ def hop_rate_families(reading: StoreReading, windows: ExportWindows) -> list[Met
     window = f"the alert window (the last {_duration(windows.alert_window_ms)}, in whole minutes)"
     loss = GaugeMetricFamily(
         "khipu_hop_loss_rate",
-        f"Lost verdicts (LOST and CONFIRMED_LOST) over all verdicts of the hop in {window}: "
-        "the figure the verdict-threshold alerts compare with the stream's loss_rate.",
+        f"Lost verdicts (LOST and CONFIRMED_LOST) over the judged verdicts of the hop in {window} (all but "
+        "ABORTED and SUPERSEDED, Kafka's own semantics): the figure the verdict-threshold alerts compare with the "
+        "stream's loss_rate.",
         labels=("stream", "hop"),
     )
     duplicate = GaugeMetricFamily(
         "khipu_hop_duplicate_rate",
-        f"DUPLICATE verdicts over all verdicts of the hop in {window}: "
-        "the figure the verdict-threshold alerts compare with the stream's duplicate_rate.",
+        f"DUPLICATE verdicts over the judged verdicts of the hop in {window} (an exactly-once processor's "
+        "reprocessing after an abort is not one): the figure the verdict-threshold alerts compare with the "
+        "stream's duplicate_rate.",
         labels=("stream", "hop"),
     )
     verdicts = GaugeMetricFamily(
@@ -245,6 +254,25 @@ def latency_family(reading: StoreReading, windows: ExportWindows) -> Metric:
         buckets = [*zip(bounds, map(float, cumulative), strict=True), ("+Inf", float(count))]
         histogram.add_metric([stream, hop], buckets, sum_ms / 1000)
     return histogram
+
+
+def skew_families(reading: StoreReading, windows: ExportWindows) -> list[Metric]:
+    window = f"the last {_duration(windows.verdict_window_ms)} (whole minutes)"
+    impossible = GaugeMetricFamily(
+        "khipu_hop_clock_skew_latencies",
+        f"Latencies of the hop in {window} that came out negative (received before written): the clocks of its "
+        "two emitters disagree. Counted here, never in khipu_hop_latency_seconds.",
+        labels=("stream", "hop"),
+    )
+    worst = GaugeMetricFamily(
+        "khipu_hop_clock_skew_worst_seconds",
+        f"The most negative latency of the hop in {window} (three significant digits): how far its clocks disagree.",
+        labels=("stream", "hop"),
+    )
+    for (stream, hop), (count, worst_ms) in sorted(reading.skew.items()):
+        impossible.add_metric([stream, hop], count)
+        worst.add_metric([stream, hop], worst_ms / 1000)
+    return [impossible, worst]
 
 
 def consumer_families(reading: StoreReading) -> list[Metric]:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from khipu.registry.model import Hop, Stream, TopicRef
+from khipu.registry.model import Hop, Route, Stream, TopicRef
 from khipu.store.verdicts import VERDICT_COLUMNS
 from khipu.trace.archive import ArchivedTrace
 
@@ -34,6 +34,7 @@ class HopLine:
     verdict: dict[str, Any] | None  # the stored verdict's fields; None: none yet
     traces: tuple[TraceLine, ...] = field(default_factory=tuple)
     history: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    not_reached: str | None = None  # no verdict because the message never got here: "not reached: lost at <hop>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,27 @@ class MessageReport:
     @property
     def found(self) -> bool:
         return any(hop.verdict is not None or hop.traces for hop in self.hops)
+
+
+# a verdict that ends the message's way at its hop: the hops after it are never reached
+ENDS_ITS_WAY = {"LOST": "lost", "CONFIRMED_LOST": "lost", "UNRECOVERABLE": "lost", "ABORTED": "aborted",
+                "SUPERSEDED": "superseded"}  # fmt: skip
+
+
+def why_not_reached(route: Route, hop: Hop, kinds: Mapping[str, str], seen: frozenset[Hop] = frozenset()) -> str | None:
+    """Why a hop of the route has no verdict, when a hop before it ended the message's way there:
+    ``not reached: lost at <hop>`` (or aborted, superseded); None when nothing before it did."""
+    for before in route.feeders_of(hop):
+        if before in seen:
+            continue
+        kind = kinds.get(before.id)
+        if kind in ENDS_ITS_WAY:
+            return f"not reached: {ENDS_ITS_WAY[kind]} at {before.id}"
+        if kind is None:
+            upstream = why_not_reached(route, before, kinds, seen | {hop})
+            if upstream is not None:
+                return upstream
+    return None
 
 
 def trace_hop(trace: ArchivedTrace) -> Hop:
@@ -91,6 +113,13 @@ def lay_out(
         by_hop_history.setdefault(str(change["hop"]), []).append({name: change.get(name) for name in HISTORY_FIELDS})
     on_route = {hop_id for hop_id, _ in route}
     ordered = [hop_id for hop_id, _ in route] + sorted(set(kinds) - on_route)
+    decided = {hop_id: str(row["verdict"]) for hop_id, row in by_hop_verdict.items()}
+    route_hops = {hop.id: hop for hop in stream.route.hops} if stream is not None else {}
+    unreached = {
+        hop_id: why_not_reached(stream.route, hop, decided)
+        for hop_id, hop in route_hops.items()
+        if stream is not None and hop_id not in decided
+    }
     attributes: dict[str, str] = {}
     for trace in traces:
         attributes.update(trace.attributes)
@@ -110,6 +139,7 @@ def lay_out(
                 ),
                 traces=tuple(by_hop_traces.get(hop_id, ())),
                 history=tuple(by_hop_history.get(hop_id, ())),
+                not_reached=unreached.get(hop_id),
             )
             for hop_id in ordered
         ),

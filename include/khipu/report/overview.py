@@ -18,6 +18,7 @@ from khipu.alerting.thresholds import COUNTED_KINDS as COUNTED
 from khipu.alerting.thresholds import window_start_ms
 from khipu.registry.model import Registry
 from khipu.trace.archive import HOUR_MS
+from khipu.verdicts.metrics import APART, MinuteCounts
 
 DAY_MS = 24 * HOUR_MS
 
@@ -34,12 +35,17 @@ class WindowFigures:
     trace_lost: int = 0
     pending: int = 0
     retracted: int = 0
+    reprocessed: int = 0  # duplicates of an exactly-once processor's reprocessing: shown, not in the duplicate rate
+    aborted: int = 0  # Kafka's own semantics, apart from every rate
+    superseded: int = 0
     latency_p50_ms: int | None = None
     latency_p95_ms: int | None = None
     latency_p99_ms: int | None = None
+    skewed: int = 0  # latencies clock skew made impossible (in no percentile)
 
     @property
     def verdicts(self) -> int:
+        """The verdicts the rates are shares of (ABORTED and SUPERSEDED are not)."""
         return sum(getattr(self, name) for name in COUNTED)
 
     @property
@@ -83,21 +89,25 @@ class StreamOverview:
 
 def window_figures(rows: Iterable[Mapping[str, Any]], since_ms: int) -> WindowFigures:
     """One hop's figures from its minute rows at or after ``since_ms`` (a minute's start)."""
-    counts = dict.fromkeys(COUNTED, 0)
+    counts = dict.fromkeys((*COUNTED, *APART), 0)
     p50s: list[tuple[int, int]] = []
     p95: int | None = None
     p99: int | None = None
+    skewed = 0
     for row in rows:
         if int(row["minute_ms"]) < since_ms:
             continue
-        for name in COUNTED:
+        for name in counts:
             counts[name] += int(row.get(name) or 0)
+        skewed += sum(MinuteCounts.histogram_of_json(row.get("skew_histogram")).values())
         if row.get("latency_p50_ms") is not None:
             p50s.append((int(row["latency_p50_ms"]), max(int(row.get("delivered") or 0), 1)))
         p95 = _worst(p95, row.get("latency_p95_ms"))
         p99 = _worst(p99, row.get("latency_p99_ms"))
     p50 = _weighted_median(p50s)
-    return WindowFigures(since_ms, **counts, latency_p50_ms=p50, latency_p95_ms=p95, latency_p99_ms=p99)
+    return WindowFigures(
+        since_ms, **counts, latency_p50_ms=p50, latency_p95_ms=p95, latency_p99_ms=p99, skewed=skewed
+    )
 
 
 def series(rows: Iterable[Mapping[str, Any]], start_ms: int, end_ms: int, bucket_ms: int) -> tuple[SeriesPoint, ...]:

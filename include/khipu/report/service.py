@@ -31,6 +31,7 @@ from khipu.report.overview import DAY_MS, StreamOverview, streams_overview
 from khipu.store import Store
 from khipu.trace.archive import HOUR_MS, hours_between, read_traces, read_traces_in_hours
 from khipu.verdicts.archive import VerdictArchive
+from khipu.verdicts.metrics import MinuteCounts
 from khipu.verdicts.model import LOSS_KINDS, RESEND_KINDS, Cause, VerdictKind
 from khipu.verdicts.read import verdicts_of, with_first_decisions
 
@@ -346,11 +347,48 @@ class QueryBeat:
 
 
 @dataclass(frozen=True, slots=True)
+class SkewLine:
+    """A hop whose latencies clock skew made impossible (negative) over the last day: the emitters at its two ends."""
+
+    stream: str
+    hop: str
+    earlier: str  # the location(s) whose trace the latency starts from (the topic's writers; a processor itself)
+    later: str  # the location whose trace it ends at
+    impossible: int  # latencies that came out negative: counted here, in no percentile
+    worst_ms: int  # the most negative of them (as its bucket: three significant digits)
+
+
+@dataclass(frozen=True, slots=True)
 class KhipuHealth:
     queries: list[QueryBeat]
     quarantined: int
     quarantine: list[dict[str, Any]]  # the newest quarantined records, with their reasons
     emitters_with_gaps: list[dict[str, Any]]  # per emitter: gaps open, sequence numbers missing
+    clock_skew: list[SkewLine] = field(default_factory=list)  # per hop, worst first
+    skew_by_emitter: dict[str, int] = field(default_factory=dict)  # location -> impossible latencies it took part in
+
+
+def clock_skew(registry: Registry, metric_rows: Sequence[dict[str, Any]]) -> list[SkewLine]:
+    """Per hop, the latencies clock skew made impossible in these minute rows, with the emitters at its ends."""
+    counts: dict[tuple[str, str], MinuteCounts] = {}
+    for row in metric_rows:
+        if row.get("skew_histogram"):
+            key = (str(row["stream"]), str(row["hop"]))
+            counts[key] = counts.get(key, MinuteCounts()).plus(MinuteCounts.of_row(row))
+    lines = []
+    for (stream_name, hop_id), summed in counts.items():
+        if not summed.skewed:
+            continue
+        stream = registry.streams.get(stream_name)
+        hop = next((h for h in stream.route.hops if h.id == hop_id), None) if stream is not None else None
+        earlier = later = "?"
+        if stream is not None and hop is not None and hop.group is not None:  # a read: the writers, then the group
+            earlier = ", ".join(sorted({h.location or "?" for h in stream.route.writers_of(hop.topic)}))
+            later = stream.route.location_of(hop.group) or hop.group
+        elif hop is not None:  # a processor's write: its own receive, then its write
+            earlier = later = hop.location or "?"
+        lines.append(SkewLine(stream_name, hop_id, earlier, later, summed.skewed, min(summed.skew_histogram)))
+    return sorted(lines, key=lambda line: (line.worst_ms, line.stream, line.hop))
 
 
 def khipu_health(
@@ -358,10 +396,11 @@ def khipu_health(
     now_ms: int,
     queries: Collection[str] = (DETECTOR_QUERY,),
     stale_after_ms: int | None = None,
+    registry: Registry | None = None,
 ) -> KhipuHealth:
-    """Khipu's own health: the detector's heartbeat and rates, and the trace channel's gaps and quarantine. A
-    heartbeat older than ``stale_after_ms`` (default: the detector-down alert's, KHIPU_DETECTOR_STALE_AFTER_S)
-    is stale."""
+    """Khipu's own health: the detector's heartbeat and rates, the trace channel's gaps and quarantine, and (with
+    the registry) the emitters whose clocks disagree over the last day. A heartbeat older than ``stale_after_ms``
+    (default: the detector-down alert's, KHIPU_DETECTOR_STALE_AFTER_S) is stale."""
     stale_ms = SupervisionConfig.from_env().stale_after_ms if stale_after_ms is None else stale_after_ms
     beats = []
     for name in queries:
@@ -389,7 +428,12 @@ def khipu_health(
             )
         )
     total, newest = store.channel.quarantine_page(limit=20)
-    return KhipuHealth(beats, total, newest, store.channel.gap_summary())
+    skew = clock_skew(registry, store.verdicts.read_metrics(since_ms=now_ms - DAY_MS)) if registry is not None else []
+    by_emitter: dict[str, int] = {}
+    for line in skew:
+        for location in {*line.earlier.split(", "), line.later}:
+            by_emitter[location] = by_emitter.get(location, 0) + line.impossible
+    return KhipuHealth(beats, total, newest, store.channel.gap_summary(), skew, dict(sorted(by_emitter.items())))
 
 
 def alerts_report(store: Store, since_ms: int) -> list[dict[str, Any]]:

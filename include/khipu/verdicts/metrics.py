@@ -55,6 +55,8 @@ REPROCESSED = "reprocessed"  # the count of a DUPLICATE whose cause is not count
 # MinuteCounts' fields and the stored count columns
 COUNT_NAMES = (*(kind.value.lower() for kind in COUNTED), REPROCESSED)
 APART = ("aborted", "superseded")  # Kafka working as designed: in no rate's denominator
+# the counts a rate is a share of (its denominator): the metrics, the alerts, the exporter and the view all use these
+JUDGED_COUNTS = tuple(name for name in COUNT_NAMES if name not in APART)
 EXACT_UP_TO_MS = 1000  # latencies up to here keep their own bucket
 _COUNT_OF = {kind.value: kind.value.lower() for kind in COUNTED} | {
     kind.value: counted.value.lower() for kind, counted in COUNTED_AS.items()
@@ -231,7 +233,7 @@ class MinuteCounts:
     @property
     def judged(self) -> int:
         """The verdicts the rates are shares of: all but Kafka's own semantics (ABORTED, SUPERSEDED)."""
-        return self.verdicts - sum(int(getattr(self, name)) for name in APART)
+        return sum(int(getattr(self, name)) for name in JUDGED_COUNTS)
 
     @property
     def skewed(self) -> int:

@@ -199,7 +199,7 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     )
     def api_khipu(_user: ApiUser) -> Any:
         with store() as s:
-            return plain(service.khipu_health(s, sources.now_ms()))
+            return plain(service.khipu_health(s, sources.now_ms(), registry=sources.load_registry()))
 
     @app.get(f"{API}/alerts", summary="Alerts fired and resolved, newest first, with each notifier's outcome")
     def api_alerts(_user: ApiUser, minutes: float = 24 * 60) -> list[dict[str, Any]]:
@@ -281,7 +281,7 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     @app.get("/self", response_class=HTMLResponse, include_in_schema=False)
     def self_page(request: Request, _user: PageUser) -> HTMLResponse:
         with store() as s:
-            health = service.khipu_health(s, sources.now_ms())
+            health = service.khipu_health(s, sources.now_ms(), registry=sources.load_registry())
         return render(request, "self.html", health=health)
 
     @app.get("/alerts", response_class=HTMLResponse, include_in_schema=False)

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.integration
 
 MALFORMED = [
     (b"\x00\x01 not json", "not JSON"),
-    (json.dumps({"v": 3, "message_id": "x"}).encode(), "unsupported format version 3"),
+    (json.dumps({"v": 4, "message_id": "x"}).encode(), "unsupported format version 4"),
     (json.dumps({"v": 1}).encode(), "field 'message_id': missing"),
     (b"x" * 20_000, "at most 16384 allowed"),
 ]

@@ -27,6 +27,7 @@ from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerProcess
 from khipu.offsets.collect import collect_snapshot, groups_to_watch
 from khipu.registry.loader import load_registry
+from khipu.report.service import khipu_health
 from khipu.store import Store
 from khipu.tracing import TracedConsumer, TracedProducer, TraceEmitter, TraceEmitterConfig, carry_trace_headers
 from khipu.tracing.headers import trace_context
@@ -596,3 +597,8 @@ def test_skewed_clocks_change_no_verdict_and_their_impossible_latencies_are_coun
     counts = [MinuteCounts.of_row(m) for m in minutes]
     assert sum(c.skewed for c in counts) == 40 and sum(c.latency_count for c in counts) == 0
     assert {(m["latency_p50_ms"], m["latency_p99_ms"]) for m in minutes} == {(None, None)}  # no negative percentile
+    assert run.topics.registry is not None  # Khipu's health page names the two emitters whose clocks disagree
+    health = khipu_health(run.store, time.time_ns() // 1_000_000, registry=load_registry(run.topics.registry))
+    [line] = [k for k in health.clock_skew if k.hop == hop]
+    assert (line.earlier, line.later, line.impossible) == ("skew-producer", "skew-sink", 40)
+    assert line.worst_ms < -SKEW_MS and health.skew_by_emitter == {"skew-producer": 40, "skew-sink": 40}

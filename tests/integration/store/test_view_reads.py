@@ -14,7 +14,7 @@ from khipu.report import service
 from khipu.report.plain import plain
 from khipu.store import Store
 from khipu.verdicts.metrics import MinuteCounts
-from tests.viewdata import STORE_READ, seed
+from tests.viewdata import STORE_READ, a_latency, seed
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[3]
@@ -58,11 +58,13 @@ def test_the_reports_match_what_was_written_and_agree_on_both_databases(store: S
     assert {r["message_id"] for r in got["losses"]["rows"]} == {data.skipped, data.dropped}
     assert all(isinstance(g["missing"], int) for g in got["khipu"]["emitters_with_gaps"])
     assert sum(n for _, n in got["kinds"]) == len(data.verdicts)
-    latencies = [r["latency_ms"] for r in data.verdicts if r["latency_ms"] is not None]
+    latencies = [r["latency_ms"] for r in data.verdicts if a_latency(r)]
     minutes = [MinuteCounts.of_row(minute) for minute in got["minutes"]]
     assert sum(m.verdicts for m in minutes) == len(data.verdicts)
     assert sum(m.latency_count for m in minutes) == len(latencies)
     assert sum(m.latency_sum_ms for m in minutes) == sum(latencies)  # all below a second: exact
+    impossible = [r for r in data.verdicts if r["latency_ms"] is not None and not a_latency(r)]
+    assert sum(m.skewed for m in minutes) == len(impossible) > 0  # apart, in no percentile
     ANSWERS[store.engine.url.split(":", 1)[0]] = got
     if len(ANSWERS) == 2:  # both databases answered: the same, to the last figure
         sqlite, postgres = ANSWERS["sqlite"], ANSWERS["postgresql+psycopg2"]

@@ -22,7 +22,19 @@ from khipu.registry.loader import load_registry
 from khipu.store import Store
 from khipu_airflow.view.app import ViewSources, create_app
 from tests.archived import seed_archived
-from tests.viewdata import AUDIT_READ, ENRICH_WRITE, PRODUCE, STORE_READ, STREAM, Seeded, seed
+from tests.viewdata import (
+    AUDIT_READ,
+    ENRICH_READ,
+    ENRICH_WRITE,
+    PRODUCE,
+    STORE_READ,
+    STREAM,
+    Seeded,
+    a_duplicate,
+    a_latency,
+    judged,
+    seed,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 NOW_MS = 1_795_000_000_000
@@ -84,14 +96,24 @@ def test_streams_api_sums_the_stored_minutes_per_hop(seeded: tuple[TestClient, S
         for window, since in (("last_hour", hour_ago), ("last_day", day_ago)):
             figures = hops[hop][window]
             in_window = [r for r in stored if r["decided_ms"] // 60_000 * 60_000 >= since]  # whole minutes
-            assert figures["verdicts"] == len(in_window), (hop, window)
+            assert figures["verdicts"] == len(judged(in_window)), (hop, window)
             assert figures["delivered"] == sum(r["verdict"] == "DELIVERED" for r in in_window)
+            for kind in ("ABORTED", "SUPERSEDED"):  # shown apart from losses and from every rate
+                assert figures[kind.lower()] == sum(r["verdict"] == kind for r in in_window), (hop, window, kind)
+            assert figures["duplicate"] == sum(map(a_duplicate, in_window))
+            assert figures["reprocessed"] == sum(r.get("cause") == "reprocessed_after_abort" for r in in_window)
+            skewed = sum(r["latency_ms"] is not None and not a_latency(r) for r in in_window)
+            assert figures["skewed"] == skewed, (hop, window)
     audit = hops[AUDIT_READ]["last_hour"]
     assert audit["lost"] == 1 and audit["loss_rate"] == pytest.approx(1 / audit["verdicts"])
+    assert audit["superseded"] == 1 and hops[ENRICH_READ]["last_hour"]["aborted"] == 1  # the seed's
+    assert hops[STORE_READ]["last_hour"]["skewed"] == 1
     assert hops[AUDIT_READ]["last_day"]["verdicts"] > audit["verdicts"]  # the day holds the earlier messages too
     assert hops[ENRICH_WRITE]["last_hour"]["confirmed_lost"] == 1
     series = hops[AUDIT_READ]["series"]
-    charted = [r for r in store.verdicts.rows() if r["hop"] == AUDIT_READ and r["decided_ms"] >= series[0]["at_ms"]]
+    charted = judged(
+        [r for r in store.verdicts.rows() if r["hop"] == AUDIT_READ and r["decided_ms"] >= series[0]["at_ms"]]
+    )
     assert len(series) == 48 and sum(p["verdicts"] for p in series) == len(charted)
     lost_at = next(r["decided_ms"] for r in charted if r["verdict"] == "LOST")
     bucket = next(p for p in series if p["at_ms"] <= lost_at < p["at_ms"] + 30 * 60_000)

@@ -36,7 +36,7 @@ from khipu.store import Store, schema
 from khipu.verdicts.metrics import counts_by_minute, metrics_of
 from tests.unit.report.conftest import CLUSTER, NOW_MS, SeededStore, StartExporter
 from tests.unit.report.scraping import Labels, labels_of, scrape
-from tests.viewdata import STORE_READ, STREAM, verdict
+from tests.viewdata import STORE_READ, STREAM, a_duplicate, a_latency, judged, verdict
 
 HOUR_MS, MINUTE_MS = 3_600_000, 60_000
 TOKEN = "exporter-test-token"
@@ -72,11 +72,11 @@ def test_hop_rates_are_those_of_the_alert_window_in_whole_minutes(
     in_window = decided_since(seeded, since)
     expected_rates: dict[str, dict[Labels, float]] = {"loss": {}, "duplicate": {}, "verdicts": {}}
     for stream, hop in {(r["stream"], r["hop"]) for r in in_window}:
-        verdicts = [r["verdict"] for r in in_window if (r["stream"], r["hop"]) == (stream, hop)]
-        lost = sum(v in ("LOST", "CONFIRMED_LOST") for v in verdicts)
-        expected_rates["loss"][hop_labels(stream, hop)] = lost / len(verdicts)
-        expected_rates["duplicate"][hop_labels(stream, hop)] = verdicts.count("DUPLICATE") / len(verdicts)
-        expected_rates["verdicts"][hop_labels(stream, hop)] = float(len(verdicts))
+        rows = judged([r for r in in_window if (r["stream"], r["hop"]) == (stream, hop)])
+        lost = sum(r["verdict"] in ("LOST", "CONFIRMED_LOST") for r in rows)
+        expected_rates["loss"][hop_labels(stream, hop)] = lost / len(rows) if rows else 0.0
+        expected_rates["duplicate"][hop_labels(stream, hop)] = sum(map(a_duplicate, rows)) / len(rows) if rows else 0.0
+        expected_rates["verdicts"][hop_labels(stream, hop)] = float(len(rows))
     assert scraped.series("khipu_hop_loss_rate") == pytest.approx(expected_rates["loss"])
     assert scraped.series("khipu_hop_duplicate_rate") == pytest.approx(expected_rates["duplicate"])
     assert scraped.series("khipu_hop_verdicts_window") == expected_rates["verdicts"]
@@ -91,7 +91,7 @@ def test_the_latency_histogram_buckets_the_last_hours_stored_latencies(
     scraped = scrape(start_exporter(seeded.url).url)
     buckets = scraped.series("khipu_hop_latency_seconds_bucket")
     in_hour = decided_since(seeded, window_start_ms(NOW_MS, HOUR_MS))
-    with_latency = [r for r in in_hour if r["latency_ms"] is not None]
+    with_latency = [r for r in in_hour if a_latency(r)]
     hops = {(r["stream"], r["hop"]) for r in with_latency}
     expected_buckets = {}
     for stream, hop in hops:
@@ -106,6 +106,22 @@ def test_the_latency_histogram_buckets_the_last_hours_stored_latencies(
         )
     assert buckets == expected_buckets
     assert len({value for value in buckets.values()}) > 1  # the bounds split the latencies
+
+
+def test_latencies_clock_skew_made_impossible_are_exported_apart_per_hop(
+    seeded: SeededStore, start_exporter: StartExporter
+) -> None:
+    scraped = scrape(start_exporter(seeded.url).url)
+    in_hour = decided_since(seeded, window_start_ms(NOW_MS, HOUR_MS))
+    negative = [r for r in in_hour if r["latency_ms"] is not None and r["latency_ms"] < 0]
+    assert negative  # the seed has one
+    expected = Counter(hop_labels(r["stream"], r["hop"]) for r in negative)
+    assert scraped.series("khipu_hop_clock_skew_latencies") == {labels: float(n) for labels, n in expected.items()}
+    worst = {hop_labels(r["stream"], r["hop"]): r["latency_ms"] for r in negative}
+    served_worst = scraped.series("khipu_hop_clock_skew_worst_seconds")
+    assert set(served_worst) == set(worst)
+    for labels, ms in worst.items():  # as its bucket: three significant digits, never further from zero
+        assert ms / 1000 <= served_worst[labels] < ms / 1000 * 0.99
 
 
 def test_delivered_verdicts_kept_in_the_verdict_archive_are_counted_from_the_minute_metrics(

@@ -44,6 +44,25 @@ def test_every_route_hop_in_order_with_its_traces_verdict_and_history_then_hops_
     assert report.attributes == {"order_id": "9"} and report.found
 
 
+def test_a_hop_past_a_loss_says_where_the_message_was_lost_instead_of_no_verdict_yet() -> None:
+    """demo-producer -> demo.orders -> demo-enricher -> demo.orders-enriched -> (demo-sink-store, demo-sink-audit)."""
+    enrich, into_enriched = "local/demo.orders -> demo-enricher", "demo-enricher -> local/demo.orders-enriched"
+    store, audit = "local/demo.orders-enriched -> demo-sink-store", "local/demo.orders-enriched -> demo-sink-audit"
+    dropped = [
+        {"hop": "demo-producer -> local/demo.orders", "verdict": "DELIVERED"},
+        {"hop": enrich, "verdict": "DELIVERED"},
+        {"hop": into_enriched, "verdict": "LOST"},
+    ]
+    said = {hop.hop: hop.not_reached for hop in lay_out("m1", STREAM, dropped, [], []).hops}
+    assert said[store] == said[audit] == f"not reached: lost at {into_enriched}"
+    assert said[enrich] is None  # it has a verdict
+    aborted = [{"hop": "demo-producer -> local/demo.orders", "verdict": "ABORTED"}]
+    said = {hop.hop: hop.not_reached for hop in lay_out("m1", STREAM, aborted, [], []).hops}
+    assert said[store] == "not reached: aborted at demo-producer -> local/demo.orders"  # through hops with none
+    on_its_way = [{"hop": "demo-producer -> local/demo.orders", "verdict": "DELIVERED"}]
+    assert {hop.not_reached for hop in lay_out("m1", STREAM, on_its_way, [], []).hops} == {None}  # still going
+
+
 def test_nothing_known_is_not_found() -> None:
     assert not lay_out("m1", STREAM, [], [], []).found
 
