@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections.abc import Iterator
 from typing import Any
@@ -257,3 +258,58 @@ def test_consumer_without_group_id_is_refused_with_a_clear_error(emitter: TraceE
     with pytest.raises(TracingConfigError, match=r"group\.id"):
         TracedConsumer({"bootstrap.servers": "127.0.0.1:1"}, emitter=emitter)
     assert HEADER_MESSAGE_ID == "khipu-id"
+
+
+def test_a_transactional_producer_works_unchanged_and_its_traces_say_what_compaction_and_transactions_need(
+    broker: BrokerProcess, topics: tuple[str, str], emitter: TraceEmitter
+) -> None:
+    """init/begin/produce/send_offsets/commit and abort through TracedProducer as through Producer: every delivered
+    record gets one SENT trace with the record's own timestamp (as a consumer reads it back), its key's hash and
+    whether it was a tombstone, marked transactional; read_committed and read_uncommitted consumers see what Kafka
+    says they see, and their RECEIVED traces say which they were."""
+    data, trace_topic = topics
+    producer = TracedProducer(
+        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": f"tx-{data}"},
+        emitter=emitter,
+        stream="orders",
+    )
+    producer.init_transactions(30)
+    outcomes: dict[str, str] = {}
+    tombstones: set[str] = set()
+    for outcome in ("commit", "abort", "commit"):
+        producer.begin_transaction()
+        for n in range(5):
+            value = None if n == 4 else f"{outcome}-{n}".encode()  # the last of each a tombstone
+            message_id = producer.produce(data, value=value, key=f"k{n}".encode(), partition=n % 3)
+            assert message_id is not None
+            outcomes[message_id] = outcome
+            if value is None:
+                tombstones.add(message_id)
+        producer.flush(10)
+        producer.commit_transaction(30) if outcome == "commit" else producer.abort_transaction(30)
+    group = consumer_config(broker, f"tx-check-{data}")
+    seen: dict[str, dict[str, tuple[int, bytes | None]]] = {}
+    for isolation in ("read_committed", "read_uncommitted"):
+        consumer = TracedConsumer({**group, "group.id": f"{isolation}-{data}", "isolation.level": isolation},
+                                  emitter=emitter)  # fmt: skip
+        consumer.subscribe([data])
+        got = consume_all(consumer, 15 if isolation == "read_uncommitted" else 10)
+        consumer.close()
+        seen[isolation] = {
+            ctx.message_id: (m.timestamp()[1], m.key()) for m in got if (ctx := trace_context(m.headers()))
+        }
+    emitter.flush(10)
+    committed = {m for m, outcome in outcomes.items() if outcome == "commit"}
+    assert set(seen["read_committed"]) == committed and set(seen["read_uncommitted"]) == set(outcomes)
+    traces = traces_of(broker, trace_topic)
+    sent = {t.message_id: t for t in traces if t.type is TraceType.SENT}
+    assert set(sent) == set(outcomes) and all(t.transactional for t in sent.values())
+    for message_id, (timestamp, key) in seen["read_uncommitted"].items():
+        assert sent[message_id].timestamp_ms == timestamp  # the record's own time, not when the report came
+        assert sent[message_id].key_hash == hashlib.sha256(key or b"").hexdigest()[:16]
+    assert {m for m, t in sent.items() if t.tombstone} == tombstones
+    received = [t for t in traces if t.type is TraceType.RECEIVED]
+    assert {t.group: t.read_uncommitted for t in received} == {
+        f"read_committed-{data}": False,
+        f"read_uncommitted-{data}": True,
+    }
