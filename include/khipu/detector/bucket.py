@@ -132,10 +132,21 @@ class BucketState:
 
     @staticmethod
     def decode(blob: bytes) -> BucketState:
+        """The state as :meth:`encode` wrote it; a state kept by an earlier version, whose traces lack columns
+        added since (trace format 3: key hash and flags), gets them as null (no key, every flag false)."""
         source = pa.BufferReader(blob)
         traces = ipc.open_stream(source).read_all()
         messages = ipc.open_stream(source).read_all()
         routes = (messages.schema.metadata or {}).get(ROUTES_KEY)
+        if traces.schema.names != TRACE_STATE.names:
+            traces = pa.table(
+                {
+                    field.name: traces.column(field.name)
+                    if field.name in traces.schema.names
+                    else pa.nulls(traces.num_rows, field.type)
+                    for field in TRACE_STATE
+                }
+            ).cast(TRACE_STATE)
         return BucketState(traces, messages.replace_schema_metadata(None), routes.decode() if routes else None)
 
 

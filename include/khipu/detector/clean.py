@@ -197,11 +197,19 @@ def delivered_cells(plan: RoutePlan, grid: CleanGrid, deliver: Bools) -> Deliver
     for processor in plan.processors:
         for write in processor.output_writes:
             previous[write] = processor.input_read
+    # a processor's write stamped with its input record's own timestamp (carried on): no latency of its own
+    input_writer = np.full(plan.size, -1, dtype=np.int64)
+    for processor in plan.processors:
+        for write in processor.output_writes:
+            input_writer[write] = plan.writers[processor.input_topic][0]
     before = previous[hop]
     has_before = before >= 0
     before_index = np.where(has_before, before, 0)
     known = has_before & present[message, before_index]
-    latency = np.where(known, observed - ts[message, before_index], NONE)
+    carrier = input_writer[hop]
+    carrier_index = np.where(carrier >= 0, carrier, 0)
+    carried = (carrier >= 0) & present[message, carrier_index] & (ts[message, carrier_index] == observed)
+    latency = np.where(known & ~carried, observed - ts[message, before_index], NONE)
     e2e = np.where(source[message] != NONE, observed - source[message], NONE)
     return DeliveredCells(
         message=message.astype(np.int64),

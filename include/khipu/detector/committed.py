@@ -261,7 +261,7 @@ class RecordRemovals:
         return self._retention[(cluster, topic)]
 
 
-SILENT_FOR_MS = 5_000  # a cluster that did not answer is not asked again for this long (UNKNOWN meanwhile)
+SILENT_FOR_MS = 5_000  # a cluster that did not answer is not asked again for this long (UNAVAILABLE meanwhile)
 
 
 @dataclass
@@ -298,8 +298,9 @@ class RecordFates:
     On a compacted topic, with the SENT trace's key hash, a later record of the same key still in the log is
     looked for (``later_of_key``; read_committed, at most ``key_scan_limit`` records per partition). One read
     answers for the records after it too (each level's offsets are kept per range for ``cache_ms``), so a
-    batch's lookups on a partition cost a read or two. A cluster that does not answer gives UNKNOWN, logged:
-    the rules then decide as they would without the log (a provisional LOST reconciliation re-decides)."""
+    batch's lookups on a partition cost a read or two. A cluster that does not answer gives UNAVAILABLE, logged,
+    and is not asked again for SILENT_FOR_MS: the hop waits and asks again at its next check (never a LOST for
+    want of asking, never a stalled batch)."""
 
     def __init__(
         self, clients: ClusterClients, cache_ms: int = 2_000, key_scan_limit: int = 1_000_000, clock_ms: Any = None
@@ -326,7 +327,7 @@ class RecordFates:
         silent = self._silent.get(cluster)
         if silent is not None and now - silent[0] < SILENT_FOR_MS:  # asked again at once, a batch would stall
             return RecordFate(
-                RecordState.UNKNOWN, detail=f"the cluster did not answer {now - silent[0]} ms ago: {silent[1]}"
+                RecordState.UNAVAILABLE, detail=f"the cluster did not answer {now - silent[0]} ms ago: {silent[1]}"
             )
         try:
             return self._fate(cluster, topic, partition, offset, key_hash)
@@ -335,7 +336,7 @@ class RecordFates:
             self._silent[cluster] = (now, why)
             log.warning("the log of %s[%d] on %s could not say what offset %d is: %s", topic, partition, cluster,
                         offset, why)  # fmt: skip
-            return RecordFate(RecordState.UNKNOWN, detail=f"the cluster did not answer: {why}")
+            return RecordFate(RecordState.UNAVAILABLE, detail=f"the cluster did not answer: {why}")
 
     def _fate(self, cluster: str, topic: str, partition: int, offset: int, key_hash: str | None) -> RecordFate:
         now = self._now()
@@ -400,8 +401,10 @@ class RecordFates:
     def _topic(self, cluster: str, topic: str, now: int) -> TopicRetention | None:
         cached = self._topics.get((cluster, topic))
         if cached is None or now - cached[0] >= 60_000:
-            found = self._admin(cluster).retention([topic]).found.get(topic)
-            cached = (now, found)
+            answer = self._admin(cluster).retention([topic])
+            if answer.errors:  # never taken for "not compacted": a gap would read as no answer, then a loss
+                raise KafkaUnavailable("; ".join(answer.errors))
+            cached = (now, answer.found.get(topic))
             self._topics[(cluster, topic)] = cached
         return cached[1]
 
@@ -423,12 +426,14 @@ class RecordFates:
     def _later_of_key(
         self, cluster: str, topic: str, partition: int, after: int, stable: int, key_hash: str | None, now: int
     ) -> int | None:
-        """The newest offset at or after ``after`` holding a record of the key (read_committed), or None."""
+        """The newest offset at or after ``after`` holding a record of the key (read_committed), or None. The index of
+        a partition is built once from the first offset asked and extended as the log grows (a key's newest record
+        only moves on); it starts again only when an earlier offset is asked."""
         if key_hash is None:
             return None
         key = (cluster, topic, partition)
         index = self._keys.get(key)
-        if index is None or index.start > after or now - index.at_ms >= 10 * self.cache_ms:
+        if index is None or index.start > after:
             index = self._keys[key] = _KeyIndex(after, after, {}, now)
         reader, read = self._reader(cluster), 0
         while index.end < stable and read < self.key_scan_limit:

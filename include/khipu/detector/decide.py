@@ -69,6 +69,7 @@ Position = tuple[int, int]  # (partition, offset)
 # PENDING: Kafka's own bound on a transaction (the broker's default transaction.max.timeout.ms), so a slow commit
 # never shows as PENDING, and a hanging transaction still leaves the detector's state.
 OPEN_TRANSACTION_WAIT_MS = 900_000
+UNDECIDED = frozenset({RecordState.OPEN, RecordState.UNAVAILABLE})  # what the log cannot tell yet: the hop waits
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,12 +204,13 @@ class Moment:
 
     def transaction_outcome(self, topic: TopicRef, position: Position) -> RecordState:
         """VISIBLE, ABORTED or OPEN for a record written in a transaction (VISIBLE for any other): a read_committed
-        receipt proves the commit; otherwise the log is asked (UNKNOWN: it could not say)."""
+        receipt proves the commit; otherwise the log is asked (UNAVAILABLE: the cluster could not be asked; a log
+        that has no answer, e.g. the record left it since, counts as VISIBLE: it was written)."""
         sent = self.evidence.sent_at.get(topic, {}).get(position)
         if sent is None or not sent.transactional or position in self.evidence.committed_reads.get(topic, ()):
             return RecordState.VISIBLE
         state = self.fate(topic, position).state
-        return state if state in (RecordState.ABORTED, RecordState.OPEN, RecordState.UNKNOWN) else RecordState.VISIBLE
+        return state if state in UNDECIDED or state is RecordState.ABORTED else RecordState.VISIBLE
 
     @property
     def overdue(self) -> bool:
@@ -346,8 +348,10 @@ def read_progress(moment: Moment, hop: Hop, memo: Mapping[str, int]) -> ReadProg
             gone = lookups.removed(hop.topic.cluster, hop.group, hop.topic.topic, partition, offset)
             # out of the log before the group got to it: final too, but on a compacted topic (compact,delete), where
             # a later record of its key the group reads is what it is owed, only once the group has gone past
-            if gone is not None and not moment.fate(hop.topic, (partition, offset)).compacted_topic:
-                removals[(partition, offset)] = gone
+            if gone is not None:
+                fate = moment.fate(hop.topic, (partition, offset))
+                if not fate.compacted_topic and fate.state is not RecordState.UNAVAILABLE:
+                    removals[(partition, offset)] = gone
         if passed or (partition, offset) in removals:
             key = memo_key(hop, (partition, offset))
             seen = passed_at[key] = memo.get(key, moment.now_ms)
@@ -378,6 +382,7 @@ class ReadFacts:
     receipts_aborted: bool = False  # every receipt was of a record whose transaction aborted (read_uncommitted)
     reprocessed: bool = False  # read again by an exactly-once processor that wrote each output once
     waits_on_transaction: bool = False  # open while Kafka has not decided a transaction it depends on
+    waits_on_the_log: bool = False  # open because the cluster could not be asked: asked again at the next check
 
     @property
     def reads_per_position(self) -> Mapping[Position, int]:
@@ -398,7 +403,8 @@ def uncommitted_receipts(moment: Moment, hop: Hop) -> list[RecordState]:
 def reprocessing(moment: Moment, hop: Hop) -> RecordState | None:
     """A processor that reads its input again is reprocessing after an aborted transaction (exactly-once: its
     offsets commit with its output) when every write of the message it made was transactional and each output
-    holds it at most once: VISIBLE then, OPEN while one of its transactions is undecided, None otherwise."""
+    holds it at most once: VISIBLE then, OPEN while one of its transactions is undecided (UNAVAILABLE while the log
+    cannot be asked), None otherwise."""
     route = moment.stream.route
     processor = route.reader(hop.topic, hop.group or "")
     if processor is None or not processor.is_processor:
@@ -410,8 +416,9 @@ def reprocessing(moment: Moment, hop: Hop) -> RecordState | None:
     outcomes = {
         out: [moment.transaction_outcome(out, (t.partition, t.offset)) for t in traces] for out, traces in writes
     }
-    if any(o in (RecordState.OPEN, RecordState.UNKNOWN) for found in outcomes.values() for o in found):
-        return RecordState.OPEN
+    for state in (RecordState.UNAVAILABLE, RecordState.OPEN):
+        if any(o is state for found in outcomes.values() for o in found):
+            return state
     once = all(sum(o is RecordState.VISIBLE for o in found) <= 1 for found in outcomes.values())
     return RecordState.VISIBLE if once else None
 
@@ -427,15 +434,25 @@ def read_facts(moment: Moment, hop: Hop, progress: ReadProgress) -> ReadFacts:
     outcomes = uncommitted_receipts(moment, hop) if settled or timed_out else []
     read_twice = bool(receives) and len(receives) > len({(t.partition, t.offset) for t in receives})
     again = reprocessing(moment, hop) if read_twice and (settled or timed_out) else None
-    undecided = any(o in (RecordState.OPEN, RecordState.UNKNOWN) for o in outcomes) or again is RecordState.OPEN
-    if not settled and timed_out and at is not None and not receives:  # a read_committed group held at the LSO?
-        undecided = moment.transaction_outcome(hop.topic, at) is RecordState.OPEN
+    undecided = any(o is RecordState.OPEN for o in outcomes) or again is RecordState.OPEN
+    unavailable = any(o is RecordState.UNAVAILABLE for o in outcomes) or again is RecordState.UNAVAILABLE
+    fate = None
+    if not settled and timed_out and at is not None and not receives:
+        # past the maximum wait and the group has not gone past it: held at the last stable offset by a transaction
+        # not decided (its own or another producer's), or written in one that aborted (a read_committed group
+        # commits past it only once it reads a record after it): the log says which
+        fate = moment.fate(hop.topic, at)
+        undecided = fate.state is RecordState.OPEN
+        if fate.state is RecordState.ABORTED:
+            settled = True
     if undecided:  # waiting on Kafka to decide a transaction: not late, and Kafka bounds the wait
         settled, timed_out = False, moment.transaction_timed_out
+    if unavailable:
+        settled = False
     receipts_aborted = (
         bool(outcomes) and all(t.read_uncommitted for t in receives) and all(o is RecordState.ABORTED for o in outcomes)
     )
-    pointed = removal = fate = None  # asked of the world only when the rules before them do not already hold
+    pointed = removal = None  # asked of the world only when the rules before them do not already hold
     if settled and not receives and not arrived and at is not None:
         location = moment.stream.route.location_of(hop.group)
         if location is not None:
@@ -449,13 +466,16 @@ def read_facts(moment: Moment, hop: Hop, progress: ReadProgress) -> ReadFacts:
             )
         if pointed is None:
             fate = moment.fate(hop.topic, at)
-            removal = progress.removals.get(at) or moment.lookups.removed(
-                hop.topic.cluster, hop.group, hop.topic.topic, *at
-            )
+            if fate.state is RecordState.UNAVAILABLE:  # never a LOST for want of asking: wait, ask again
+                settled, unavailable = False, True
+            else:
+                removal = progress.removals.get(at) or moment.lookups.removed(
+                    hop.topic.cluster, hop.group, hop.topic.topic, *at
+                )
     resent_here = moment.evidence.resent.get(hop.id, ())
     return ReadFacts(
         hop, settled, receives, positions, at, arrived, resent_here, pointed, removal, timed_out,
-        fate, receipts_aborted, again is RecordState.VISIBLE, undecided,
+        fate, receipts_aborted, again is RecordState.VISIBLE, undecided, unavailable,
     )  # fmt: skip
 
 
@@ -752,6 +772,8 @@ class WriteFacts:
     resent: tuple[Trace, ...]  # the RECEIVED traces of Khipu's resend for a loss at this hop
     timed_out: bool
     aborted: frozenset[Position] = frozenset()  # written positions whose transaction aborted
+    waits_on_the_log: bool = False  # open until the log tells a transaction's outcome: asked again at the next check
+    input_written_ms: int | None = None  # a processor: the timestamp of the input record it first read
 
     @property
     def written_offsets(self) -> frozenset[Position]:
@@ -793,13 +815,16 @@ def write_facts(
     timed_out = moment.transaction_timed_out if held_by_transaction else moment.timed_out
     settled = not blocked or (timed_out and bool(sents))
     aborted: set[Position] = set()
+    waits = False
     if settled:  # a transactional write is judged on its transaction's outcome, once Kafka has one
         outcomes = {
             (t.partition, t.offset): moment.transaction_outcome(hop.topic, (t.partition, t.offset)) for t in sents
         }
         aborted = {position for position, outcome in outcomes.items() if outcome is RecordState.ABORTED}
-        if any(o in (RecordState.OPEN, RecordState.UNKNOWN) for o in outcomes.values()):
-            settled, timed_out = False, moment.transaction_timed_out
+        if any(o is RecordState.OPEN for o in outcomes.values()):
+            settled, timed_out, waits = False, moment.transaction_timed_out, True
+        elif any(o is RecordState.UNAVAILABLE for o in outcomes.values()):
+            settled, waits = False, True
     return WriteFacts(
         hop,
         settled,
@@ -811,7 +836,13 @@ def write_facts(
         evidence.resent.get(hop.id, ()),
         timed_out,
         frozenset(aborted),
-    )
+        waits,
+        next(
+            (evidence.positions.get(h.topic, {}).get((t.partition, t.offset)) for h in inputs for t in reads[:1]
+             if t.topic == h.topic.topic and t.cluster == h.topic.cluster),
+            None,
+        ),
+    )  # fmt: skip
 
 
 def write_resend_arrived(facts: WriteFacts) -> bool:
@@ -836,6 +867,13 @@ def never_sent(facts: WriteFacts) -> bool:
     return not facts.sents
 
 
+def processor_wrote_only_in_aborted_transactions(facts: WriteFacts) -> bool:
+    """A processor got the message and went past it (its input read is settled), and every write of it to this
+    output was in a transaction that aborted: nothing of it reached its readers. (An exactly-once processor reads
+    its input again after an abort: it goes past only once a transaction with the output commits.)"""
+    return not facts.written_offsets and bool(facts.inputs_reached)
+
+
 def every_write_aborted(facts: WriteFacts) -> bool:
     return not facts.written_offsets
 
@@ -854,8 +892,15 @@ def written_several_times(facts: WriteFacts) -> bool:
 
 
 def _write_latency(facts: WriteFacts) -> int | None:
-    """From the processor's first receive to its first write its readers see (none for a producer)."""
-    return facts.visible_sents[0].timestamp_ms - facts.input_reads[0].timestamp_ms if facts.input_reads else None
+    """From the processor's first receive to its first write its readers see (none for a producer). A processor
+    that carried its input record's timestamp onto its output (Kafka Streams does by default) stamps its write
+    with that: no measure of its own latency, and no clock skew either, so none."""
+    if not facts.input_reads:
+        return None
+    written = facts.visible_sents[0].timestamp_ms
+    if written == facts.input_written_ms:
+        return None
+    return written - facts.input_reads[0].timestamp_ms
 
 
 def _aborted_attempts(facts: WriteFacts) -> str:
@@ -880,12 +925,19 @@ def _lost_dropped(moment: Moment, facts: WriteFacts) -> Verdict:
     processor = moment.stream.route.processor_writing(facts.hop)
     assert processor is not None
     where = ", ".join(str(h.topic) for h in facts.inputs_reached)
+    wrote = (
+        f"wrote it to {facts.hop.topic} only in transactions that aborted (offset "
+        f"{', '.join(str(offset) for _, offset in sorted(facts.aborted))})"
+        if facts.aborted
+        else f"wrote nothing to {facts.hop.topic}"
+    )
     return verdict(
         moment,
         facts.hop,
         kind=VerdictKind.LOST,
         cause=Cause.DROPPED_IN_PROCESSOR,
-        detail=f"{processor.group} got it from {where}, committed past it, and wrote nothing to {facts.hop.topic}",
+        at=min(facts.aborted) if facts.aborted else None,
+        detail=f"{processor.group} got it from {where}, committed past it, and {wrote}",
     )
 
 
@@ -942,6 +994,7 @@ WRITE_RULES: tuple[WriteRule, ...] = (
     (write_open, _wait),
     (got_it_and_wrote_nothing, _lost_dropped),
     (never_sent, _trace_lost_write),
+    (processor_wrote_only_in_aborted_transactions, _lost_dropped),
     (every_write_aborted, _aborted_write),
     (written_once, _written),
     (processor_reread_input, _duplicate_write(Cause.REWIND_REPLAY)),
@@ -1047,6 +1100,7 @@ def decide(
         checks.extend(progress.next_check_ms)
         if facts.waits_on_transaction:
             on_transaction.add(hop)
+        if facts.waits_on_transaction or facts.waits_on_the_log:
             checks.append(moment.now_ms + config.recheck_ms)
         found = judge_read(moment, facts)
         if found is None:
@@ -1056,7 +1110,10 @@ def decide(
 
     reached = {hop for hop, v in judged.items() if v.kind in RECEIPT_KINDS or v.kind is VerdictKind.RESENT}
     for hop in write_hops_reached(moment, read_settled, reached):
-        found = judge_write(moment, write_facts(moment, hop, read_settled, reached, on_transaction))
+        facts_of_write = write_facts(moment, hop, read_settled, reached, on_transaction)
+        if facts_of_write.waits_on_the_log:
+            checks.append(moment.now_ms + config.recheck_ms)
+        found = judge_write(moment, facts_of_write)
         if found is None:
             open_hops.append(hop)
         else:

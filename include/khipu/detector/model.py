@@ -113,7 +113,8 @@ class RecordState(StrEnum):
     OPEN = "open"  # at or past the partition's last stable offset: its transaction is not decided yet
     COMPACTED = "compacted"  # gone from a compacted topic's log though the log starts before it: the cleaner took it
     GONE = "gone"  # below the partition's log start (retention, DeleteRecords): see Removal
-    UNKNOWN = "unknown"  # not asked, or the cluster could not answer
+    UNKNOWN = "unknown"  # not asked, or the log has no answer (the rules decide as they would without it)
+    UNAVAILABLE = "unavailable"  # the cluster could not be asked (an outage): the hop waits and asks again
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,7 +134,7 @@ def test_a_record_compaction_removed_is_told_with_the_later_record_of_its_key(br
     assert fates("local", topic, 0, first, None).later_of_key is None  # no key hash: nothing to look for
 
 
-def test_a_record_below_the_log_start_is_gone_and_an_unreachable_cluster_says_unknown(broker: BrokerProcess) -> None:
+def test_a_record_below_the_log_start_is_gone_and_an_unreachable_cluster_is_unavailable(broker: BrokerProcess) -> None:
     topic = f"fates-gone-{secrets.token_hex(3)}"
     broker.admin().ensure_topics({topic: 1})
     offsets = written(Producer({"bootstrap.servers": broker.bootstrap_servers}), topic, [(b"k", b"v")] * 3)
@@ -146,8 +146,8 @@ def test_a_record_below_the_log_start_is_gone_and_an_unreachable_cluster_says_un
     assert fates("local", topic, 0, offsets[2], key_hash(b"k")).state is RecordState.VISIBLE
     nowhere = RecordFates(ClusterClients({"local": KafkaConnection(f"127.0.0.1:{free_port()}")}, timeout_s=2))
     unknown = nowhere("local", topic, 0, 0, None)
-    assert unknown.state is RecordState.UNKNOWN and "did not answer" in unknown.detail
+    assert unknown.state is RecordState.UNAVAILABLE and "did not answer" in unknown.detail
     again = nowhere("local", topic, 0, 1, None)  # not asked again at once: a batch never stalls on a silent cluster
-    assert again.state is RecordState.UNKNOWN and "ms ago" in again.detail
+    assert again.state is RecordState.UNAVAILABLE and "ms ago" in again.detail
     elsewhere = fates("east", topic, 0, 0, None)  # a cluster no connection names
-    assert elsewhere.state is RecordState.UNKNOWN and "no connection for cluster 'east'" in elsewhere.detail
+    assert elsewhere.state is RecordState.UNAVAILABLE and "no connection for cluster 'east'" in elsewhere.detail

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.ipc
 import pytest
 
 from khipu.detector.bucket import TRACE_STATE, BucketJudge, BucketState, Lookups, route_ids, routes_fingerprint
@@ -315,3 +317,25 @@ def test_state_kept_under_earlier_routes_is_judged_under_the_new_ones_as_decide_
     assert len(got) == len(set(got))
     assert sorted(got) == sorted(expected)
     assert any(v[1] == "local/out -> s3" for v in got)  # the new group's hop judged for messages kept before
+
+
+def test_a_state_kept_before_trace_format_3_is_judged_after_an_upgrade() -> None:
+    """A bucket's state written by the previous version (its traces without the key hash and flags) is read by
+    this one: new traces join it and the old ones are judged as traces without them."""
+    rng = random.Random(7)
+    arrivals = random_messages(rng, 40)
+    world = World()
+    judge = BucketJudge(RoutePlans.of(REGISTRY), CONFIG)
+    lookups = Lookups(world.committed_of, world.start_of, removed=world.removed)
+    first = judge.evaluate(BucketState.empty(), rows_of([t for b, t in arrivals if b == 0], REGISTRY), 100_000, lookups)
+    older = first.state.traces.drop_columns(["key_hash", "tombstone", "transactional", "read_uncommitted"])
+    sink = pa.BufferOutputStream()
+    for table in (older, first.state.messages):
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+    kept = BucketState.decode(bytes(sink.getvalue()))  # as Spark hands the previous version's blob back
+    assert kept.traces.schema == TRACE_STATE and kept.traces.num_rows == first.state.traces.num_rows
+    assert kept.traces.column("transactional").null_count == kept.traces.num_rows
+    later = judge.evaluate(kept, rows_of([t for b, t in arrivals if b == 1], REGISTRY), 105_000, lookups)
+    again = judge.evaluate(first.state, rows_of([t for b, t in arrivals if b == 1], REGISTRY), 105_000, lookups)
+    assert later.verdicts.to_dict("records") == again.verdicts.to_dict("records")  # judged as if never upgraded

@@ -20,7 +20,7 @@ from khipu.detector.decide import decide, memo_key, resend_of
 from khipu.detector.model import UNKNOWN_FATE, DetectorConfig, RecordFate, RecordState, Removal
 from khipu.detector.routes import RoutePlan, RoutePlans
 from khipu.registry import parse_registry
-from khipu.registry.model import Hop, HopKind, Stream
+from khipu.registry.model import Hop, HopKind, Stream, TopicRef
 from khipu.trace.model import Trace, TraceType
 from khipu.verdicts.model import VerdictKind
 from tests.routes import FAN_OUT_REGISTRY
@@ -187,6 +187,17 @@ def asks_the_log(traces: Sequence[Trace]) -> bool:
     return bool(written - proved) or bool(written & unproved)
 
 
+def passed_unread(traces: Sequence[Trace], committed: Mapping[tuple[str, str], int | None]) -> bool:
+    """A group committed past the message's position on a topic it reads without a receipt there: a would-be loss,
+    which the clean judge hands to decide (it asks the log)."""
+    written = {t.topic: t.offset for t in traces if t.type is TraceType.SENT}
+    received = {(t.group, t.topic) for t in traces if t.type is TraceType.RECEIVED}
+    return any(
+        topic in written and (offset or -1) > written[topic] and (group, topic) not in received
+        for (group, topic), offset in committed.items()
+    )
+
+
 def assert_left_to_decide(traces: Sequence[Trace], world: World, now_ms: int) -> None:
     """The bucket's own check of cleanliness (not this file's ``grid_of``) sends the message to decide: the clean
     judge answers for none of it, decide is called for it, and every verdict it gives is decide's."""
@@ -222,9 +233,16 @@ def test_the_clean_judge_agrees_with_the_rule_table(case: object) -> None:
     if in_domain:
         assert set(got) == expected and done is case.done  # type: ignore[attr-defined]
     else:
-        # the clean judge leaves what is not plainly DELIVERED, a record that may have left the log, and what only
-        # the log can tell (a transaction's outcome)
-        assert not everything_delivered or removed or asks_the_log(case.traces), case.reason  # type: ignore[attr-defined]
+        # the clean judge leaves what is not plainly DELIVERED, a record that may have left the log, what only the log
+        # can tell (a transaction's outcome, a would-be loss), and a message past the maximum wait
+        why = (
+            not everything_delivered,
+            bool(removed),
+            asks_the_log(case.traces),  # type: ignore[attr-defined]
+            passed_unread(case.traces, committed),  # type: ignore[attr-defined]
+            now - 1000 >= CONFIG.max_wait_ms,
+        )
+        assert any(why), case.reason  # type: ignore[attr-defined]
 
 
 ROUTES = [
@@ -261,12 +279,20 @@ def random_message(
     plan = RoutePlan.of(stream)
     positions = {topic: (rng.randrange(2), rng.randrange(5, 50)) for topic in plan.topics}
     transactional = {topic for topic in plan.topics if rng.random() < 0.2}  # written in a transaction
+    carried = rng.random() < 0.2  # processors stamp their writes with their input record's timestamp
     base, traces, seq = rng.randrange(0, 100_000), [], 0
+    written: dict[TopicRef, int] = {}
     for i, hop in enumerate(plan.hops):
         if rng.random() < 0.18:  # this hop's trace is missing (lost, or not there yet)
             continue
         partition, offset = positions[hop.topic]
         sent = hop.kind is HopKind.WRITE
+        stamped = base + 100 * i + rng.randrange(50)
+        processor = stream.route.processor_writing(hop) if sent else None
+        if carried and processor is not None and processor.reads[0] in written:
+            stamped = written[processor.reads[0]]
+        if sent:
+            written[hop.topic] = stamped
         traces.append(
             Trace(
                 "m1",
@@ -274,7 +300,7 @@ def random_message(
                 hop.location or hop.group or "",
                 "local",
                 TraceType.SENT if sent else TraceType.RECEIVED,
-                base + 100 * i + rng.randrange(50),
+                stamped,
                 hop.topic.topic,
                 partition,
                 offset,

@@ -161,6 +161,7 @@ def exactly_once(*, output_commits: int = 1) -> list[Trace]:
 ABORTED_FATE = RecordFate(RecordState.ABORTED, detail="read_committed returns offset 6 first")
 VISIBLE_FATE = RecordFate(RecordState.VISIBLE, detail="read_committed returns it")
 OPEN_FATE = RecordFate(RecordState.OPEN, detail="at the last stable offset 5")
+SILENT = RecordFate(RecordState.UNAVAILABLE, detail="the cluster did not answer")
 COMPACTED_BY_12 = RecordFate(RecordState.COMPACTED, later_of_key=12, compacted_topic=True, detail="gone at offset 7")
 COMPACTED_NO_KEY = RecordFate(RecordState.COMPACTED, compacted_topic=True, detail="gone at offset 7")
 GONE_KEY_AT_12 = RecordFate(RecordState.GONE, later_of_key=12, compacted_topic=True, detail="below the log start")
@@ -390,6 +391,31 @@ CASES = [
          "that is not final yet: a later record of its key written before s1 gets there is what s1 is owed, so the "
          "hop waits for s1 to pass (and the write into out waits with it)",
          removed={("s1", "out"): AGED_OUT}, fates={("out", 7): GONE_NO_KEY}),
+    Case(50, [sent("p", "in", 5, 1000), recv("proc", "in", 5, 1100), sent("proc", "out", 7, 1200, txn=True)],
+         PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (L, Cause.DROPPED_IN_PROCESSOR, 0),
+          S1: (A, None, 0), S2: (A, None, 0)}, True,
+         "proc's only write of it aborted, yet proc committed past its input (offsets committed outside the "
+         "transaction, no seek back after the abort): the message is gone, dropped in the processor, not excused "
+         "as ABORTED; the sinks were never to read the aborted record", fates={("out", 7): ABORTED_FATE}),
+    Case(51, clean(skip={S1}), PAST, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), S2: (D, None, 1)}, False,
+         "s1 went past out@7 unread, but the cluster cannot be asked what its log holds (an outage): never a LOST "
+         "for want of asking; s1's hop (and the write into out it holds back) waits and asks again",
+         fates={("out", 7): SILENT}),
+    Case(52, txn(uncommitted={"proc"}), PAST, 60_000, 70_000,
+         {S1: (D, None, 1), S2: (D, None, 1)}, False,
+         "only a read_uncommitted group got the transactional record, and the log cannot be asked whether its "
+         "transaction committed: the write, proc's hop and proc's own write wait", fates={("in", 5): SILENT}),
+    Case(53, txn(skip={PROC_IN, PROC_OUT, S1, S2}), {("proc", "in"): 5}, 60_000, 901_000,
+         {SRC: (A, None, 1), PROC_IN: (A, None, 0)}, True,
+         "the last transaction of a quiet partition aborted: proc (read_committed) commits past it only once it "
+         "reads a record after it, so at the maximum wait it still sits at 5; the log says aborted: ABORTED, never "
+         "PENDING", fates={("in", 5): ABORTED_FATE}),
+    Case(54, clean(skip={PROC_IN, PROC_OUT, S1, S2}), {("proc", "in"): 5}, 60_000, 901_000, {}, False,
+         "a plain record (no transaction of its own) sits past the last stable offset behind another producer's "
+         "open transaction: proc cannot read it yet; at the maximum wait that is Kafka's wait, not PENDING",
+         fates={("in", 5): OPEN_FATE}),
 ]
 # fmt: on
 
@@ -464,6 +490,23 @@ def test_latencies_are_measured_hop_to_hop_and_from_the_source() -> None:
     assert by_hop[S1].offset == 7 and by_hop[S1].group == "s1"
 
 
+def test_a_processor_that_carries_its_input_timestamp_on_has_no_write_latency_and_no_skew() -> None:
+    """Kafka Streams stamps what it writes with the input record's own timestamp: proc's SENT on out says 1000, the
+    time p wrote in@5. That is not proc's latency (and not a clock 100 ms behind); the sinks' latencies are from
+    the write they read, as always."""
+
+    def committed(cluster: str, group: str, topic: str, partition: int) -> int | None:
+        return PAST.get((group, topic))
+
+    carried = [t._replace(timestamp_ms=1000) if t.type is TraceType.SENT and t.topic == "out" else t for t in clean()]
+    first = decide("m1", STREAM, carried, committed, {}, 1000, 10_000, CONFIG)
+    by_hop = {
+        v.hop: v for v in decide("m1", STREAM, carried, committed, first.passed_at, 1000, 50_000, CONFIG).verdicts
+    }
+    assert by_hop[PROC_OUT].latency_ms is None and by_hop[PROC_OUT].kind is D
+    assert (by_hop[S1].latency_ms, by_hop[S2].latency_ms) == (300, 400)  # from the record's own timestamp
+
+
 def test_an_undecided_message_asks_to_be_looked_at_again() -> None:
     def committed(cluster: str, group: str, topic: str, partition: int) -> int | None:
         return PAST.get((group, topic))
@@ -512,3 +555,24 @@ streams:
     verdicts = {v.hop: v.kind for v in [*first.verdicts, *later.verdicts]}
     assert verdicts["proc1 -> local/b"] is TL
     assert verdicts["local/b -> proc2"] is TL
+
+
+def test_a_hop_waiting_on_the_log_or_a_transaction_is_looked_at_again_at_the_next_recheck() -> None:
+    """A write held by its own undecided transaction, or a read whose log cannot be asked, comes back at the next
+    recheck, not at the maximum wait."""
+
+    def committed(cluster: str, group: str, topic: str, partition: int) -> int | None:
+        return PAST.get((group, topic))
+
+    for traces, fates in (
+        (txn(uncommitted={"proc"}), {("in", 5): OPEN_FATE}),
+        (txn(uncommitted={"proc"}), {("in", 5): SILENT}),
+        (clean(skip={S1}), {("out", 7): SILENT}),
+    ):
+
+        def record(cluster: str, topic: str, partition: int, offset: int, key: str | None) -> RecordFate:
+            return fates.get((topic, offset), UNKNOWN_FATE)  # noqa: B023  (used within this iteration)
+
+        first = decide("m1", STREAM, traces, committed, {}, 1000, 10_000, CONFIG, record=record)
+        later = decide("m1", STREAM, traces, committed, first.passed_at, 1000, 70_000, CONFIG, record=record)
+        assert not later.done and later.next_check_ms == 70_000 + CONFIG.recheck_ms, (fates, later.next_check_ms)
