@@ -3,9 +3,10 @@
 1. Read the archive's hours (Parquet, partitioned by hour) from one horizon before the window to now:
    a message first seen just before the window keeps its earlier traces, and evidence that came
    after the horizon counts too (a late trace must never be outvoted by a read that stops early).
-2. The window's messages (first trace in ``[start, end)``) minus those whose verdicts are all final
-   already (DELIVERED, DUPLICATE, CONFIRMED_LOST, RETRACTED, without late evidence): the rest (LOST,
-   PENDING, TRACE_LOST, late evidence, or never judged) are re-decided with all their traces. The
+2. The window's messages (their first trace arrived in ``[start, end)``, by the trace topic's broker time, never
+   an application's clock) minus those whose verdicts are all final already (DELIVERED, DUPLICATE,
+   CONFIRMED_LOST, RETRACTED, ABORTED, SUPERSEDED, without late evidence): the rest (LOST, PENDING,
+   TRACE_LOST, late evidence, or never judged) are re-decided with all their traces. The
    verdicts are the SQL rows and the verdict archive's plain DELIVERED ones (the SQL row winning per
    hop): the archive's hours are read with Spark too, and a message with archived verdicts is settled
    unless it has an open SQL row (the few of those are asked of the store by time, not by id), so
@@ -38,6 +39,7 @@ from khipu.kafka.connection import KafkaConnection
 from khipu.kafka.records import record_headers
 from khipu.reconcile.window import ReconcileWindow, changes_for, judge_lead, rejudge
 from khipu.registry.model import Registry
+from khipu.trace.archive import ARRIVED
 from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
 from khipu.trace.archive import spark_schema as archive_spark_schema
 from khipu.trace.model import Trace, trace_from_columns
@@ -172,11 +174,12 @@ def reconcile(
     if not existing:
         progress(f"no archived traces in hours {hours[0]} .. {hours[-1]}: nothing to reconcile")
         return ReconcileReport(window, dry_run, seconds=time.monotonic() - started)
+    arrived = F.coalesce(*(F.col(name) for name in ARRIVED))  # the broker's time, never an application's
     traces = (
         spark.read.schema(archive_spark_schema())
         .option("basePath", str(archive_dir))
         .parquet(*[str(archive_dir / f"hour={h}") for h in existing])
-        .where(F.col("timestamp_ms") < max(window.read_to_ms, now_ms))
+        .where(arrived < max(window.read_to_ms, now_ms))
     )
     if window.streams:
         traces = traces.where(F.col("stream").isin(list(window.streams)))
@@ -185,7 +188,7 @@ def reconcile(
     traces = traces.dropDuplicates([name for name in ARCHIVED_TRACE.names if name != "prev_offsets"])
     traces = traces.persist()
     try:
-        firsts = traces.groupBy("message_id").agg(F.min("timestamp_ms").alias("first_ms"))
+        firsts = traces.groupBy("message_id").agg(F.min(arrived).alias("first_ms"))
         in_window = firsts.where((F.col("first_ms") >= window.start_ms) & (F.col("first_ms") < window.end_ms))
         window_ids = in_window.select("message_id")
         archived = _archived_verdicts(spark, verdict_archive_dir, hours)

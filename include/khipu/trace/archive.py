@@ -1,6 +1,9 @@
 """The raw-trace archive: Parquet by UTC hour and micro-batch, written by the detector, read outside Spark too.
 
-Layout: ``<archive>/hour=YYYY-MM-DD-HH/batch_id=N/part-0.parquet`` (hour: of the trace's own time), the
+Layout: ``<archive>/hour=YYYY-MM-DD-HH/batch_id=N/part-0.parquet`` (hour: when the trace reached the trace topic,
+the broker's time on Khipu's LogAppendTime trace topic, never an application's: a SENT trace's own time is its
+record's timestamp, which an application may set to any event time; archives written before the column existed
+used the trace's own time), the
 columns of :data:`SCHEMA`; reconciliation reads it with Spark (partition discovery gives ``hour`` and
 ``batch_id``). The view, the API and ``khipu trace`` ask for the traces of a few messages; they know roughly
 when (from the verdicts' first-seen and decision times), so only those hours' folders are opened.
@@ -64,8 +67,14 @@ SCHEMA = pa.schema(
         ("tombstone", pa.bool_()),
         ("transactional", pa.bool_()),
         ("read_uncommitted", pa.bool_()),
+        # when the trace record reached the trace topic (its Kafka timestamp: the broker's, on Khipu's trace topic);
+        # null in what was archived before it
+        ("kafka_timestamp_ms", pa.int64()),
     ]
 )
+
+# When a trace arrived: the first of these columns that is set (the trace topic's timestamp; older archives: its own)
+ARRIVED = ("kafka_timestamp_ms", "timestamp_ms")
 
 
 def spark_schema() -> str:
@@ -85,7 +94,8 @@ def write_batch(archive_dir: Path, batch_id: int, traces: pa.Table) -> list[str]
     if not traces.num_rows:
         return []
     traces = traces.select(SCHEMA.names).cast(SCHEMA)
-    hours = pc.divide(traces.column("timestamp_ms"), HOUR_MS)  # whole hours since the epoch
+    arrived = pc.coalesce(*(traces.column(name) for name in ARRIVED))
+    hours = pc.divide(arrived, HOUR_MS)  # whole hours since the epoch
     written = []
     for hour in sorted(pc.unique(hours).to_pylist()):
         folder = archive_dir / hour_folder(int(hour) * HOUR_MS) / f"batch_id={batch_id}"

@@ -117,7 +117,8 @@ def rows_of(traces: Sequence[Trace], registry: Registry) -> pd.DataFrame:
     keys = RoutePlans.of(registry).hop_keys()
     rows = []
     for t in traces:
-        plain = {name: getattr(t, name) for name in TRACE_STATE.names if name not in ("hop", "type", "attributes")}
+        skip = ("hop", "type", "attributes", "kafka_timestamp_ms")  # the last: the trace record's, not the trace's
+        plain = {name: getattr(t, name) for name in TRACE_STATE.names if name not in skip}
         rows.append(
             {
                 **plain,
