@@ -78,6 +78,12 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
     parser.add_argument("--max-wait-ms", type=int, default=defaults.max_wait_ms)
     parser.add_argument("--recheck-ms", type=int, default=defaults.recheck_ms)
     parser.add_argument(
+        "--open-transaction-wait-ms",
+        type=int,
+        default=defaults.open_transaction_wait_ms,
+        help="how much longer than --max-wait-ms a hop waits on a transaction Kafka has not decided",
+    )
+    parser.add_argument(
         "--master",
         default=os.environ.get("KHIPU_SPARK_MASTER", "local[*]"),
         help="used when not launched by spark-submit",
@@ -103,7 +109,12 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
         max_offsets_per_trigger=args.max_offsets_per_trigger or None,
         shuffle_partitions=args.shuffle_partitions,
         buckets=args.buckets,
-        detector=DetectorConfig(grace_ms=args.grace_ms, max_wait_ms=args.max_wait_ms, recheck_ms=args.recheck_ms),
+        detector=DetectorConfig(
+            grace_ms=args.grace_ms,
+            max_wait_ms=args.max_wait_ms,
+            recheck_ms=args.recheck_ms,
+            open_transaction_wait_ms=args.open_transaction_wait_ms,
+        ),
     )
     return job, args.master
 

@@ -358,7 +358,7 @@ def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
     from khipu.detector.model import DETECTOR_QUERY
     from khipu.report.service import LOSS_VERDICTS, check_minutes, check_stream
     from khipu.verdicts.metrics import verdict_counts
-    from khipu.verdicts.model import VerdictKind
+    from khipu.verdicts.model import KAFKA_SEMANTICS_KINDS, NOT_COUNTED_DUPLICATES, VerdictKind
 
     if args.stream is not None:
         check_stream(load_registry(settings.registry_path), args.stream)
@@ -380,10 +380,16 @@ def _verdicts(args: argparse.Namespace, settings: KhipuSettings) -> int:
             counts.setdefault((stream, hop), {})[verdict + (f"/{cause}" if cause else "")] = number
     total = sum(sum(per_hop.values()) for per_hop in counts.values())
     # Kafka working as designed, and reprocessing an exactly-once processor did: shown apart from losses
-    apart = {name: sum(n for (stream, _, verdict, cause), n in kinds.items()
-                       if (verdict, cause) in pairs and args.stream in (None, stream))
-             for name, pairs in (("ABORTED", {("ABORTED", "")}), ("SUPERSEDED", {("SUPERSEDED", "compacted")}),
-                                 ("reprocessed", {("DUPLICATE", "reprocessed_after_abort")}))}  # fmt: skip
+    kafka_kinds = [kind.value for kind in sorted(KAFKA_SEMANTICS_KINDS)]
+    reprocessed = {cause.value for cause in NOT_COUNTED_DUPLICATES}
+    apart = dict.fromkeys([*kafka_kinds, "reprocessed"], 0)
+    for (stream, _, verdict, cause), number in kinds.items():
+        if args.stream not in (None, stream):
+            continue
+        if verdict in kafka_kinds:
+            apart[verdict] += number
+        elif verdict == VerdictKind.DUPLICATE.value and cause in reprocessed:
+            apart["reprocessed"] += number
     if args.json:
         return _print_json(
             {

@@ -216,6 +216,14 @@ def test_read_commands_print_json_of_what_the_store_holds(
     summary = json.loads(capsys.readouterr().out)
     in_hour = [r for r in seeded.verdicts if r["decided_ms"] >= seeded.now_ms - 3_600_000]
     assert summary["verdicts"] == len(in_hour)
+    assert summary["not_losses"] == {  # Kafka's own semantics and reprocessing, shown apart from losses
+        "ABORTED": sum(r["verdict"] == "ABORTED" for r in in_hour),
+        "SUPERSEDED": sum(r["verdict"] == "SUPERSEDED" for r in in_hour),
+        "reprocessed": sum(r.get("cause") == "reprocessed_after_abort" for r in in_hour),
+    }
+    assert main(["verdicts", "--stream", STREAM]) == 0
+    said = f"not losses (Kafka's own semantics): {summary['not_losses']['ABORTED']} ABORTED"
+    assert summary["not_losses"]["ABORTED"] > 0 and said in capsys.readouterr().out
     assert main(["history", seeded.dropped, "--json"]) == 0
     hops = {h["hop"]: h for h in json.loads(capsys.readouterr().out)}
     assert set(hops) == {r["hop"] for r in store.verdicts.read_messages([seeded.dropped])}

@@ -45,7 +45,7 @@ from khipu.detector.model import (
     nothing_pointed_at,
     nothing_removed,
 )
-from khipu.detector.routes import MAX_HOPS, RoutePlan, RoutePlans, trace_hop_key
+from khipu.detector.routes import MAX_HOPS, TRACE_KEY_COLUMNS, RoutePlan, RoutePlans, trace_hop_key
 from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
 from khipu.trace.model import trace_from_columns
 from khipu.verdicts.book import verdict_row
@@ -61,7 +61,6 @@ TRACE_STATE = pa.schema(
         pa.field("hop", pa.int32()),  # the global hop index (RoutePlans), -1: no hop of the registry's routes
     ]
 )
-_TRACE_KEY_COLUMNS = ("stream", "type", "cluster", "topic", "location", "group")  # what a trace's hop key is made of
 MESSAGE_STATE = pa.schema(
     [
         ("message_id", pa.string()),
@@ -356,7 +355,7 @@ class BucketJudge:
                 state.routes,
             )
         traces = state.traces
-        rows = traces.select(list(_TRACE_KEY_COLUMNS)).to_pylist()  # a registry change is rare: Python per row
+        rows = traces.select(list(TRACE_KEY_COLUMNS)).to_pylist()  # a registry change is rare: Python per row
         keys = pa.array([trace_hop_key(row) for row in rows], pa.string())
         known = self.plans.hop_keys()
         found = pc.index_in(keys, value_set=pa.array(list(known), pa.string()))

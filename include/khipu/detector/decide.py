@@ -65,10 +65,6 @@ from khipu.tracing.headers import ATTRIBUTE_RESEND_HOP, ATTRIBUTE_RESEND_ID
 from khipu.verdicts.model import RECEIPT_KINDS, Cause, Verdict, VerdictKind
 
 Position = tuple[int, int]  # (partition, offset)
-# A hop waiting on a transaction Kafka has not decided yet waits this long past the maximum wait before it is
-# PENDING: Kafka's own bound on a transaction (the broker's default transaction.max.timeout.ms), so a slow commit
-# never shows as PENDING, and a hanging transaction still leaves the detector's state.
-OPEN_TRANSACTION_WAIT_MS = 900_000
 UNDECIDED = frozenset({RecordState.OPEN, RecordState.UNAVAILABLE})  # what the log cannot tell yet: the hop waits
 
 
@@ -189,8 +185,9 @@ class Moment:
 
     @property
     def transaction_timed_out(self) -> bool:
-        """Past the maximum wait and Kafka's own bound on a transaction: a hop waiting on one goes PENDING."""
-        return self.clock_ms - self.first_seen_ms >= self.config.max_wait_ms + OPEN_TRANSACTION_WAIT_MS
+        """Past the maximum wait and Kafka's own bound on a transaction (``open_transaction_wait_ms``): a hop waiting on
+        one goes PENDING. A slow commit never shows as PENDING; a hanging transaction still leaves the state."""
+        return self.clock_ms - self.first_seen_ms >= self.config.max_wait_ms + self.config.open_transaction_wait_ms
 
     def fate(self, topic: TopicRef, position: Position) -> RecordFate:
         """The record at a position of the message, as its log tells it (asked of the cluster once per evaluation;
@@ -618,6 +615,11 @@ def _superseded(moment: Moment, facts: ReadFacts) -> Verdict:
         why = f"log compaction removed offset {offset}: offset {fate.later_of_key} holds a later record of its key"
     elif sent is not None and sent.tombstone:
         why = f"offset {offset} was a tombstone; compaction removes tombstones once delete.retention.ms has passed"
+    elif sent is not None and sent.transactional:
+        why = (
+            f"the log cleaner removed offset {offset} and no later record of its key is left: either the later one "
+            "was a tombstone, removed since, or its transaction aborted (the cleaner removes those records too)"
+        )
     else:
         why = (
             f"log compaction removed offset {offset}; no record of its key is left either: the later one was a "

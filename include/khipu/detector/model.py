@@ -24,9 +24,12 @@ class DetectorConfig:
     grace_ms: int = 3_000
     max_wait_ms: int = 900_000  # undecided this long after the first trace: PENDING, state dropped
     recheck_ms: int = 2_000  # how often an undecided message looks at committed offsets again
+    # a hop waiting on a transaction Kafka has not decided waits this much longer than max_wait_ms before PENDING:
+    # the broker's default transaction.max.timeout.ms (raise it with the broker's, e.g. for Flink's 1 h transactions)
+    open_transaction_wait_ms: int = 900_000
 
     def __post_init__(self) -> None:
-        for name in ("grace_ms", "max_wait_ms", "recheck_ms"):
+        for name in ("grace_ms", "max_wait_ms", "recheck_ms", "open_transaction_wait_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise DetectorConfigError(name, value, "a duration in ms >= 0")
@@ -35,11 +38,11 @@ class DetectorConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> DetectorConfig:
-        """``KHIPU_DETECTOR_GRACE_MS``, ``KHIPU_DETECTOR_MAX_WAIT_MS``, ``KHIPU_DETECTOR_RECHECK_MS``
-        (unset: the defaults above)."""
+        """``KHIPU_DETECTOR_GRACE_MS``, ``KHIPU_DETECTOR_MAX_WAIT_MS``, ``KHIPU_DETECTOR_RECHECK_MS``,
+        ``KHIPU_DETECTOR_OPEN_TRANSACTION_WAIT_MS`` (unset: the defaults above)."""
         env = os.environ if environ is None else environ
         values: dict[str, int] = {}
-        for name in ("grace_ms", "max_wait_ms", "recheck_ms"):
+        for name in ("grace_ms", "max_wait_ms", "recheck_ms", "open_transaction_wait_ms"):
             variable = f"KHIPU_DETECTOR_{name.upper()}"
             raw = env.get(variable)
             if raw:

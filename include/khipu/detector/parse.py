@@ -36,6 +36,7 @@ from khipu.trace.codec import (
     mark_fields,
     trace_fields,
 )
+from khipu.trace.keys import KEY_HASH_PATTERN
 from khipu.trace.model import EmitterMark
 from khipu.trace.names import MAX_NAME_CHARS
 
@@ -53,7 +54,7 @@ PARSED_SCHEMA = (
 )
 TRACE_NAMES = [part.split()[0].strip("`") for part in TRACE_COLUMNS.split(", ")]
 _JSON = "_j"
-_KEY_HASH = "^[0-9a-f]{16}$"  # khipu.trace.keys.KEY_HASH_PATTERN, as a Spark regular expression
+_KEY_HASH = KEY_HASH_PATTERN.pattern  # the same regular expression in Java's dialect
 
 
 # -- the JVM's checks, one small expression per rule of the trace format ------------------------------

@@ -239,6 +239,9 @@ def trace_actor(trace_type: str, location: str | None, group: str | None) -> str
     return (location if trace_type == "SENT" else group) or ""
 
 
+TRACE_KEY_COLUMNS = ("stream", "type", "cluster", "topic", "location", "group")  # the trace columns a hop key reads
+
+
 def trace_hop_key(trace: Trace | Mapping[str, Any]) -> str:
     """The hop key of a trace, or of a trace row (its columns by name)."""
     row: Mapping[str, Any] = trace._asdict() if isinstance(trace, Trace) else trace

@@ -9,6 +9,7 @@ from typing import Any
 from khipu.registry.model import Hop, Route, Stream, TopicRef
 from khipu.store.verdicts import VERDICT_COLUMNS
 from khipu.trace.archive import ArchivedTrace
+from khipu.verdicts.model import KAFKA_SEMANTICS_KINDS, LOSS_KINDS, VerdictKind
 
 VERDICT_FIELDS = tuple(c for c in VERDICT_COLUMNS if c not in ("stream", "hop_kind", "topic"))  # the hop names those
 HISTORY_FIELDS = ("at_ms", "from_verdict", "to_verdict", "cause", "decided_by", "reason")
@@ -51,9 +52,11 @@ class MessageReport:
         return any(hop.verdict is not None or hop.traces for hop in self.hops)
 
 
-# a verdict that ends the message's way at its hop: the hops after it are never reached
-ENDS_ITS_WAY = {"LOST": "lost", "CONFIRMED_LOST": "lost", "UNRECOVERABLE": "lost", "ABORTED": "aborted",
-                "SUPERSEDED": "superseded"}  # fmt: skip
+# a verdict that ends the message's way at its hop (the hops after it are never reached), in words
+ENDS_ITS_WAY = {
+    **{kind.value: "lost" for kind in (*LOSS_KINDS, VerdictKind.UNRECOVERABLE)},
+    **{kind.value: kind.value.lower() for kind in KAFKA_SEMANTICS_KINDS},
+}
 
 
 def why_not_reached(route: Route, hop: Hop, kinds: Mapping[str, str], seen: frozenset[Hop] = frozenset()) -> str | None:

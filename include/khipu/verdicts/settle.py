@@ -240,8 +240,9 @@ def kafka_semantics_settled(stored: Verdict | None, judged: Verdict) -> bool:
 
 
 def loss_explained_by_kafka(stored: Verdict | None, judged: Verdict) -> bool:
-    """A stored loss that all the evidence shows was an aborted transaction, or compaction."""
-    return judged.kind in KAFKA_SEMANTICS_KINDS and stored is not None and stored.kind in LOSS_KINDS
+    """A stored loss (or a hop left PENDING) that all the evidence shows was an aborted transaction, or compaction."""
+    undecided = (*LOSS_KINDS, VerdictKind.PENDING)
+    return judged.kind in KAFKA_SEMANTICS_KINDS and stored is not None and stored.kind in undecided
 
 
 def _not_a_loss(stored: Verdict | None, judged: Verdict) -> Change | None:

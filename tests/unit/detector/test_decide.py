@@ -13,7 +13,7 @@ from typing import NamedTuple
 import pytest
 
 from khipu.detector.decide import decide
-from khipu.detector.model import UNKNOWN_FATE, DetectorConfig, RecordFate, RecordState, Removal
+from khipu.detector.model import UNKNOWN_FATE, DetectorConfig, DetectorConfigError, RecordFate, RecordState, Removal
 from khipu.registry import parse_registry
 from khipu.trace.keys import key_hash
 from khipu.trace.model import Trace, TraceType
@@ -576,3 +576,27 @@ def test_a_hop_waiting_on_the_log_or_a_transaction_is_looked_at_again_at_the_nex
         first = decide("m1", STREAM, traces, committed, {}, 1000, 10_000, CONFIG, record=record)
         later = decide("m1", STREAM, traces, committed, first.passed_at, 1000, 70_000, CONFIG, record=record)
         assert not later.done and later.next_check_ms == 70_000 + CONFIG.recheck_ms, (fates, later.next_check_ms)
+
+
+def test_the_detector_settings_are_read_from_the_environment_and_refused_by_name() -> None:
+    config = DetectorConfig.from_env(
+        {"KHIPU_DETECTOR_GRACE_MS": "5000", "KHIPU_DETECTOR_OPEN_TRANSACTION_WAIT_MS": "3600000"}
+    )
+    assert (config.grace_ms, config.open_transaction_wait_ms, config.max_wait_ms) == (5_000, 3_600_000, 900_000)
+    with pytest.raises(DetectorConfigError, match=r"KHIPU_DETECTOR_OPEN_TRANSACTION_WAIT_MS.*'an hour'"):
+        DetectorConfig.from_env({"KHIPU_DETECTOR_OPEN_TRANSACTION_WAIT_MS": "an hour"})
+
+
+def test_a_longer_transaction_bound_keeps_a_hop_waiting_on_kafka_longer() -> None:
+    """Case 43 (PENDING past the maximum wait and the bound) with the bound raised to an hour: still waiting."""
+    [case] = [c for c in CASES if c.number == 43]
+
+    def committed(cluster: str, group: str, topic: str, partition: int) -> int | None:
+        return case.committed.get((group, topic))
+
+    def record(cluster: str, topic: str, partition: int, offset: int, key: str | None) -> RecordFate:
+        return case.fates.get((topic, offset), UNKNOWN_FATE)
+
+    patient = DetectorConfig(grace_ms=30_000, max_wait_ms=900_000, recheck_ms=5_000, open_transaction_wait_ms=3_600_000)
+    decision = decide("m1", STREAM, case.traces, committed, {}, 1000, case.now_ms, patient, record=record)
+    assert decision.verdicts == () and not decision.done
