@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import secrets
 import time
+from collections.abc import Callable
 
-from confluent_kafka import Consumer, Message
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from khipu.kafka.trace_topic import read_trace_topic
 from khipu.localstack.broker import BrokerProcess
@@ -42,3 +44,29 @@ def consume_all(consumer: Consumer, expected: int, timeout_s: float = 30.0) -> l
         if msg is not None and msg.error() is None:
             got.append(msg)
     return got
+
+
+def until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Wait for ``check`` to hold; fails the test naming ``what`` did not happen within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f} s"
+        time.sleep(0.2)
+
+
+def log_offsets(broker: BrokerProcess, topic: str) -> list[int]:
+    """The offsets partition 0 of ``topic`` holds now, start to end, as a plain read_uncommitted consumer finds
+    them: aborted records included; transaction markers, and what compaction or retention removed, not."""
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"peek-{secrets.token_hex(3)}",
+                         "enable.partition.eof": True, "isolation.level": "read_uncommitted"})  # fmt: skip
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        found: list[int] = []
+        while True:
+            message = consumer.poll(10)
+            assert message is not None, f"no answer reading {topic}"
+            if message.error() is not None:
+                return found
+            found.append(message.offset())
+    finally:
+        consumer.close()

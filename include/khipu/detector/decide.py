@@ -476,15 +476,18 @@ def read_facts(moment: Moment, hop: Hop, progress: ReadProgress) -> ReadFacts:
     )  # fmt: skip
 
 
-def read_resend_arrived(facts: ReadFacts) -> bool:
+# -- the rules every hop starts with: a resend that arrived, then an open hop (PENDING past the maximum wait)
+
+
+def resend_arrived(facts: ReadFacts | WriteFacts) -> bool:
     return facts.settled and bool(facts.resent)
 
 
-def read_open_past_max_wait(facts: ReadFacts) -> bool:
+def open_past_max_wait(facts: ReadFacts | WriteFacts) -> bool:
     return not facts.settled and facts.timed_out
 
 
-def read_open(facts: ReadFacts) -> bool:
+def still_open(facts: ReadFacts | WriteFacts) -> bool:
     return not facts.settled
 
 
@@ -728,9 +731,9 @@ ReadRule = tuple[Callable[[ReadFacts], bool], Callable[[Moment, ReadFacts], Verd
 
 # A read hop: the first rule that holds gives its verdict (None: it waits).
 READ_RULES: tuple[ReadRule, ...] = (
-    (read_resend_arrived, _resent),
-    (read_open_past_max_wait, _pending),
-    (read_open, _wait),
+    (resend_arrived, _resent),
+    (open_past_max_wait, _pending),
+    (still_open, _wait),
     (no_trace_on_topic, _trace_lost_implied),
     (received_only_aborted, _aborted_receipt),
     (
@@ -845,18 +848,6 @@ def write_facts(
             None,
         ),
     )  # fmt: skip
-
-
-def write_resend_arrived(facts: WriteFacts) -> bool:
-    return facts.settled and bool(facts.resent)
-
-
-def write_open_past_max_wait(facts: WriteFacts) -> bool:
-    return not facts.settled and facts.timed_out
-
-
-def write_open(facts: WriteFacts) -> bool:
-    return not facts.settled
 
 
 def got_it_and_wrote_nothing(facts: WriteFacts) -> bool:
@@ -991,9 +982,9 @@ WriteRule = tuple[Callable[[WriteFacts], bool], Callable[[Moment, WriteFacts], V
 
 # A write hop: the first rule that holds gives its verdict (None: it waits).
 WRITE_RULES: tuple[WriteRule, ...] = (
-    (write_resend_arrived, _resent),
-    (write_open_past_max_wait, _pending),
-    (write_open, _wait),
+    (resend_arrived, _resent),
+    (open_past_max_wait, _pending),
+    (still_open, _wait),
     (got_it_and_wrote_nothing, _lost_dropped),
     (never_sent, _trace_lost_write),
     (processor_wrote_only_in_aborted_transactions, _lost_dropped),

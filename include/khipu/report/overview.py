@@ -105,9 +105,7 @@ def window_figures(rows: Iterable[Mapping[str, Any]], since_ms: int) -> WindowFi
         p95 = _worst(p95, row.get("latency_p95_ms"))
         p99 = _worst(p99, row.get("latency_p99_ms"))
     p50 = _weighted_median(p50s)
-    return WindowFigures(
-        since_ms, **counts, latency_p50_ms=p50, latency_p95_ms=p95, latency_p99_ms=p99, skewed=skewed
-    )
+    return WindowFigures(since_ms, **counts, latency_p50_ms=p50, latency_p95_ms=p95, latency_p99_ms=p99, skewed=skewed)
 
 
 def series(rows: Iterable[Mapping[str, Any]], start_ms: int, end_ms: int, bucket_ms: int) -> tuple[SeriesPoint, ...]:

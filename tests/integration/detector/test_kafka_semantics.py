@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from khipu.detector.job import DETECTOR_QUERY, DetectorJob, start_detector
@@ -33,7 +33,7 @@ from khipu.tracing import TracedConsumer, TracedProducer, TraceEmitter, TraceEmi
 from khipu.tracing.headers import trace_context
 from khipu.verdicts.metrics import MinuteCounts
 from tests.integration.detector.conftest import stored_verdicts
-from tests.integration.helpers import TEST_SESSION_TIMEOUT_MS
+from tests.integration.helpers import TEST_SESSION_TIMEOUT_MS, log_offsets, until
 
 pytestmark = pytest.mark.integration
 
@@ -173,23 +173,6 @@ def delivered_at(landed: dict[str, tuple[int, int]], message_id: str) -> Callabl
     return report
 
 
-def log_offsets(broker: BrokerProcess, topic: str) -> list[int]:
-    """The offsets partition 0 of ``topic`` holds now, read by a plain read_uncommitted consumer."""
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"peek-{secrets.token_hex(3)}",
-                         "enable.partition.eof": True, "isolation.level": "read_uncommitted"})  # fmt: skip
-    try:
-        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        found: list[int] = []
-        while True:
-            message = consumer.poll(10)
-            assert message is not None, f"no answer reading {topic}"
-            if message.error() is not None:
-                return found
-            found.append(message.offset())
-    finally:
-        consumer.close()
-
-
 def snapshot_offsets(broker: BrokerProcess, t: Topics) -> None:
     """One offset snapshot of the registry's groups into the detector's store (khipu_snapshot_offsets' task)."""
     assert t.registry is not None
@@ -210,13 +193,6 @@ def set_retention(broker: BrokerProcess, topic: str, retention_ms: int) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(10)
-
-
-def until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f} s"
-        time.sleep(0.3)
 
 
 # -- the pipelines ----------------------------------------------------------------------------------------------

@@ -7,12 +7,10 @@ aborted, the keys it wrote) and what a plain consumer reads back from the log, n
 from __future__ import annotations
 
 import secrets
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from khipu.detector.committed import ClusterClients, RecordFates
 from khipu.detector.model import RecordState
@@ -20,6 +18,7 @@ from khipu.kafka import KafkaConnection
 from khipu.localstack.broker import BrokerProcess
 from khipu.localstack.processes import free_port
 from khipu.trace.keys import key_hash
+from tests.integration.helpers import log_offsets, until
 
 pytestmark = pytest.mark.integration
 
@@ -40,37 +39,6 @@ def written(producer: Any, topic: str, records: list[tuple[bytes | None, bytes |
         producer.produce(topic, value=value, key=key, on_delivery=landed)
         producer.flush(10)
     return offsets
-
-
-def in_the_log(broker: BrokerProcess, topic: str) -> list[int]:
-    """The offsets a read_uncommitted consumer finds in the log now, from its start to its end."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": broker.bootstrap_servers,
-            "group.id": f"reader-{secrets.token_hex(3)}",
-            "enable.partition.eof": True,
-            "isolation.level": "read_uncommitted",
-            "auto.offset.reset": "earliest",
-        }
-    )
-    try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        found: list[int] = []
-        while True:
-            message = consumer.poll(10)
-            assert message is not None, f"no answer reading {topic}"
-            if message.error() is not None:
-                return found
-            found.append(message.offset())
-    finally:
-        consumer.close()
-
-
-def until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f} s"
-        time.sleep(0.2)
 
 
 def test_a_records_transaction_is_read_from_the_log_committed_aborted_or_still_open(broker: BrokerProcess) -> None:
@@ -117,7 +85,7 @@ def test_a_record_compaction_removed_is_told_with_the_later_record_of_its_key(br
 
     def cleaned() -> bool:  # appends roll the active segment: the cleaner only cleans the ones before it
         written(producer, topic, [(b"filler", b"x")])
-        kept = in_the_log(broker, topic)
+        kept = log_offsets(broker, topic)
         return first not in kept and tombstoned not in kept and tombstone not in kept
 
     until(cleaned, 60, "the cleaner removed the superseded records and the tombstone")
