@@ -7,6 +7,8 @@ STAMP := $(VENV)/.khipu-installed
 JVM := .jvm
 KAFKA_JARS := $(JVM)/kafka/.installed
 SPARK_KAFKA_JARS := $(JVM)/spark-kafka/.installed
+TRACING_JAR := $(JVM)/tracing/khipu-tracing.jar
+TRACING_SOURCES := $(shell find jvm/tracing/src -type f 2>/dev/null) jvm/tracing/pom.xml
 MVN := mvn -B -q
 export PATH := $(BIN):$(PATH)
 export PYSPARK_PYTHON := $(BIN)/python
@@ -21,7 +23,7 @@ help:
 	@echo "make bench   print the tracing-overhead figures"
 	@echo "make lint    ruff + mypy only"
 	@echo "make screenshots  retake the Khipu view's screenshots in docs/screenshots"
-	@echo "make install the venv (PyPI) and the JVM jars (Maven Central: Kafka broker, Spark's Kafka connector)"
+	@echo "make install the venv (PyPI), the JVM jars (Maven Central: Kafka broker, Spark's Kafka connector) and the JVM interceptors"
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: no python3.11 found; Khipu needs Python 3.11 (set PYTHON=/path/to/python3.11)"; exit 2; }
@@ -48,7 +50,14 @@ $(SPARK_KAFKA_JARS): jvm/spark-kafka.pom.xml
 	@touch $@
 	@echo "installed Spark's Kafka connector into $(JVM)/spark-kafka"
 
-install: $(STAMP) $(KAFKA_JARS) $(SPARK_KAFKA_JARS)
+# Khipu's tracing interceptors for JVM clients (docs/tracing-jvm.md), built from jvm/tracing; `make test` runs its tests.
+$(TRACING_JAR): $(TRACING_SOURCES)
+	@command -v mvn >/dev/null || { echo "make: Maven (mvn) is needed to build Khipu's JVM interceptors"; exit 2; }
+	$(MVN) -f jvm/tracing/pom.xml -DskipTests package
+	@mkdir -p $(JVM)/tracing && cp jvm/tracing/target/khipu-tracing.jar $@
+	@echo "built Khipu's JVM tracing interceptors into $@"
+
+install: $(STAMP) $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(TRACING_JAR)
 
 postgres:
 	@scripts/ensure-postgres
@@ -66,6 +75,7 @@ status: $(STAMP)
 	$(BIN)/khipu status
 
 test: install postgres chromium
+	mvn -B -ntp -f jvm/tracing/pom.xml test   # the JVM interceptors' tests: Surefire's summary
 	$(BIN)/pytest
 
 # Retake the Khipu view's screenshots in docs/screenshots (the browser tests take them).

@@ -4,7 +4,7 @@ Every hop that sees the same id reaches the same decision, so a sampled message 
 its whole route and an unsampled one nowhere. The algorithm is part of the trace format
 (docs/trace-format.md) so components written in other languages can implement it:
 
-    bucket  = B                                   if the id is Khipu-generated, "k.BBBB.<rest>"
+    bucket  = B                                   if the id is Khipu-generated, "k.BBBB.<rest>" (B: 4 ASCII digits)
             = ((crc32(utf8(id)) * 0x9E3779B1) mod 2^32) * 10000 >> 32      otherwise
     sampled = bucket < round(sampling_percent * 100)
 
@@ -27,7 +27,8 @@ _FIBONACCI_32 = 0x9E3779B1
 
 def sampling_bucket(message_id: str) -> int:
     """The id's bucket in [0, 10000): 0.01 % of traffic per bucket."""
-    if message_id.startswith(_GENERATED_PREFIX) and message_id[6:7] == "." and message_id[2:6].isdigit():
+    digits = message_id[2:6]
+    if message_id.startswith(_GENERATED_PREFIX) and message_id[6:7] == "." and digits.isascii() and digits.isdigit():
         return int(message_id[2:6])
     return ((zlib.crc32(message_id.encode("utf-8")) * _FIBONACCI_32) & 0xFFFFFFFF) * SAMPLING_BUCKETS >> 32
 

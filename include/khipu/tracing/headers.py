@@ -7,6 +7,7 @@ Inca). Every component that writes a record derived from a traced input copies t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -23,6 +24,9 @@ RESEND_HEADERS = (HEADER_RESEND_ID, HEADER_RESEND_HOP, HEADER_RESEND_TARGET)
 # the RECEIVED trace of a resent record carries its resend id and hop in these attributes
 ATTRIBUTE_RESEND_ID = "khipu.resend_id"
 ATTRIBUTE_RESEND_HOP = "khipu.resend_hop"
+
+# what a sampling header may say (as Python's repr of a float writes it: "10.0", "1e-05"); anything else is 100
+SAMPLING_PATTERN = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")  # the whole value
 
 HeaderValue = str | bytes | None
 Headers = Sequence[tuple[str, HeaderValue]] | Mapping[str, HeaderValue]
@@ -71,10 +75,8 @@ def trace_context(headers: Headers | None) -> TraceContext | None:
     stream = found.get(HEADER_STREAM)
     if not message_id or not stream:
         return None
-    try:
-        sampling = float(found.get(HEADER_SAMPLING) or "100")
-    except ValueError:
-        sampling = 100.0
+    text = found.get(HEADER_SAMPLING)
+    sampling = float(text) if text is not None and SAMPLING_PATTERN.fullmatch(text) else 100.0
     if not 0 < sampling <= 100:
         sampling = 100.0
     return TraceContext(message_id, stream, sampling)

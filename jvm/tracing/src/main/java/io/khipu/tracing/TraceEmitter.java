@@ -1,0 +1,366 @@
+package io.khipu.tracing;
+
+import java.lang.management.ManagementFactory;
+import java.security.SecureRandom;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ArrayBlockingQueue;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+import javax.management.ObjectName;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Sends traces to the trace topic without ever blocking or throwing into the application (the Python library's
+ * {@code khipu.tracing.emitter}, with the same sequence numbers, back-pointers and marks).
+ *
+ * <p>The application's threads only encode a trace and offer it to a bounded queue: when the queue is full (the trace
+ * channel slow or down) the trace is dropped at once and counted. One sender thread hands queued traces to the trace
+ * producer (idempotent, acks=all) and publishes the emitter's marks. Every trace gets its sequence number before any
+ * drop, so the detector sees the gap. One emitter serves every client of the JVM with the same location and trace
+ * cluster (a Kafka Streams application's producers and consumers share one).
+ */
+public final class TraceEmitter implements TraceEmitterMXBean {
+    public static final int BACK_POINTERS = 3;
+    private static final Logger log = LoggerFactory.getLogger(TraceEmitter.class);
+    private static final long WARN_INTERVAL_NS = TimeUnit.SECONDS.toNanos(60);
+    private static final Map<Object, TraceEmitter> SHARED = new HashMap<>();
+    private static final Map<Object, Integer> USERS = new HashMap<>();
+
+    private final TracingConfig config;
+    private final String emitterId;
+    private final ArrayBlockingQueue<ProducerRecord<byte[], byte[]>> queue;
+    private final KafkaProducer<byte[], byte[]> producer;
+    private final Thread sender;
+    private final AtomicLong seq = new AtomicLong();
+    private final AtomicLong emitted = new AtomicLong();
+    private final AtomicLong accepted = new AtomicLong();
+    private final AtomicLong delivered = new AtomicLong();
+    private final AtomicLong droppedQueueFull = new AtomicLong();
+    private final AtomicLong droppedInvalid = new AtomicLong();
+    private final AtomicLong failedDelivery = new AtomicLong();
+    private final AtomicLong droppedAtClose = new AtomicLong();
+    // per partition received from: its newest RECEIVED offsets (newest first) and when the newest was traced
+    private final Map<Partition, Recent> received = new HashMap<>();
+    private long markedAtEmitted;
+    private volatile boolean closing;
+    private volatile long lastWarningNs = System.nanoTime() - WARN_INTERVAL_NS;
+    private ObjectName mbeanName;
+
+    private record Partition(String cluster, String topic, int partition) {}
+
+    private record Recent(long[] offsets, long atNanos) {}
+
+    /** The emitter for this configuration, shared with the JVM's other clients of the same location. */
+    public static TraceEmitter acquire(TracingConfig config) {
+        synchronized (SHARED) {
+            Object key = config.emitterKey();
+            TraceEmitter emitter = SHARED.get(key);
+            if (emitter == null) {
+                emitter = new TraceEmitter(config);
+                SHARED.put(key, emitter);
+            }
+            USERS.merge(key, 1, Integer::sum);
+            return emitter;
+        }
+    }
+
+    /** A client is done with its emitter; the last one closes it (flushing, bounded by khipu.close.timeout.ms). */
+    public void release() {
+        Object key = config.emitterKey();
+        synchronized (SHARED) {
+            int left = USERS.merge(key, -1, Integer::sum);
+            if (left > 0) {
+                return;
+            }
+            USERS.remove(key);
+            SHARED.remove(key);
+        }
+        close();
+    }
+
+    TraceEmitter(TracingConfig config) {
+        this.config = config;
+        this.emitterId = config.location() + "-" + randomHex(4);
+        this.queue = new ArrayBlockingQueue<>(config.queueMaxTraces());
+        Map<String, Object> settings = new HashMap<>(config.traceProducerConfig());
+        settings.put("client.id", emitterId);
+        settings.put("acks", "all");
+        settings.put("enable.idempotence", true);
+        settings.putIfAbsent("linger.ms", 20);
+        settings.putIfAbsent("max.block.ms", 10_000);
+        settings.put("delivery.timeout.ms", config.deliveryTimeoutMs());
+        settings.putIfAbsent("request.timeout.ms", Math.min(30_000, config.deliveryTimeoutMs() - 100));
+        this.producer = new KafkaProducer<>(settings, new ByteArraySerializer(), new ByteArraySerializer());
+        this.sender = new Thread(this::sendLoop, "khipu-emitter-" + config.location());
+        this.sender.setDaemon(true);
+        this.sender.start();
+        try {
+            mbeanName = new ObjectName("io.khipu.tracing:type=TraceEmitter,id=" + ObjectName.quote(emitterId));
+            ManagementFactory.getPlatformMBeanServer().registerMBean(this, mbeanName);
+        } catch (Exception e) {
+            mbeanName = null;
+            log.warn("trace emitter {}: counters not registered over JMX: {}", emitterId, e.toString());
+        }
+        log.info("trace emitter {} started: traces of location '{}' go to topic '{}' at {}", emitterId,
+                config.location(), config.traceTopic(), config.traceProducerConfig().get("bootstrap.servers"));
+    }
+
+    // -- what the interceptors call ------------------------------------------------------------------------------------
+
+    /** The broker acknowledged a traced write: {@code timestampMs} is the record's own timestamp (null: not known). */
+    public void emitSent(TraceContext context, String cluster, String topic, int partition, long offset,
+            Long timestampMs, String keyHash, boolean tombstone, boolean transactional) {
+        long number = seq.getAndIncrement();
+        long at = timestampMs != null ? timestampMs : System.currentTimeMillis();
+        publish(context.messageId(), () -> new Trace(context.messageId(), context.stream(), config.location(), cluster,
+                TraceType.SENT, at, topic, partition, offset, null, emitterId, number, context.samplingPercent(),
+                Map.of(), new long[0], keyHash, tombstone, transactional, false));
+    }
+
+    /** Consumer group {@code group} received a traced record. */
+    public void emitReceived(TraceContext context, String cluster, String topic, int partition, long offset,
+            String group, Map<String, String> attributes, boolean readUncommitted) {
+        long number = seq.getAndIncrement();
+        long at = System.currentTimeMillis();
+        long[] previous;
+        Partition where = new Partition(cluster, topic, partition);
+        synchronized (received) {
+            Recent recent = received.get(where);
+            previous = recent == null ? new long[0] : recent.offsets();
+            long[] newest = new long[Math.min(BACK_POINTERS, previous.length + 1)];
+            newest[0] = offset;
+            System.arraycopy(previous, 0, newest, 1, newest.length - 1);
+            received.put(where, new Recent(newest, System.nanoTime()));
+        }
+        long[] pointers = previous;
+        publish(context.messageId(), () -> new Trace(context.messageId(), context.stream(), config.location(), cluster,
+                TraceType.RECEIVED, at, topic, partition, offset, group, emitterId, number,
+                context.samplingPercent(), attributes, pointers, null, false, false, readUncommitted));
+    }
+
+    private void publish(String messageId, java.util.function.Supplier<Trace> trace) {
+        emitted.incrementAndGet();
+        if (closing) {
+            droppedAtClose.incrementAndGet();
+            return;
+        }
+        ProducerRecord<byte[], byte[]> record;
+        try {
+            byte[] value = TraceFormat.encode(trace.get());
+            record = new ProducerRecord<>(config.traceTopic(), null, System.currentTimeMillis(),
+                    messageId.getBytes(java.nio.charset.StandardCharsets.UTF_8), value);
+        } catch (RuntimeException e) { // tracing never throws into the application it observes
+            droppedInvalid.incrementAndGet();
+            warn("trace for message {} dropped: {}", messageId, e.toString());
+            return;
+        }
+        if (queue.offer(record)) {
+            accepted.incrementAndGet();
+        } else {
+            droppedQueueFull.incrementAndGet();
+            warn("trace queue full ({} traces): dropping traces until the trace channel catches up",
+                    config.queueMaxTraces());
+        }
+    }
+
+    // -- the sender thread ------------------------------------------------------------------------------------------------
+
+    private void sendLoop() {
+        long nextMark = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(config.markIntervalMs());
+        List<ProducerRecord<byte[], byte[]>> batch = new ArrayList<>(512);
+        while (!closing || !queue.isEmpty()) {
+            try {
+                ProducerRecord<byte[], byte[]> first = queue.poll(100, TimeUnit.MILLISECONDS);
+                if (first != null) {
+                    batch.add(first);
+                    queue.drainTo(batch, 511);
+                    for (ProducerRecord<byte[], byte[]> record : batch) {
+                        send(record);
+                    }
+                    batch.clear();
+                }
+                if (System.nanoTime() >= nextMark && !closing) {
+                    nextMark = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(config.markIntervalMs());
+                    mark();
+                }
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                return;
+            } catch (Throwable e) { // the sender never dies: a bad moment costs traces, counted, never the thread
+                warn("trace emitter error: {}", e.toString());
+            }
+        }
+    }
+
+    private void send(ProducerRecord<byte[], byte[]> record) {
+        try {
+            producer.send(record, (metadata, error) -> {
+                if (error == null) {
+                    delivered.incrementAndGet();
+                } else {
+                    failedDelivery.incrementAndGet();
+                    warn("trace not delivered: {}", error.toString());
+                }
+            });
+        } catch (RuntimeException e) {
+            failedDelivery.incrementAndGet();
+            warn("trace producer refused a trace: {}", e.toString());
+        }
+    }
+
+    /** Publish the next sequence number and where the emitter received lately, when it traced since the last mark or
+     * received within khipu.mark.memory.ms. */
+    void mark() {
+        List<EmitterMark.Received> recent = new ArrayList<>();
+        synchronized (received) {
+            long now = System.nanoTime();
+            long memory = TimeUnit.MILLISECONDS.toNanos(config.markMemoryMs());
+            List<Map.Entry<Partition, Recent>> fresh = new ArrayList<>();
+            for (Map.Entry<Partition, Recent> entry : received.entrySet()) {
+                if (now - entry.getValue().atNanos() <= memory) {
+                    fresh.add(entry);
+                }
+            }
+            long count = emitted.get();
+            if (count == markedAtEmitted && fresh.isEmpty()) {
+                return;
+            }
+            markedAtEmitted = count;
+            fresh.sort((a, b) -> Long.compare(b.getValue().atNanos(), a.getValue().atNanos()));
+            for (Map.Entry<Partition, Recent> entry : fresh) {
+                Partition where = entry.getKey();
+                for (long offset : entry.getValue().offsets()) {
+                    if (recent.size() < TraceFormat.MAX_MARK_ENTRIES) {
+                        recent.add(new EmitterMark.Received(where.cluster(), where.topic(), where.partition(), offset));
+                    }
+                }
+            }
+        }
+        EmitterMark mark = new EmitterMark(emitterId, config.location(), seq.getAndIncrement(),
+                System.currentTimeMillis(), recent);
+        try {
+            producer.send(new ProducerRecord<>(config.traceTopic(), null, System.currentTimeMillis(),
+                    emitterId.getBytes(java.nio.charset.StandardCharsets.UTF_8), TraceFormat.encode(mark)),
+                    (metadata, error) -> {
+                        if (error != null) {
+                            warn("emitter mark not delivered: {}", error.toString());
+                        }
+                    });
+        } catch (RuntimeException e) {
+            warn("emitter mark not sent: {}", e.toString());
+        }
+    }
+
+    /** Flush (bounded by khipu.close.timeout.ms), stop, and log the final counters. */
+    void close() {
+        if (closing) {
+            return;
+        }
+        mark();
+        closing = true;
+        long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(config.closeTimeoutMs());
+        try {
+            sender.join(Math.max(1, config.closeTimeoutMs()));
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        int stranded = queue.size();
+        queue.clear();
+        droppedAtClose.addAndGet(stranded);
+        long left = Math.max(0, deadline - System.nanoTime());
+        producer.close(java.time.Duration.ofNanos(left)); // what is still in flight after this fails its callback
+        if (mbeanName != null) {
+            try {
+                ManagementFactory.getPlatformMBeanServer().unregisterMBean(mbeanName);
+            } catch (Exception e) {
+                log.debug("trace emitter {}: JMX counters not unregistered: {}", emitterId, e.toString());
+            }
+        }
+        long dropped = getDroppedQueueFull() + getDroppedInvalid() + getFailedDelivery() + getDroppedAtClose();
+        String message = "trace emitter {} closed: {} emitted, {} delivered, {} dropped (queue full {}, failed {}, at close {})";
+        Object[] args = {emitterId, getEmitted(), getDelivered(), dropped, getDroppedQueueFull(), getFailedDelivery(),
+            getDroppedAtClose()};
+        if (dropped > 0) {
+            log.warn(message, args);
+        } else {
+            log.info(message, args);
+        }
+    }
+
+    /** Warn at most once a minute: a trace channel that is down must not flood the application's log. */
+    private void warn(String message, Object... args) {
+        long now = System.nanoTime();
+        if (now - lastWarningNs >= WARN_INTERVAL_NS) {
+            lastWarningNs = now;
+            log.warn(message, args);
+        }
+    }
+
+    private static String randomHex(int bytes) {
+        byte[] random = new byte[bytes];
+        new SecureRandom().nextBytes(random);
+        StringBuilder hex = new StringBuilder(2 * bytes);
+        for (byte b : random) {
+            hex.append(Character.forDigit((b >> 4) & 15, 16)).append(Character.forDigit(b & 15, 16));
+        }
+        return hex.toString();
+    }
+
+    // -- counters -----------------------------------------------------------------------------------------------------------
+
+    public TracingConfig config() {
+        return config;
+    }
+
+    @Override
+    public String getEmitterId() {
+        return emitterId;
+    }
+
+    @Override
+    public long getEmitted() {
+        return emitted.get();
+    }
+
+    @Override
+    public long getAccepted() {
+        return accepted.get();
+    }
+
+    @Override
+    public long getDelivered() {
+        return delivered.get();
+    }
+
+    @Override
+    public long getDroppedQueueFull() {
+        return droppedQueueFull.get();
+    }
+
+    @Override
+    public long getDroppedInvalid() {
+        return droppedInvalid.get();
+    }
+
+    @Override
+    public long getFailedDelivery() {
+        return failedDelivery.get();
+    }
+
+    @Override
+    public long getDroppedAtClose() {
+        return droppedAtClose.get();
+    }
+
+    @Override
+    public long getPending() {
+        return Math.max(0, accepted.get() - delivered.get() - failedDelivery.get() - droppedAtClose.get());
+    }
+}
