@@ -24,3 +24,18 @@ streams:
 FAN_OUT = FAN_OUT_REGISTRY.stream("orders")
 SRC, PROC_IN, PROC_OUT = "p -> local/in", "local/in -> proc", "proc -> local/out"
 S1, S2 = "local/out -> s1", "local/out -> s2"
+
+# FAN_OUT with s2 keeping its offsets outside Kafka (as MirrorMaker 2's source consumer does): it never commits
+EXTERNAL_OFFSETS_REGISTRY = parse_registry("""
+version: 1
+clusters: {local: {}}
+streams:
+  orders:
+    owner: t
+    route:
+      producers: [{location: p, writes: [local/in]}]
+      consumers:
+        - {group: proc, reads: [local/in], writes: [local/out]}
+        - {group: s1, reads: [local/out]}
+        - {group: s2, reads: [local/out], commits_offsets: false}
+""")

@@ -6,8 +6,9 @@ each hop it reached shows exactly one trace, all traces on a topic name the same
 a resend. For such messages the rules reduce to a few comparisons per hop, done here with numpy over
 a grid of messages x hops:
 
-- a read hop whose topic shows the message is settled once its group's committed offset passed the
-  position (first seen at ``memo``) and the grace has run out on the clock;
+- a read hop whose topic shows the message is settled once its group's committed offset passed the position
+  (a group that keeps its offsets outside Kafka: once its receipt did; first seen at ``memo``) and the grace has
+  run out on the clock;
 - a write hop is judged once no read hop holding it back (the readers of its topic, and a processor's
   input) is open;
 - a topic with no trace, which a processor that wrote the message on must have read, is *implied*;
@@ -101,6 +102,8 @@ def judge_clean(plan: RoutePlan, grid: CleanGrid, now_ms: int, clock_ms: int, co
         positioned = has_position[:, topic]
         offset = grid.offset[:, topic]
         passed = positioned & (grid.committed[:, hop] > offset)
+        if not plan.commits_offsets[hop]:  # a group that keeps its offsets outside Kafka: its receipt passes it
+            passed |= positioned & present[:, hop]
         # an unread record that may have left the log: decide asks whether it was removed (expired, truncated)
         out |= positioned & ~passed & overdue & (grid.log_start[:, hop] > offset)
         memo[:, hop] = np.where(passed & (memo[:, hop] == NONE), now_ms, memo[:, hop])

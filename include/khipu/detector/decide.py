@@ -320,7 +320,8 @@ def implied_read_settles_ms(moment: Moment) -> int:
 
 def read_progress(moment: Moment, hop: Hop, memo: Mapping[str, int]) -> ReadProgress:
     """Settled once the group's committed offset passed every position of the message (or the record left
-    the log first) and the grace has gone by since that was first seen. A hop of an implied topic (no trace
+    the log first; for a group that keeps its offsets outside Kafka, once it received the record there) and the
+    grace has gone by since that was first seen. A hop of an implied topic (no trace
     says where the message sat) is settled once the trace topic is read the grace past the message's first
     sight: its traces there, had they been written, would have been read by then."""
     assert hop.group is not None
@@ -336,9 +337,15 @@ def read_progress(moment: Moment, hop: Hop, memo: Mapping[str, int]) -> ReadProg
     checks: list[int] = []
     removals: dict[Position, Removal] = {}
     passed_at: dict[str, int] = {}
+    # a group that keeps its offsets outside Kafka never commits past a record: its receipt passes it instead
+    received = (
+        set()
+        if moment.stream.route.commits_offsets(hop)
+        else {(t.partition, t.offset) for t in moment.evidence.received.get(hop, ())}
+    )
     for partition, offset in sorted(positions):
         committed = lookups.committed(hop.topic.cluster, hop.group, hop.topic.topic, partition)
-        passed = committed is not None and committed > offset
+        passed = (committed is not None and committed > offset) or (partition, offset) in received
         # a record the group has not reached is asked after (it may have left the log) only once the message
         # has been on its way longer than the grace: most are passed by then, and asking costs
         if not passed and moment.overdue:

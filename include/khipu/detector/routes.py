@@ -55,6 +55,7 @@ class RoutePlan:
     topics: tuple[TopicRef, ...]
     hop_topic: tuple[int, ...]  # each hop's topic
     is_read: tuple[bool, ...]
+    commits_offsets: tuple[bool, ...]  # per hop: False for a read hop whose group keeps its offsets outside Kafka
     readers: tuple[tuple[int, ...], ...]  # per topic: its read hops
     writers: tuple[tuple[int, ...], ...]  # per topic: its write hops
     write_blockers: tuple[tuple[int, ...], ...]  # per hop (writes only): read hops whose being open holds it back
@@ -115,6 +116,7 @@ class RoutePlan:
             topics=topics,
             hop_topic=tuple(topic_index[h.topic] for h in hops),
             is_read=tuple(h.kind is HopKind.READ for h in hops),
+            commits_offsets=tuple(stream.route.commits_offsets(h) for h in hops),
             readers=readers,
             writers=writers,
             write_blockers=tuple(blockers),

@@ -22,10 +22,13 @@ class SnapshotError(RuntimeError):
 
 
 def groups_to_watch(registry: Registry, cluster: str) -> dict[str, frozenset[str]]:
-    """Every consumer group the registry's routes name on ``cluster``, with the topics it reads there."""
+    """Every consumer group the registry's routes name on ``cluster``, with the topics it reads there; not a group
+    that keeps its offsets outside Kafka (``commits_offsets: false``): Kafka has no offsets of it to watch."""
     watched: dict[str, set[str]] = {}
     for stream in registry.streams.values():
         for consumer in stream.route.consumers:
+            if not consumer.commits_offsets:
+                continue
             topics = {ref.topic for ref in consumer.reads if ref.cluster == cluster}
             if topics:
                 watched.setdefault(consumer.group, set()).update(topics)

@@ -39,7 +39,7 @@ _HOOK = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _ALERT_KEYS = ("loss_rate", "duplicate_rate", "latency_p99_ms")
 _ROUTE_KEYS = ("producers", "consumers")
 _PRODUCER_KEYS = ("location", "writes")
-_CONSUMER_KEYS = ("group", "location", "reads", "writes")
+_CONSUMER_KEYS = ("group", "location", "reads", "writes", "commits_offsets")
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,9 +317,16 @@ class _Checker:
             location = self.name(body.get("location", group), f"{field}.location") if group else None
             reads = self.topic_refs(body.get("reads"), f"{field}.reads", required=True)
             writes = self.topic_refs(body.get("writes"), f"{field}.writes", required=False)
+            commits = body.get("commits_offsets", True)
+            if not isinstance(commits, bool):
+                self.fail(f"{field}.commits_offsets", commits, "true or false (false: the group keeps its offsets "
+                          "outside Kafka, as MirrorMaker 2 does)")  # fmt: skip
+                commits = True
             if group is not None and location is not None and reads:
                 seen_groups.add(group)
-                specs.append(ConsumerSpec(group=group, location=location, reads=reads, writes=writes))
+                specs.append(
+                    ConsumerSpec(group=group, location=location, reads=reads, writes=writes, commits_offsets=commits)
+                )
         return tuple(specs)
 
     def check_reachability(self, route: Route) -> None:

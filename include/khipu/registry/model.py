@@ -87,12 +87,15 @@ class ProducerSpec:
 
 @dataclass(frozen=True, slots=True)
 class ConsumerSpec:
-    """A consumer group reading topics of the route; with ``writes`` it is a processor."""
+    """A consumer group reading topics of the route; with ``writes`` it is a processor. ``commits_offsets`` false:
+    the group keeps its offsets outside Kafka (MirrorMaker 2's source consumer, a Flink job that does not commit on
+    checkpoints), so no committed offset ever passes what it read: a receipt passes its record instead."""
 
     group: str
     location: str
     reads: tuple[TopicRef, ...]
     writes: tuple[TopicRef, ...] = ()
+    commits_offsets: bool = True
 
     @property
     def is_processor(self) -> bool:
@@ -120,6 +123,12 @@ class Route:
     def reader(self, topic: TopicRef, group: str) -> ConsumerSpec | None:
         """The consumer of ``group`` reading ``topic``, if the route has it."""
         return next((c for c in self.consumers if c.group == group and topic in c.reads), None)
+
+    def commits_offsets(self, hop: Hop) -> bool:
+        """Whether the group of read ``hop`` commits its offsets to Kafka (a write hop: True, there is nothing to
+        commit)."""
+        reader = self.reader(hop.topic, hop.group) if hop.kind is HopKind.READ and hop.group else None
+        return reader is None or reader.commits_offsets
 
     def writers_of(self, topic: TopicRef) -> tuple[Hop, ...]:
         """The write hops into ``topic``: the producers' first, then the processors' (several: fan-in)."""

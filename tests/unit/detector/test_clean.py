@@ -20,7 +20,7 @@ from khipu.detector.decide import decide, memo_key, resend_of
 from khipu.detector.model import UNKNOWN_FATE, DetectorConfig, RecordFate, RecordState, Removal
 from khipu.detector.routes import RoutePlan, RoutePlans
 from khipu.registry import parse_registry
-from khipu.registry.model import Hop, HopKind, Stream, TopicRef
+from khipu.registry.model import Hop, HopKind, Registry, Stream, TopicRef
 from khipu.trace.model import Trace, TraceType
 from khipu.verdicts.model import VerdictKind
 from tests.routes import FAN_OUT_REGISTRY
@@ -198,12 +198,14 @@ def passed_unread(traces: Sequence[Trace], committed: Mapping[tuple[str, str], i
     )
 
 
-def assert_left_to_decide(traces: Sequence[Trace], world: World, now_ms: int) -> None:
+def assert_left_to_decide(
+    traces: Sequence[Trace], world: World, now_ms: int, registry: Registry = FAN_OUT_REGISTRY
+) -> None:
     """The bucket's own check of cleanliness (not this file's ``grid_of``) sends the message to decide: the clean
     judge answers for none of it, decide is called for it, and every verdict it gives is decide's."""
-    judge = BucketJudge(RoutePlans.of(FAN_OUT_REGISTRY), CONFIG)
+    judge = BucketJudge(RoutePlans.of(registry), CONFIG)
     lookups = Lookups(committed=world.committed_of, removed=world.removed)
-    evaluation = judge.evaluate(BucketState.empty(), rows_of(traces, FAN_OUT_REGISTRY), now_ms, lookups)
+    evaluation = judge.evaluate(BucketState.empty(), rows_of(traces, registry), now_ms, lookups)
     assert (evaluation.clean_messages, evaluation.judged_messages) == (0, 1)
     assert set(evaluation.verdicts["judged_by"]) <= {"decide"}
 
@@ -219,15 +221,15 @@ def test_the_clean_judge_agrees_with_the_rule_table(case: object) -> None:
     memo: dict[str, int] = {}
     if case.passed_for_ms is not None:  # type: ignore[attr-defined]
         first = decide(
-            "m1", STREAM, case.traces, world.committed_of, {}, 1000, now - case.passed_for_ms, CONFIG,  # type: ignore[attr-defined]
+            "m1", case.stream, case.traces, world.committed_of, {}, 1000, now - case.passed_for_ms, CONFIG,  # type: ignore[attr-defined]
             removed=world.removed, record=world.record,
         )  # fmt: skip
         memo = dict(first.passed_at)
-    answer = both_ways(STREAM, case.traces, world, memo, 1000, now, None, CONFIG)  # type: ignore[attr-defined]
+    answer = both_ways(case.stream, case.traces, world, memo, 1000, now, None, CONFIG)  # type: ignore[attr-defined]
     expected = {hop for hop, (kind, _, _) in case.expected.items()}  # type: ignore[attr-defined]
     everything_delivered = all(kind is VerdictKind.DELIVERED for kind, _, _ in case.expected.values())  # type: ignore[attr-defined]
     if answer is None:  # not clean (a duplicate, a resend, two positions): the bucket hands it to decide
-        assert_left_to_decide(case.traces, world, now)  # type: ignore[attr-defined]
+        assert_left_to_decide(case.traces, world, now, case.registry)  # type: ignore[attr-defined]
         return
     in_domain, got, done, _ = answer
     if in_domain:

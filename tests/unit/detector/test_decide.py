@@ -15,11 +15,12 @@ import pytest
 from khipu.detector.decide import decide
 from khipu.detector.model import UNKNOWN_FATE, DetectorConfig, DetectorConfigError, RecordFate, RecordState, Removal
 from khipu.registry import parse_registry
+from khipu.registry.model import Registry, Stream
 from khipu.trace.keys import key_hash
 from khipu.trace.model import Trace, TraceType
 from khipu.tracing.headers import ATTRIBUTE_RESEND_HOP, ATTRIBUTE_RESEND_ID
 from khipu.verdicts.model import Cause, VerdictKind
-from tests.routes import FAN_OUT, PROC_IN, PROC_OUT, S1, S2, SRC
+from tests.routes import EXTERNAL_OFFSETS_REGISTRY, FAN_OUT, FAN_OUT_REGISTRY, PROC_IN, PROC_OUT, S1, S2, SRC
 
 STREAM = FAN_OUT
 CONFIG = DetectorConfig(grace_ms=30_000, max_wait_ms=900_000, recheck_ms=5_000)
@@ -128,6 +129,11 @@ class Case(NamedTuple):
     removed: Mapping[tuple[str, str], Removal] = MappingProxyType({})
     # (topic, offset) -> what the log says of the record there (not listed: the lookup could not say)
     fates: Mapping[tuple[str, int], RecordFate] = MappingProxyType({})
+    registry: Registry = FAN_OUT_REGISTRY  # the route (FAN_OUT, or a variant of it)
+
+    @property
+    def stream(self) -> Stream:
+        return self.registry.stream("orders")
 
 
 def txn(*, skip: set[str] = frozenset(), uncommitted: set[str] = frozenset()) -> list[Trace]:  # type: ignore[assignment]
@@ -416,6 +422,21 @@ CASES = [
          "a plain record (no transaction of its own) sits past the last stable offset behind another producer's "
          "open transaction: proc cannot read it yet; at the maximum wait that is Kafka's wait, not PENDING",
          fates={("in", 5): OPEN_FATE}),
+    Case(55, clean(), {("proc", "in"): 6, ("s1", "out"): 8}, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (D, None, 1), S2: (D, None, 1)},
+         True, "s2 keeps its offsets outside Kafka (commits_offsets: false, as MirrorMaker 2's source consumer): no "
+         "committed offset of it will ever pass out@7; its receipt does, and the grace after it settles the hop",
+         registry=EXTERNAL_OFFSETS_REGISTRY),
+    Case(56, clean(skip={S2}), {("proc", "in"): 6, ("s1", "out"): 8}, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), S1: (D, None, 1)}, False,
+         "s2 keeps its offsets outside Kafka and has not received out@7: nothing says it went past it, so it may "
+         "still read it; never a LOST (its hop, and the write into out it holds back, wait)",
+         registry=EXTERNAL_OFFSETS_REGISTRY),
+    Case(57, clean(skip={S2}), {("proc", "in"): 6, ("s1", "out"): 8}, 60_000, 901_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (D, None, 1), S2: (P, None, 0)},
+         True, "case 56 at the maximum wait: s2 still has not received it and cannot be asked how far it read: "
+         "PENDING, handed to reconciliation; the write into out is judged on its own",
+         registry=EXTERNAL_OFFSETS_REGISTRY),
 ]
 # fmt: on
 
@@ -437,12 +458,12 @@ def test_verdict_rule_table(case: Case) -> None:
     passed_at: dict[str, int] = {}
     if case.passed_for_ms is not None:
         first = decide(
-            "m1", STREAM, case.traces, committed, {}, 1000, case.now_ms - case.passed_for_ms, CONFIG,
+            "m1", case.stream, case.traces, committed, {}, 1000, case.now_ms - case.passed_for_ms, CONFIG,
             removed=removed, record=record,
         )  # fmt: skip
         passed_at = dict(first.passed_at)
     decision = decide(
-        "m1", STREAM, case.traces, committed, passed_at, 1000, case.now_ms, CONFIG, pointed_at, removed=removed,
+        "m1", case.stream, case.traces, committed, passed_at, 1000, case.now_ms, CONFIG, pointed_at, removed=removed,
         record=record,
     )  # fmt: skip
     got = {v.hop: (v.kind, v.cause, v.count) for v in decision.verdicts}

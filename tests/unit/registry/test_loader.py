@@ -7,6 +7,7 @@ from textwrap import dedent
 
 import pytest
 
+from khipu.offsets.collect import groups_to_watch
 from khipu.registry import (
     Hop,
     HopKind,
@@ -55,6 +56,29 @@ def test_valid_registry_becomes_typed_streams_with_defaults() -> None:
     assert registry.clusters["a"].connection_id == "kafka_a"
     assert registry.clusters["b"].connection_id == "khipu_kafka_b"  # default connection id per cluster
     assert stream.route.consumers[1].location == "sink-s3"  # location defaults to the group
+
+
+def test_a_group_that_keeps_its_offsets_outside_kafka_is_named_and_not_watched_for_commits() -> None:
+    registry = parse_registry(
+        dedent("""
+        version: 1
+        clusters: {east: {}, west: {}}
+        streams:
+          mirrored:
+            owner: t
+            route:
+              producers: [{location: api, writes: [east/orders]}]
+              consumers:
+                - {group: mm2, reads: [east/orders], writes: [west/east.orders], commits_offsets: false}
+                - {group: sink, reads: [west/east.orders]}
+    """)
+    )
+    route = registry.stream("mirrored").route
+    assert [c.commits_offsets for c in route.consumers] == [False, True]
+    assert not route.commits_offsets(Hop.read(TopicRef("east", "orders"), "mm2"))
+    assert route.commits_offsets(Hop.read(TopicRef("west", "east.orders"), "sink"))
+    assert route.commits_offsets(Hop.write("mm2", TopicRef("west", "east.orders")))
+    assert groups_to_watch(registry, "east") == {} and groups_to_watch(registry, "west") == {"sink": {"east.orders"}}
 
 
 def test_fan_in_and_fan_out_are_expressed_as_hops() -> None:
@@ -204,6 +228,11 @@ BAD_REGISTRIES = [
     ),
     # 19. not YAML
     ("version: [1\n", "registry: field '<file>':"),
+    # 20. commits_offsets not a boolean
+    (
+        stream_doc(f"owner: t\n{OK_ROUTE}\n  consumers: [{{group: g, reads: [local/a], commits_offsets: 'no'}}]"),
+        "stream 's1': field 'route.consumers[0].commits_offsets': got 'no'; expected true or false",
+    ),
 ]
 
 
