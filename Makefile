@@ -13,7 +13,7 @@ MVN := mvn -B -q
 export PATH := $(BIN):$(PATH)
 export PYSPARK_PYTHON := $(BIN)/python
 
-.PHONY: help install up down status test lint bench lock clean postgres chromium screenshots
+.PHONY: help install up down status test test-jvm-apps lint bench lock clean postgres chromium screenshots
 
 help:
 	@echo "make up      install (first time), then start broker + Airflow + demo pipeline"
@@ -59,6 +59,25 @@ $(TRACING_JAR): $(TRACING_SOURCES)
 
 install: $(STAMP) $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(TRACING_JAR)
 
+# What only the tests run, as real processes (tests/integration/tracing/test_jvm_interceptors.py): plain Java
+# applications and a Kafka Streams one (jvm/testapps), kafka-clients 3.9.1, and MirrorMaker 2 (connect-mirror 4.3.1).
+TESTAPPS := $(JVM)/testapps/.installed
+CLIENTS_3 := $(JVM)/clients-3/.installed
+MIRROR := $(JVM)/mirror/.installed
+$(TESTAPPS): jvm/testapps/pom.xml $(shell find jvm/testapps/src -type f 2>/dev/null)
+	@rm -rf $(JVM)/testapps
+	$(MVN) -f jvm/testapps/pom.xml package dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(JVM)/testapps
+	@cp jvm/testapps/target/khipu-testapps.jar $(JVM)/testapps/ && touch $@
+$(CLIENTS_3): jvm/kafka-clients-3.pom.xml
+	@rm -rf $(JVM)/clients-3
+	$(MVN) -f jvm/kafka-clients-3.pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(JVM)/clients-3
+	@touch $@
+$(MIRROR): jvm/mirror-maker.pom.xml
+	@rm -rf $(JVM)/mirror
+	$(MVN) -f jvm/mirror-maker.pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(JVM)/mirror
+	@touch $@
+test-jvm-apps: $(TESTAPPS) $(CLIENTS_3) $(MIRROR)
+
 postgres:
 	@scripts/ensure-postgres
 
@@ -74,7 +93,7 @@ down:
 status: $(STAMP)
 	$(BIN)/khipu status
 
-test: install postgres chromium
+test: install test-jvm-apps postgres chromium
 	mvn -B -ntp -f jvm/tracing/pom.xml test   # the JVM interceptors' tests: Surefire's summary
 	$(BIN)/pytest
 
