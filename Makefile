@@ -105,7 +105,7 @@ lint: install
 	$(BIN)/ruff check include plugins dags spark bench tests
 	$(BIN)/mypy
 
-bench: install
+bench: install test-jvm-apps
 	$(BIN)/python bench/tracing_overhead.py
 	$(BIN)/python bench/detector.py
 

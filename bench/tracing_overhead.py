@@ -1,20 +1,35 @@
-"""Tracing overhead: untraced vs traced producer throughput, in one run, printed as ratios.
+"""Tracing overhead: untraced against traced, producer and consumer, Python and Java, printed next to the targets.
 
-    .venv/bin/python bench/tracing_overhead.py [--messages 200000] [--rounds 3]
+    .venv/bin/python bench/tracing_overhead.py [--messages 200000] [--rounds 3] [--skip-java]
 
-Starts its own embedded broker unless KHIPU_BOOTSTRAP_SERVERS is set. Every mode produces the
-same small records as fast as the application can, with an application delivery callback, and
-flushes; the figure is records acknowledged per second. Modes are interleaved over rounds and
-the median is reported. Targets (not tests): traced/untraced >= 0.97 at 1 % sampling and >= 0.70
-at 100 %.
+Starts its own broker unless KHIPU_BOOTSTRAP_SERVERS is set. Two workloads:
+
+- **tight**: the application does nothing but produce (or consume) 100-byte records, as fast as it can;
+- **app**: an application that builds and serializes a ~1 KB JSON record per message (json.dumps) before producing
+  it, or parses each record it consumes (json.loads).
+
+Producer figures: records acknowledged per second, from the first produce to the end of the flush, with an
+application delivery callback on every record. Consumer figures: records returned by poll per second, reading a topic
+filled beforehand (by a traced producer at the mode's sampling rate, so the same share of its records carry trace
+headers; "untraced" reads the 0 % topic with a plain consumer). CPU per message is the CPU the whole process spent
+(every thread: the client's, the trace emitter's) over the timed loop, divided by the messages. Modes are
+interleaved over rounds; the median is printed. "+us per traced message" is (CPU at 100 % - CPU untraced): what
+tracing adds for each message it traces.
+
+The Java loops (jvm/testapps BenchApp, built by ``make test`` or ``make bench``) run the same tight workload through
+kafka-clients 4.4 with and without Khipu's interceptors, measured the same way (the JVM's process CPU). Targets
+(issue 19): added CPU at most 5 us per traced message; at 1 % sampling at least 0.97 of untraced throughput for the
+app workload and 0.90 for the tight loop; the consumer within the same bounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,27 +37,49 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from khipu.kafka import KafkaAdmin, KafkaConnection
 from khipu.localstack.broker import BrokerSpec, start_broker
-from khipu.localstack.processes import free_port, stop_process_group
-from khipu.tracing import TracedProducer, TraceEmitter, TraceEmitterConfig
+from khipu.localstack.processes import stop_process_group
+from khipu.settings import project_root
+from khipu.tracing import TracedConsumer, TracedProducer, TraceEmitter, TraceEmitterConfig
 
-VALUE = b"x" * 100
+TIGHT_VALUE = b"x" * 100
+PERCENTS = (0.0, 1.0, 10.0, 100.0)
+MODES = ("untraced", *(f"traced {p:g}%" for p in PERCENTS))
 PRODUCER_SETTINGS = {"linger.ms": 5, "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000}
+TARGET_RATIO_AT_1 = {"tight": 0.90, "app": 0.97}
+TARGET_ADDED_US = 5.0
+JVM = project_root() / ".jvm"
+
+Figure = tuple[float, float]  # (messages per second, CPU microseconds per message)
 
 
-def warmed_up(producer: Producer, topic: str) -> Producer:
-    """Connections, metadata and producer ids are set up once in an application's life: not timed."""
-    for _ in range(2000):
-        producer.produce(topic, value=VALUE)
+def app_record(n: int) -> bytes:
+    """What the application workload serializes per message: a ~1 KB JSON order."""
+    return json.dumps(
+        {
+            "order_id": n,
+            "customer": {"id": n % 9973, "name": "Customer " + str(n % 9973), "tier": "gold" if n % 7 == 0 else "std"},
+            "lines": [{"sku": f"SKU-{(n + i) % 5000:05d}", "qty": i + 1, "price": 9.99 + i} for i in range(12)],
+            "currency": "EUR",
+            "note": "x" * 64,
+        }
+    ).encode()
+
+
+def timed(loop: Callable[[], int]) -> Figure:
+    started, cpu_started = time.perf_counter(), time.process_time()
+    messages = loop()
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    return messages / elapsed, cpu / messages * 1e6
+
+
+def produce_loop(producer: Producer, topic: str, messages: int, workload: str) -> Figure:
+    for _ in range(2000):  # connections, metadata and producer ids are set up once in an application's life
+        producer.produce(topic, value=TIGHT_VALUE)
     producer.flush(30)
-    return producer
-
-
-def produce_all(producer: Producer, topic: str, messages: int) -> tuple[float, float]:
-    """(records acknowledged per second, CPU microseconds per record spent by this process, all threads)."""
     acknowledged = 0
 
     def on_delivery(err: Any, _msg: Any) -> None:
@@ -50,105 +87,230 @@ def produce_all(producer: Producer, topic: str, messages: int) -> tuple[float, f
         if err is None:
             acknowledged += 1
 
-    started, cpu_started = time.perf_counter(), time.process_time()
-    for n in range(messages):
-        while True:
-            try:
-                producer.produce(topic, value=VALUE, on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.01)
-        if n % 1000 == 0:
-            producer.poll(0)
-    producer.flush(120)
-    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    def loop() -> int:
+        for n in range(messages):
+            value = TIGHT_VALUE if workload == "tight" else app_record(n)
+            while True:
+                try:
+                    producer.produce(topic, value=value, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+            if n % 1000 == 0:
+                producer.poll(0)
+        producer.flush(120)
+        return messages
+
+    figure = timed(loop)
     if acknowledged != messages:
         raise RuntimeError(f"only {acknowledged} of {messages} records acknowledged")
-    return messages / elapsed, cpu / messages * 1e6
+    return figure
+
+
+def consume_loop(consumer: Consumer, topic: str, partitions: int, messages: int, workload: str) -> Figure:
+    """Read ``messages`` records; the clock starts once the first fetch returned (joining, metadata and the first
+    fetch's round trip are set up once in an application's life: not timed), and counts the records after it."""
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    deadline = time.monotonic() + 120
+    first: list[Any] = []
+    while not first:
+        first = [m for m in consumer.consume(1000, 0.5) if m.error() is None]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nothing read from {topic} in 120 s")
+    wanted = messages - len(first)
+
+    def loop() -> int:
+        received = 0
+        while received < wanted:
+            for msg in consumer.consume(1000, 0.5):
+                if msg.error() is None:
+                    if workload == "app":
+                        json.loads(msg.value())
+                    received += 1
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {received} of {wanted} records in 120 s")
+        return received
+
+    return timed(loop)
+
+
+class Bench:
+    def __init__(self, bootstrap: str, messages: int, scratch: Path) -> None:
+        self.bootstrap = bootstrap
+        self.messages = messages
+        self.scratch = scratch
+        self.run = secrets.token_hex(3)
+        self.admin = KafkaAdmin(KafkaConnection(bootstrap))
+        self.topic = f"bench-{self.run}"
+        self.trace_topic = f"bench-traces-{self.run}"
+        self.admin.ensure_topics({self.topic: 3})
+        self.admin.ensure_trace_topic(self.trace_topic, 3)
+        self.filled: dict[tuple[str, float], str] = {}  # (workload, percent) -> a topic of that many traced records
+
+    def emitter(self, location: str) -> TraceEmitter:
+        return TraceEmitter(
+            TraceEmitterConfig(self.bootstrap, location, "local", self.trace_topic, queue_max_traces=1_000_000)
+        )
+
+    def settings(self) -> dict[str, Any]:
+        return {"bootstrap.servers": self.bootstrap, **PRODUCER_SETTINGS}
+
+    def python_producer(self, workload: str, mode: str) -> Figure:
+        count = self.messages if workload == "tight" else self.messages // 2
+        if mode == "untraced":
+            return produce_loop(Producer(self.settings()), self.topic, count, workload)
+        emitter = self.emitter("bench-producer")
+        try:
+            producer = TracedProducer(self.settings(), emitter=emitter, stream="bench", sampling_percent=percent(mode))
+            return produce_loop(producer, self.topic, count, workload)
+        finally:
+            emitter.close()
+
+    def fill(self, workload: str, sampling: float) -> str:
+        """A topic of ``messages`` records written by a traced producer at ``sampling`` (the consumer's input)."""
+        key = (workload, sampling)
+        if key not in self.filled:
+            topic = f"bench-{workload}-{sampling:g}-{self.run}"
+            self.admin.ensure_topics({topic: 3})
+            emitter = self.emitter("bench-filler")
+            try:
+                producer = TracedProducer(self.settings(), emitter=emitter, stream="bench", sampling_percent=sampling)
+                for n in range(self.messages):
+                    value = TIGHT_VALUE if workload == "tight" else app_record(n)
+                    while True:
+                        try:
+                            producer.produce(topic, value=value)
+                            break
+                        except BufferError:
+                            producer.poll(0.01)
+                producer.flush(120)
+            finally:
+                emitter.close()
+            self.filled[key] = topic
+        return self.filled[key]
+
+    def consumer_settings(self) -> dict[str, Any]:
+        return {"bootstrap.servers": self.bootstrap, "group.id": f"bench-{secrets.token_hex(4)}",
+                "enable.auto.commit": False, "auto.offset.reset": "earliest"}  # fmt: skip
+
+    def python_consumer(self, workload: str, mode: str) -> Figure:
+        topic = self.fill(workload, 0.0 if mode == "untraced" else percent(mode))
+        if mode == "untraced":
+            consumer = Consumer(self.consumer_settings())
+            try:
+                return consume_loop(consumer, topic, 3, self.messages, workload)
+            finally:
+                consumer.close()
+        emitter = self.emitter("bench-consumer")
+        traced = TracedConsumer(self.consumer_settings(), emitter=emitter)
+        try:
+            return consume_loop(traced, topic, 3, self.messages, workload)
+        finally:
+            traced.close()
+            emitter.close()
+
+    def java(self, side: str, mode: str) -> Figure:
+        settings: dict[str, Any] = {"bootstrap.servers": self.bootstrap}
+        if side == "producer":
+            settings.update({"linger.ms": 5, "batch.size": 262144, "buffer.memory": 268435456})
+        if mode != "untraced":
+            interceptor = "Producer" if side == "producer" else "Consumer"
+            settings.update({
+                "interceptor.classes": f"io.khipu.tracing.Khipu{interceptor}Interceptor",
+                "khipu.location": f"bench-java-{side}", "khipu.trace.topic": self.trace_topic,
+                "khipu.queue.max.traces": 1_000_000,
+            })  # fmt: skip
+            if side == "producer":
+                settings.update({"khipu.stream": "bench", "khipu.sampling.percent": percent(mode)})
+        if side == "consumer":
+            settings["group.id"] = f"bench-java-{secrets.token_hex(4)}"
+        props = self.scratch / f"java-{side}.properties"
+        props.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        if side == "producer":
+            args = ["bench-produce", str(props), self.topic, str(self.messages), str(len(TIGHT_VALUE))]
+        else:
+            args = ["bench-consume", str(props), self.fill("tight", 0.0 if mode == "untraced" else percent(mode)),
+                    str(self.messages)]  # fmt: skip
+        classpath = os.pathsep.join([str(JVM / "testapps" / "*"), str(JVM / "tracing" / "khipu-tracing.jar")])
+        done = subprocess.run(
+            ["java", "-Xmx1g", "-cp", classpath, "io.khipu.testapps.Apps", *args],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"the Java {side} loop failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+        figures = json.loads(done.stdout.strip().splitlines()[-1])
+        return figures["messages"] / figures["seconds"], figures["cpu_ns"] / figures["messages"] / 1000
+
+
+def percent(mode: str) -> float:
+    return float(mode.removeprefix("traced ").removesuffix("%"))
+
+
+def table(title: str, figures: dict[str, list[Figure]], target_ratio: float | None) -> list[str]:
+    rate0 = statistics.median(r for r, _ in figures["untraced"])
+    cpu0 = statistics.median(c for _, c in figures["untraced"])
+    lines = [
+        f"\n{title}",
+        "| mode | msg/s | ratio to untraced | CPU us per message | target |",
+        "|---|---|---|---|---|",
+    ]
+    for mode in MODES:
+        rate, cpu = statistics.median(r for r, _ in figures[mode]), statistics.median(c for _, c in figures[mode])
+        extra, target = "", ""
+        if mode == "traced 1%" and target_ratio is not None:
+            target = f"ratio >= {target_ratio:.2f}: {'met' if rate / rate0 >= target_ratio else 'NOT met'}"
+        if mode == "traced 100%":
+            added = cpu - cpu0
+            extra = f" (+{added:.2f} us per traced message)"
+            target = f"+<= {TARGET_ADDED_US:g} us: {'met' if added <= TARGET_ADDED_US else 'NOT met'}"
+        lines.append(f"| {mode} | {rate:,.0f} | {rate / rate0:.2f} | {cpu:.2f}{extra} | {target} |")
+    return lines
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--skip-java", action="store_true", help="leave out the Java loops")
     args = parser.parse_args()
+    java = not args.skip_java
+    if java and not (JVM / "testapps" / "khipu-testapps.jar").exists():
+        print("the Java loops need .jvm/testapps (make bench builds it); run with --skip-java to leave them out")
+        return 2
 
     broker = None
+    scratch = Path(tempfile.mkdtemp())
     bootstrap = os.environ.get("KHIPU_BOOTSTRAP_SERVERS")
     if not bootstrap:
-        scratch = Path(tempfile.mkdtemp())
         broker = start_broker(BrokerSpec.scratch(scratch / "kafka"), scratch / "broker.log")
         bootstrap = broker.bootstrap_servers
     try:
-        topic, trace_topic = f"bench-{secrets.token_hex(3)}", f"bench-traces-{secrets.token_hex(3)}"
-        KafkaAdmin(KafkaConnection(bootstrap)).ensure_topics({topic: 3, trace_topic: 3})
-        emitter_config = TraceEmitterConfig(
-            bootstrap_servers=bootstrap,
-            location="bench",
-            cluster="local",
-            topic=trace_topic,
-            queue_max_traces=1_000_000,
-        )
-        dead_config = TraceEmitterConfig(
-            bootstrap_servers=f"127.0.0.1:{free_port()}",
-            location="bench",
-            cluster="local",
-            queue_max_traces=10_000,
-            close_timeout_s=0,
-        )
-        settings = {"bootstrap.servers": bootstrap, **PRODUCER_SETTINGS}
-
-        def traced(percent: float, config: TraceEmitterConfig = emitter_config) -> Callable[[], tuple[float, float]]:
-            def run() -> tuple[float, float]:
-                emitter = TraceEmitter(config)
-                try:
-                    producer = TracedProducer(settings, emitter=emitter, stream="bench", sampling_percent=percent)
-                    return produce_all(warmed_up(producer, topic), topic, args.messages)
-                finally:
-                    emitter.close()
-
-            return run
-
-        modes: dict[str, Callable[[], tuple[float, float]]] = {
-            "untraced": lambda: produce_all(warmed_up(Producer(settings), topic), topic, args.messages),
-            "traced 0%": traced(0),
-            "traced 1%": traced(1),
-            "traced 10%": traced(10),
-            "traced 100%": traced(100),
-            "traced 100%, trace channel down": traced(100, dead_config),
+        bench = Bench(bootstrap, args.messages, scratch)
+        runs: dict[str, Callable[[str], Figure]] = {
+            "Python producer, tight loop": lambda mode: bench.python_producer("tight", mode),
+            "Python producer, application workload": lambda mode: bench.python_producer("app", mode),
+            "Python consumer, tight loop": lambda mode: bench.python_consumer("tight", mode),
+            "Python consumer, application workload": lambda mode: bench.python_consumer("app", mode),
         }
-        rates: dict[str, list[float]] = {name: [] for name in modes}
-        cpu: dict[str, list[float]] = {name: [] for name in modes}
+        if java:
+            runs["Java producer (kafka-clients 4.4), tight loop"] = lambda mode: bench.java("producer", mode)
+            runs["Java consumer (kafka-clients 4.4), tight loop"] = lambda mode: bench.java("consumer", mode)
+        figures: dict[str, dict[str, list[Figure]]] = {name: {mode: [] for mode in MODES} for name in runs}
         for round_number in range(1, args.rounds + 1):
-            for name, run in modes.items():
-                rate, cpu_us = run()
-                rates[name].append(rate)
-                cpu[name].append(cpu_us)
-                print(
-                    f"round {round_number}: {name:32} {rate:>10,.0f} msg/s {cpu_us:6.2f} CPU us/msg",
-                    file=sys.stderr,
-                    flush=True,
-                )
-
-        baseline = statistics.median(rates["untraced"])
-        baseline_cpu = statistics.median(cpu["untraced"])
+            for name, run in runs.items():
+                for mode in MODES:
+                    rate, cpu = run(mode)
+                    figures[name][mode].append((rate, cpu))
+                    print(f"round {round_number}: {name:46} {mode:12} {rate:>10,.0f} msg/s {cpu:7.2f} CPU us/msg",
+                          file=sys.stderr, flush=True)  # fmt: skip
         print(
-            f"\ntracing overhead: {args.messages:,} records of {len(VALUE)} B, median of {args.rounds} rounds, "
-            f"broker {bootstrap} ({os.cpu_count()} CPUs shared with the broker)"
+            f"\ntracing overhead: {args.messages:,} messages per mode (the application workload's producer: half), "
+            f"median of {args.rounds} rounds, broker {bootstrap} ({os.cpu_count()} CPUs shared with the broker)"
         )
-        print(f"{'mode':34} {'msg/s':>10} {'ratio':>7} {'app CPU us/msg':>15} {'CPU ratio':>10}  target (ratio)")
-        targets = {"traced 1%": 0.97, "traced 100%": 0.70}
-        for name in modes:
-            rate, cpu_us = statistics.median(rates[name]), statistics.median(cpu[name])
-            target = f">= {targets[name]:.2f}" if name in targets else ""
-            print(
-                f"{name:34} {rate:>10,.0f} {rate / baseline:>7.3f} {cpu_us:>15.2f} {baseline_cpu / cpu_us:>10.3f}"
-                f"  {target}"
-            )
-        print(
-            "CPU ratio: untraced CPU per record / this mode's CPU per record, for the producing process alone "
-            "(the broker's work excluded)."
-        )
+        for name in runs:
+            workload = "app" if "application" in name else "tight"
+            for line in table(name, figures[name], TARGET_RATIO_AT_1[workload]):
+                print(line)
         return 0
     finally:
         if broker is not None:

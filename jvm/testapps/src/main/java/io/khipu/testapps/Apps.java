@@ -30,6 +30,7 @@ import org.apache.kafka.common.serialization.StringSerializer;
  *                                                 SKIP=P:FROM:TO seeks partition P from FROM to TO when it is assigned
  *                                                 (records FROM..TO-1 never fetched); the ledger: each record received
  *   streams  PROPERTIES IN OUT COUNT LEDGER       Kafka Streams: drops keys whose number ends in 7, upper-cases the rest
+ *   bench-produce, bench-consume                  bench/tracing_overhead.py's Java loops ({@link BenchApp})
  * </pre>
  */
 public final class Apps {
@@ -41,6 +42,9 @@ public final class Apps {
                     args.length > 5 && args[5].equals("ids"));
             case "consume" -> consume(properties(args[1]), args[2], Integer.parseInt(args[3]), Path.of(args[4]),
                     args.length > 5 ? args[5] : null);
+            case "bench-produce" -> BenchApp.produce(properties(args[1]), args[2], Integer.parseInt(args[3]),
+                    Integer.parseInt(args[4]));
+            case "bench-consume" -> BenchApp.consume(properties(args[1]), args[2], Integer.parseInt(args[3]));
             case "streams" -> StreamsApp.run(properties(args[1]), args[2], args[3], Integer.parseInt(args[4]),
                     Path.of(args[5]));
             default -> throw new IllegalArgumentException("unknown app " + args[0]);
