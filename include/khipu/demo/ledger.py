@@ -77,6 +77,10 @@ class HopTruth:
     count: int  # times the hop really happened: acknowledged writes, or records the group's app received
     faults: frozenset[str]
     traces: int  # traces of this hop that really reached the trace channel
+    source: bool = False  # the source's write (the demo's first hop); a processor's write and reads: False
+    # a read hop: whether two of its traces that reached the channel name one offset (the id read again there);
+    # None: not known (a ledger whose lost traces do not say where they were)
+    reread_traced: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,10 @@ def build_truth(events: Iterable[Mapping[str, Any]]) -> GroundTruth:
     lost_traces: Counter[tuple[str, str]] = Counter()
     at_offset: dict[tuple[str, int, int], str] = {}  # (topic, partition, offset) -> message id
     resent: Counter[tuple[str, str]] = Counter()
+    sources: set[tuple[str, str]] = set()
+    read_at: Counter[tuple[str, str, int, int]] = Counter()  # (message, hop, partition, offset) -> receipts
+    lost_at: Counter[tuple[str, str, int, int]] = Counter()  # ... -> traces lost there
+    unplaced: set[tuple[str, str]] = set()  # hops with a lost trace whose position the ledger does not say
 
     for event in events:
         if event["event"] == "written":
@@ -139,6 +147,7 @@ def build_truth(events: Iterable[Mapping[str, Any]]) -> GroundTruth:
             counts[key] += 1
             kinds[key] = HopKind.WRITE
             if event.get("source"):
+                sources.add(key)
                 sampled[event["message_id"]] = sampled.get(event["message_id"], False) or bool(event["sampled"])
             at_offset[(event["topic"], event["partition"], event["offset"])] = event["message_id"]
             if event.get("fault"):
@@ -152,6 +161,7 @@ def build_truth(events: Iterable[Mapping[str, Any]]) -> GroundTruth:
             key = (event["message_id"], event["hop"])
             counts[key] += 1
             kinds[key] = HopKind.READ
+            read_at[(*key, event["partition"], event["offset"])] += 1
         elif kind in ("skipped", "rewound"):
             for offset in range(event["from_offset"], event["to_offset"]):
                 message_id = at_offset.get((event["topic"], event["partition"], offset))
@@ -165,7 +175,12 @@ def build_truth(events: Iterable[Mapping[str, Any]]) -> GroundTruth:
             faults.setdefault(key, set()).add(event["fault"])
         elif kind == "trace_dropped":
             lost_traces[(event["message_id"], event["hop"])] += 1
+            if event.get("offset") is None:
+                unplaced.add((event["message_id"], event["hop"]))
+            else:
+                lost_at[(event["message_id"], event["hop"], event["partition"], event["offset"])] += 1
 
+    reread_traced = {at[:2] for at, n in read_at.items() if n - lost_at[at] > 1}  # two traces of one offset arrived
     rows: dict[str, dict[str, HopTruth]] = {}
     for key, kind in kinds.items():
         message_id, hop = key
@@ -175,6 +190,9 @@ def build_truth(events: Iterable[Mapping[str, Any]]) -> GroundTruth:
         hop_faults = set(faults.get(key, ()))
         if lost_traces[key]:
             hop_faults.add("trace_loss")
+        reread: bool | None = None
+        if kind is HopKind.READ and sampled[message_id] and key not in unplaced:
+            reread = key in reread_traced
         rows.setdefault(message_id, {})[hop] = HopTruth(
             message_id=message_id,
             hop=hop,
@@ -182,6 +200,8 @@ def build_truth(events: Iterable[Mapping[str, Any]]) -> GroundTruth:
             count=counts[key],
             faults=frozenset(hop_faults),
             traces=max(0, traced - lost_traces[key]),
+            source=key in sources,
+            reread_traced=reread,
         )
     return GroundTruth(
         {mid: MessageTruth(mid, sampled[mid], rows.get(mid, {})) for mid in sampled},

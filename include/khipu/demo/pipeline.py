@@ -159,6 +159,8 @@ class _FaultyTraceEmitter(TraceEmitter):
                 message_id=trace.message_id,
                 hop=Hop.of_trace(trace).id,
                 trace_type=trace.type.value,
+                partition=trace.partition,
+                offset=trace.offset,
                 fault=Fault.TRACE_LOSS.value,
             )
             return "accepted"  # lost after the hand-over, where the emitter cannot see it

@@ -6,13 +6,22 @@ The expected verdict is what the evidence that really reached the trace topic al
   (consumer_skip -> skipped by consumer; processor_drop / rebalance_drop -> dropped in processor);
 - it happened but none of its traces arrived: TRACE_LOST;
 - it happened once (or several times with only one trace arriving): DELIVERED;
-- two or more traces arrived: DUPLICATE, rewind/replay when the offset was re-read there
-  (offset_rewind), producer retry otherwise (the id sits at several offsets).
+- two or more traces arrived: DUPLICATE, rewind/replay when two of them name one offset (it was
+  re-read there: offset_rewind), producer retry otherwise (the id sits at several offsets; so too
+  when a rewound group's lost traces leave one per offset).
 
 Hops the message never reached (downstream of a loss) have no row, and expect no verdict; once Khipu
 resent it, a hop only the resent record reached once expects DELIVERED. A RESENT or UNRECOVERABLE loss
 says LOST, with its cause, as the CONFIRMED_LOST before it did (how it was recovered is scored by
 :mod:`khipu.demo.recovery`).
+
+A processor's output the message was written on but on which none of its traces arrived (the processor's
+SENT trace lost, and every reading group's RECEIVED trace lost, or never made because the group skipped
+it) is *unseen*: from the trace topic, the processor got the message, committed past it and wrote nothing
+on — exactly what a drop shows, and nothing downstream of the demo's sinks can tell otherwise. Its write
+hop expects LOST, dropped in the processor; its readers expect no verdict (the streaming detector never
+sees the message there: reconciliation's to find, by a reader's back-pointer and the record's header, as
+below). :func:`unseen_outputs` names such topics.
 
 A sampled message none of whose traces reached the topic (every one lost, e.g. its SENT and
 RECEIVED traces both lost and then the processor dropped it) is invisible to the streaming
@@ -27,7 +36,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from khipu.demo.ledger import GroundTruth, HopTruth
+from khipu.demo.ledger import GroundTruth, HopTruth, MessageTruth
+from khipu.registry.model import HopKind
 
 LOSS_CAUSES = {
     "consumer_skip": "skipped_by_consumer",
@@ -46,7 +56,25 @@ def expected_verdict(row: HopTruth) -> Expected:
         return "TRACE_LOST", None
     if row.traces == 1:
         return "DELIVERED", None
-    return "DUPLICATE", "rewind_replay" if "offset_rewind" in row.faults else "producer_retry"
+    # the cause the traces that arrived show: one offset read again, or the id read at several offsets (a rewound
+    # group whose lost traces leave one per offset shows what a producer retry does)
+    reread = row.reread_traced if row.reread_traced is not None else "offset_rewind" in row.faults
+    return "DUPLICATE", "rewind_replay" if reread else "producer_retry"
+
+
+def hop_topic(row: HopTruth) -> str:
+    """The topic of a hop, from its id: ``location -> cluster/topic`` (write), ``cluster/topic -> group`` (read)."""
+    before, _, after = row.hop.partition(" -> ")
+    return after if row.kind is HopKind.WRITE else before
+
+
+def unseen_outputs(message: MessageTruth) -> frozenset[str]:
+    """Topics a processor wrote the message on (any write but the source's) where none of its traces arrived:
+    neither the processor's SENT nor any reader's RECEIVED. The demo's processor writes for sinks only, so no
+    later hop implies the message was there."""
+    written = {hop_topic(r) for r in message.hops.values() if r.kind is HopKind.WRITE and not r.source and r.count}
+    traced = {hop_topic(r) for r in message.hops.values() if r.traces}
+    return frozenset(written - traced)
 
 
 def untraced_messages(truth: GroundTruth) -> frozenset[str]:
@@ -63,9 +91,15 @@ def observable_messages(truth: GroundTruth) -> frozenset[str]:
 
 def expected_verdicts(truth: GroundTruth) -> dict[tuple[str, str], Expected]:
     observable = observable_messages(truth)
-    expected = {
-        (row.message_id, row.hop): expected_verdict(row) for row in truth.rows() if row.message_id in observable
-    }
+    expected: dict[tuple[str, str], Expected] = {}
+    for message_id in observable:
+        message = truth.messages[message_id]
+        unseen = unseen_outputs(message)
+        for row in message.hops.values():
+            if hop_topic(row) not in unseen:
+                expected[(message_id, row.hop)] = expected_verdict(row)
+            elif row.kind is HopKind.WRITE:  # got it, committed past it, nothing on its output: what a drop shows
+                expected[(message_id, row.hop)] = ("LOST", LOSS_CAUSES["processor_drop"])
     for (message_id, hop), receipts in truth.resent_receipts.items():
         if message_id in observable and (message_id, hop) not in expected:  # reached only by the resent record
             expected[(message_id, hop)] = ("DELIVERED", None) if receipts == 1 else ("DUPLICATE", "rewind_replay")

@@ -59,6 +59,7 @@ def test_clean_message_passes_every_hop_once_with_one_trace_each() -> None:
         OUT: (1, 1, frozenset()),
         SINK: (1, 1, frozenset()),
     }
+    assert [h for h, r in hops.items() if r.source] == [SRC]  # the source's write, told from the processor's
     assert truth.expected_trace_counts() == {
         (SRC, "SENT"): 1,
         (READ, "RECEIVED"): 1,
@@ -116,6 +117,23 @@ def test_rewind_marks_the_reread_messages_which_count_twice() -> None:
     )
     row = truth.messages["a"].hops[READ]
     assert (row.count, row.traces, row.faults) == (2, 2, {"offset_rewind"})
+    assert row.reread_traced  # both traces of the re-read offset arrived
+
+
+def test_which_offsets_the_traces_that_arrived_name_is_kept() -> None:
+    """A retried id (two offsets) that a rewinding group read twice each: two of its four traces lost. Whether
+    the two that arrived name one offset (a re-read the traces show) or one each (what a retry shows) is kept."""
+
+    def lost(offset: int) -> dict[str, Any]:
+        return {"event": "trace_dropped", "message_id": "a", "hop": SINK, "trace_type": "RECEIVED",
+                "partition": 0, "offset": offset, "fault": "trace_loss"}  # fmt: skip
+
+    reads = [received("a", SINK, offset, topic="out") for offset in (0, 1, 0, 1)]
+    one_each = build_truth([written("a", SRC, 0, source=True), *reads, lost(0), lost(1)])
+    one_twice = build_truth([written("a", SRC, 0, source=True), *reads, lost(1), lost(1)])
+    unplaced = build_truth([written("a", SRC, 0, source=True), *reads, {**lost(0), "offset": None}])
+    assert [t.messages["a"].hops[SINK].reread_traced for t in (one_each, one_twice, unplaced)] == [False, True, None]
+    assert one_each.messages["a"].hops[SINK].traces == one_twice.messages["a"].hops[SINK].traces == 2
 
 
 def test_dropped_in_processor_has_a_write_hop_that_never_happened() -> None:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from khipu.demo.ledger import GroundTruth, HopTruth, MessageTruth
-from khipu.demo.score import observable_messages, score, untraced_messages
+from khipu.demo.score import observable_messages, score, unseen_outputs, untraced_messages
 from khipu.registry.model import HopKind
 
 SRC, READ, OUT = "p -> local/in", "local/in -> proc", "proc -> local/out"
+S1, S2 = "local/out -> s1", "local/out -> s2"
 
 
 def message(message_id: str, *hops: tuple[str, HopKind, int, set[str], int], sampled: bool = True) -> MessageTruth:
-    rows = {h: HopTruth(message_id, h, kind, count, frozenset(f), traces) for h, kind, count, f, traces in hops}
+    rows = {
+        h: HopTruth(message_id, h, kind, count, frozenset(f), traces, source=h == SRC)
+        for h, kind, count, f, traces in hops
+    }
     return MessageTruth(message_id, sampled, rows)
 
 
@@ -73,3 +77,61 @@ def test_final_verdicts_are_scored_by_what_their_evidence_says() -> None:
     retracted = {"verdict": "RETRACTED", "cause": None, "evidence_kind": "TRACE_LOST"}
     assert said(retracted) == ("TRACE_LOST", None)  # the hop was passed; only its trace was late or lost
     assert said({"verdict": "DUPLICATE", "cause": "rewind_replay"}) == ("DUPLICATE", "rewind_replay")
+
+
+def test_a_processor_output_no_trace_of_it_reached_expects_a_drop_there_and_no_verdict_past_it() -> None:
+    """The processor wrote it on, but its SENT trace was lost, s1 skipped the record and s2's RECEIVED trace was
+    lost: the trace topic shows the processor get it and commit past it with nothing on its output, as a drop
+    does (test_detector's sampling test failed on this once: sampled-00000070)."""
+    unseen = message(
+        "unseen", (SRC, W, 1, set(), 1), (READ, R, 1, set(), 1), (OUT, W, 1, {"trace_loss"}, 0),
+        (S1, R, 0, {"consumer_skip"}, 0), (S2, R, 1, {"trace_loss"}, 0),
+    )  # fmt: skip
+    # one trace on the output (s2's receipt): the detector sees the message there
+    seen = message(
+        "seen", (SRC, W, 1, set(), 1), (READ, R, 1, set(), 1), (OUT, W, 1, {"trace_loss"}, 0),
+        (S1, R, 0, {"consumer_skip"}, 0), (S2, R, 1, set(), 1),
+    )  # fmt: skip
+    # no trace on the source's topic, but the processor's output implies it: not unseen
+    implied = message(
+        "implied", (SRC, W, 1, {"trace_loss"}, 0), (READ, R, 1, {"trace_loss"}, 0), (OUT, W, 1, set(), 1),
+        (S1, R, 1, set(), 1), (S2, R, 1, set(), 1),
+    )  # fmt: skip
+    truth = GroundTruth({"unseen": unseen, "seen": seen, "implied": implied})
+    assert unseen_outputs(unseen) == {"local/out"}
+    assert unseen_outputs(seen) == unseen_outputs(implied) == frozenset()
+
+    detector = [  # what the streaming detector says of them
+        verdict("unseen", SRC, "DELIVERED"),
+        verdict("unseen", READ, "DELIVERED"),
+        verdict("unseen", OUT, "LOST", "dropped_in_processor"),
+        verdict("seen", SRC, "DELIVERED"),
+        verdict("seen", READ, "DELIVERED"),
+        verdict("seen", OUT, "TRACE_LOST"),
+        verdict("seen", S1, "LOST", "skipped_by_consumer"),
+        verdict("seen", S2, "DELIVERED"),
+        verdict("implied", SRC, "TRACE_LOST"),
+        verdict("implied", READ, "TRACE_LOST"),
+        *(verdict("implied", h, "DELIVERED") for h in (OUT, S1, S2)),
+    ]
+    result = score(truth, detector)
+    assert result.exact, (result.wrong, result.missing, result.extra)
+    assert result.expected == len(detector)
+
+
+def test_a_duplicate_is_scored_by_the_offsets_its_arrived_traces_name() -> None:
+    """A rewound group read a retried id at both its offsets twice; two of the four traces were lost, one per
+    offset: the traces show the id read once at each of two offsets, which is what the detector calls a producer
+    retry (test_detector's sampling test failed on this once too: sampled-00000384 at demo-sink-audit)."""
+    rows = ((SRC, W, 2, {"producer_retry"}, 2), (READ, R, 4, {"offset_rewind", "trace_loss"}, 2))
+
+    def truth(reread: bool | None) -> GroundTruth:
+        m = message("m", *rows)
+        read = m.hops[READ]
+        hops = {**m.hops, READ: HopTruth(read.message_id, READ, R, 4, read.faults, 2, reread_traced=reread)}
+        return GroundTruth({"m": MessageTruth("m", True, hops)})
+
+    said = [verdict("m", SRC, "DUPLICATE", "producer_retry"), verdict("m", READ, "DUPLICATE", "producer_retry")]
+    assert score(truth(False), said).exact
+    assert not score(truth(True), said).exact  # one offset's two traces arrived: a rewind the traces show
+    assert not score(truth(None), said).exact  # not known where the lost ones were: the fault says rewind
