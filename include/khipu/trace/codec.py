@@ -66,11 +66,6 @@ class TraceDecodeError(ValueError):
         self.problem = problem
 
 
-_TEMPLATE = (
-    '{"v":3,"message_id":%s,"stream":%s,"location":%s,"cluster":%s,"type":"%s","timestamp_ms":%d,'
-    '"topic":%s,"partition":%d,"offset":%d,"group":%s,"emitter_id":%s,"emitter_seq":%d,'
-    '"sampling_percent":%r,"attributes":%s,"prev_offsets":[%s]%s}'
-)
 _quote = json.encoder.encode_basestring  # type: ignore[attr-defined]  # the C string escaper json.dumps uses
 
 
@@ -78,39 +73,31 @@ def encode_trace(trace: Trace) -> bytes:
     """Serialize a trace to its version-3 JSON bytes (one JSON object, UTF-8); the version-3 fields follow
     ``prev_offsets``, in the order of :data:`V3_FIELDS`, each only when it says something.
 
-    Formatted directly rather than through ``json.dumps`` of a dict: this runs once per traced
-    message on the application's thread, and is 5x cheaper this way.
+    Formatted directly (one f-string) rather than through ``json.dumps`` of a dict: this runs once per traced
+    message in the application's process, and is several times cheaper this way (vectors/ hold the exact bytes).
     """
     extra = ""
     if trace.key_hash is not None:
-        extra += ',"key_hash":' + _quote(trace.key_hash)
+        extra = ',"key_hash":' + _quote(trace.key_hash)
     if trace.tombstone:
         extra += ',"tombstone":true'
     if trace.transactional:
         extra += ',"transactional":true'
     if trace.read_uncommitted:
         extra += ',"read_uncommitted":true'
+    group = "null" if trace.group is None else _quote(trace.group)
+    attributes = (
+        json.dumps(dict(trace.attributes), separators=(",", ":"), ensure_ascii=False) if trace.attributes else "{}"
+    )
+    prev = ",".join(map(str, trace.prev_offsets)) if trace.prev_offsets else ""
     return (
-        _TEMPLATE
-        % (
-            _quote(trace.message_id),
-            _quote(trace.stream),
-            _quote(trace.location),
-            _quote(trace.cluster),
-            trace.type.value,
-            trace.timestamp_ms,
-            _quote(trace.topic),
-            trace.partition,
-            trace.offset,
-            "null" if trace.group is None else _quote(trace.group),
-            _quote(trace.emitter_id),
-            trace.emitter_seq,
-            float(trace.sampling_percent),
-            json.dumps(dict(trace.attributes), separators=(",", ":"), ensure_ascii=False) if trace.attributes else "{}",
-            ",".join(str(int(offset)) for offset in trace.prev_offsets),
-            extra,
-        )
-    ).encode("utf-8")
+        f'{{"v":3,"message_id":{_quote(trace.message_id)},"stream":{_quote(trace.stream)},'
+        f'"location":{_quote(trace.location)},"cluster":{_quote(trace.cluster)},"type":"{trace.type.value}",'
+        f'"timestamp_ms":{int(trace.timestamp_ms)},"topic":{_quote(trace.topic)},"partition":{int(trace.partition)},'
+        f'"offset":{int(trace.offset)},"group":{group},"emitter_id":{_quote(trace.emitter_id)},'
+        f'"emitter_seq":{int(trace.emitter_seq)},"sampling_percent":{float(trace.sampling_percent)!r},'
+        f'"attributes":{attributes},"prev_offsets":[{prev}]{extra}}}'
+    ).encode()
 
 
 _MARK_FIELDS = frozenset({"v", "mark", "emitter_id", "location", "emitter_seq", "timestamp_ms"})

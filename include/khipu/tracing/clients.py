@@ -163,7 +163,7 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
             value,
             key,
             partition=partition,
-            on_delivery=self._traced_callback(context, attributes, on_delivery),
+            on_delivery=self._traced_callback(context, attributes, on_delivery, key_hash(key), value is None),
             timestamp=timestamp,
             headers=_as_client_headers(headers),
         )
@@ -183,8 +183,15 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
         return remaining
 
     def _traced_callback(
-        self, context: TraceContext, attributes: Mapping[str, str] | None, user_callback: DeliveryCallback | None
+        self,
+        context: TraceContext,
+        attributes: Mapping[str, str] | None,
+        user_callback: DeliveryCallback | None,
+        hashed_key: str | None,
+        tombstone: bool,
     ) -> DeliveryCallback:
+        """The delivery report of a traced record emits its SENT trace. The key's hash and whether the value is null
+        are taken when it is produced (the report's ``key()`` and ``value()`` would copy them again)."""
         emit_sent, cluster, transactional = self._emitter.emit_sent, self._cluster, self._transactional
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
@@ -194,7 +201,7 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
                 emit_sent(
                     context, cluster, topic, partition, offset, attributes,
                     timestamp_ms=stamped if kind != TIMESTAMP_NOT_AVAILABLE else None,
-                    key_hash=key_hash(msg.key()), tombstone=msg.value() is None, transactional=transactional,
+                    key_hash=hashed_key, tombstone=tombstone, transactional=transactional,
                 )  # fmt: skip
             if user_callback is not None:
                 user_callback(err, msg)

@@ -20,14 +20,16 @@ import org.slf4j.LoggerFactory;
  * Sends traces to the trace topic without ever blocking or throwing into the application (the Python library's
  * {@code khipu.tracing.emitter}, with the same sequence numbers, back-pointers and marks).
  *
- * <p>The application's threads only encode a trace and offer it to a bounded queue: when the queue is full (the trace
- * channel slow or down) the trace is dropped at once and counted. One sender thread hands queued traces to the trace
- * producer (idempotent, acks=all) and publishes the emitter's marks. Every trace gets its sequence number before any
+ * <p>The application's threads (and a producer's I/O thread, which acknowledges) only build a trace and offer it to a
+ * bounded queue: when the queue is full (the trace channel slow or down) the trace is dropped at once and counted. One
+ * sender thread encodes queued traces, hands them to the trace producer (idempotent, acks=all) and publishes the
+ * emitter's marks. Every trace gets its sequence number before any
  * drop, so the detector sees the gap. One emitter serves every client of the JVM with the same location and trace
  * cluster (a Kafka Streams application's producers and consumers share one).
  */
 public final class TraceEmitter implements TraceEmitterMXBean {
     public static final int BACK_POINTERS = 3;
+    private static final long[] NO_OFFSETS = new long[0];
     private static final Logger log = LoggerFactory.getLogger(TraceEmitter.class);
     private static final long WARN_INTERVAL_NS = TimeUnit.SECONDS.toNanos(60);
     private static final Map<Object, TraceEmitter> SHARED = new HashMap<>();
@@ -35,7 +37,7 @@ public final class TraceEmitter implements TraceEmitterMXBean {
 
     private final TracingConfig config;
     private final String emitterId;
-    private final ArrayBlockingQueue<ProducerRecord<byte[], byte[]>> queue;
+    private final ArrayBlockingQueue<Trace> queue;
     private final KafkaProducer<byte[], byte[]> producer;
     private final Thread sender;
     private final AtomicLong seq = new AtomicLong();
@@ -119,9 +121,9 @@ public final class TraceEmitter implements TraceEmitterMXBean {
             Long timestampMs, String keyHash, boolean tombstone, boolean transactional) {
         long number = seq.getAndIncrement();
         long at = timestampMs != null ? timestampMs : System.currentTimeMillis();
-        publish(context.messageId(), () -> new Trace(context.messageId(), context.stream(), config.location(), cluster,
-                TraceType.SENT, at, topic, partition, offset, null, emitterId, number, context.samplingPercent(),
-                Map.of(), new long[0], keyHash, tombstone, transactional, false));
+        publish(new Trace(context.messageId(), context.stream(), config.location(), cluster, TraceType.SENT, at, topic,
+                partition, offset, null, emitterId, number, context.samplingPercent(), Map.of(), NO_OFFSETS, keyHash,
+                tombstone, transactional, false));
     }
 
     /** Consumer group {@code group} received a traced record. */
@@ -140,28 +142,16 @@ public final class TraceEmitter implements TraceEmitterMXBean {
             received.put(where, new Recent(newest, System.nanoTime()));
         }
         long[] pointers = previous;
-        publish(context.messageId(), () -> new Trace(context.messageId(), context.stream(), config.location(), cluster,
-                TraceType.RECEIVED, at, topic, partition, offset, group, emitterId, number,
-                context.samplingPercent(), attributes, pointers, null, false, false, readUncommitted));
+        publish(new Trace(context.messageId(), context.stream(), config.location(), cluster, TraceType.RECEIVED, at,
+                topic, partition, offset, group, emitterId, number, context.samplingPercent(), attributes, pointers,
+                null, false, false, readUncommitted));
     }
 
-    private void publish(String messageId, java.util.function.Supplier<Trace> trace) {
+    private void publish(Trace trace) {
         emitted.incrementAndGet();
         if (closing) {
             droppedAtClose.incrementAndGet();
-            return;
-        }
-        ProducerRecord<byte[], byte[]> record;
-        try {
-            byte[] value = TraceFormat.encode(trace.get());
-            record = new ProducerRecord<>(config.traceTopic(), null, System.currentTimeMillis(),
-                    messageId.getBytes(java.nio.charset.StandardCharsets.UTF_8), value);
-        } catch (RuntimeException e) { // tracing never throws into the application it observes
-            droppedInvalid.incrementAndGet();
-            warn("trace for message {} dropped: {}", messageId, e.toString());
-            return;
-        }
-        if (queue.offer(record)) {
+        } else if (queue.offer(trace)) {
             accepted.incrementAndGet();
         } else {
             droppedQueueFull.incrementAndGet();
@@ -174,15 +164,15 @@ public final class TraceEmitter implements TraceEmitterMXBean {
 
     private void sendLoop() {
         long nextMark = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(config.markIntervalMs());
-        List<ProducerRecord<byte[], byte[]>> batch = new ArrayList<>(512);
+        List<Trace> batch = new ArrayList<>(512);
         while (!closing || !queue.isEmpty()) {
             try {
-                ProducerRecord<byte[], byte[]> first = queue.poll(100, TimeUnit.MILLISECONDS);
+                Trace first = queue.poll(100, TimeUnit.MILLISECONDS);
                 if (first != null) {
                     batch.add(first);
                     queue.drainTo(batch, 511);
-                    for (ProducerRecord<byte[], byte[]> record : batch) {
-                        send(record);
+                    for (Trace trace : batch) {
+                        send(trace);
                     }
                     batch.clear();
                 }
@@ -199,7 +189,16 @@ public final class TraceEmitter implements TraceEmitterMXBean {
         }
     }
 
-    private void send(ProducerRecord<byte[], byte[]> record) {
+    private void send(Trace trace) {
+        ProducerRecord<byte[], byte[]> record;
+        try {
+            record = new ProducerRecord<>(config.traceTopic(), null, System.currentTimeMillis(),
+                    trace.messageId().getBytes(java.nio.charset.StandardCharsets.UTF_8), TraceFormat.encode(trace));
+        } catch (RuntimeException e) { // tracing never throws into the application it observes
+            droppedInvalid.incrementAndGet();
+            warn("trace for message {} dropped: {}", trace.messageId(), e.toString());
+            return;
+        }
         try {
             producer.send(record, (metadata, error) -> {
                 if (error == null) {
@@ -361,6 +360,7 @@ public final class TraceEmitter implements TraceEmitterMXBean {
 
     @Override
     public long getPending() {
-        return Math.max(0, accepted.get() - delivered.get() - failedDelivery.get() - droppedAtClose.get());
+        return Math.max(0, accepted.get() - delivered.get() - failedDelivery.get() - droppedAtClose.get()
+                - droppedInvalid.get()); // a trace the sender could not encode was accepted first
     }
 }

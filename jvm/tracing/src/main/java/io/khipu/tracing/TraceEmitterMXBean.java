@@ -19,7 +19,7 @@ public interface TraceEmitterMXBean {
     /** Dropped at once because the bounded queue was full (the trace channel slow or down). */
     long getDroppedQueueFull();
 
-    /** Could not be built or encoded (a bug; logged). */
+    /** Could not be encoded (a bug; logged). */
     long getDroppedInvalid();
 
     /** Accepted, then not delivered within khipu.delivery.timeout.ms. */
