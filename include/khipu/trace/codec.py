@@ -89,7 +89,7 @@ def encode_trace(trace: Trace) -> bytes:
     attributes = (
         json.dumps(dict(trace.attributes), separators=(",", ":"), ensure_ascii=False) if trace.attributes else "{}"
     )
-    prev = ",".join(map(str, trace.prev_offsets)) if trace.prev_offsets else ""
+    prev = ",".join(map(str, map(int, trace.prev_offsets))) if trace.prev_offsets else ""
     return (
         f'{{"v":3,"message_id":{_quote(trace.message_id)},"stream":{_quote(trace.stream)},'
         f'"location":{_quote(trace.location)},"cluster":{_quote(trace.cluster)},"type":"{trace.type.value}",'

@@ -163,7 +163,13 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
             value,
             key,
             partition=partition,
-            on_delivery=self._traced_callback(context, attributes, on_delivery, key_hash(key), value is None),
+            on_delivery=self._traced_callback(
+                context,
+                attributes,
+                on_delivery,
+                key_hash(key) if isinstance(key, (bytes, str)) else None,
+                value is None,
+            ),
             timestamp=timestamp,
             headers=_as_client_headers(headers),
         )

@@ -59,12 +59,15 @@ def test_a_records_transaction_is_read_from_the_log_committed_aborted_or_still_o
     fates = fates_of(broker)
     expected = {"commit": RecordState.VISIBLE, "abort": RecordState.ABORTED, "open": RecordState.OPEN}
     assert fates("local", topic, 0, plain[0], None).state is RecordState.VISIBLE  # written without a transaction
-    got = {offset: fates("local", topic, 0, offset, None).state for offset in outcomes}
-    assert got == {offset: expected[outcome] for offset, outcome in outcomes.items()}
+    # commit_transaction and abort_transaction return once the coordinator has logged the outcome; it writes the
+    # markers to the partitions after that (KIP-98), so the log says so moments later, not at once
+    want = {offset: expected[outcome] for offset, outcome in outcomes.items()}
+    until(lambda: {o: fates("local", topic, 0, o, None).state for o in outcomes} == want, 15,
+          "the log tells each transaction's outcome")  # fmt: skip
     producer.commit_transaction(30)  # the open one commits: read_committed readers see it now
-    assert {fates("local", topic, 0, o, None).state for o, outcome in outcomes.items() if outcome == "open"} == {
-        RecordState.VISIBLE
-    }
+    opened = [o for o, outcome in outcomes.items() if outcome == "open"]
+    until(lambda: {fates("local", topic, 0, o, None).state for o in opened} == {RecordState.VISIBLE}, 15,
+          "the open transaction, committed, is visible")  # fmt: skip
     aborted = [o for o, outcome in outcomes.items() if outcome == "abort"]
     assert "read_committed skips it" in fates("local", topic, 0, aborted[0], None).detail
 

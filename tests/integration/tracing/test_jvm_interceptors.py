@@ -37,8 +37,10 @@ from khipu.localstack.broker import BrokerProcess, BrokerSpec, start_broker
 from khipu.localstack.processes import stop_process_group
 from khipu.settings import project_root
 from khipu.store import Store
+from khipu.trace import Trace, TraceType
+from khipu.trace.keys import key_hash
 from tests.integration.detector.conftest import stored_verdicts
-from tests.integration.helpers import until
+from tests.integration.helpers import traces_of, until
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +56,7 @@ class Scenario:
     name: str
     expected: Expected = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)
+    keys: dict[tuple[str, int, int], str] = field(default_factory=dict)  # (topic, partition, offset) -> key written
 
 
 @dataclass
@@ -217,7 +220,7 @@ def plain_clients(s: Setup) -> Scenario:
         for o in range(e["skipped_from"], e["skipped_to"])
     }
     received = {(e["partition"], e["offset"]) for e in entries if "offset" in e}
-    scenario = Scenario("plain clients")
+    scenario = Scenario("plain clients", keys={(topic, *where): key for where, key in acknowledged.items()})
     for where in acknowledged:
         message_id = ids[where]
         if message_id is None:
@@ -386,6 +389,8 @@ def registry_text(s: Setup) -> str:
 class Run:
     scenarios: dict[str, Scenario]
     verdicts: dict[tuple[str, str], dict[str, Any]]
+    traces: list[Trace]
+    setup: Setup
 
 
 @pytest.fixture(scope="module")
@@ -448,7 +453,7 @@ def run(
             return expected <= set(verdicts) and beat is not None and beat["state_rows"] == 0
 
         until(settled, 240, "every hop of every message decided")
-        yield Run(results, dict(verdicts))
+        yield Run(results, dict(verdicts), traces_of(broker, s.trace_topic), s)
     finally:
         for query in queries:
             query.stop()
@@ -495,3 +500,28 @@ def test_mirror_maker_2_replicating_between_two_clusters_is_a_route_with_one_hop
     mm2_hops = {hop: n for (hop, verdict, _), n in counts.items() if "mm2" in hop and verdict == D}
     assert sorted(mm2_hops) == sorted(h for h in mm2_hops if h.startswith("local/") or h.startswith("mm2 -> mirror/"))
     assert list(mm2_hops.values()) == [mirrored, mirrored]  # its read on one cluster, its write on the other
+
+
+def test_the_jvm_traces_say_what_kafkas_semantics_need_of_each_record(run: Run) -> None:
+    """Beyond the verdicts: each SENT trace's key hash is the hash of the key the producer's ledger says it wrote there,
+    an exactly-once processor's writes say transactional (an at-least-once one's do not), and a sink says it reads
+    uncommitted exactly when its configuration does (the Java client's default; the exactly-once sink reads
+    committed)."""
+    s, plain = run.setup, run.scenarios["plain clients"]
+    sent = [
+        t
+        for t in run.traces
+        if t.type is TraceType.SENT and t.location == "java-producer" and t.topic == s.topic("plain")
+    ]
+    assert len(sent) == plain.facts["sampled"]
+    assert all(t.key_hash == key_hash(plain.keys[(t.topic, t.partition, t.offset)].encode()) for t in sent)
+    assert not any(t.tombstone or t.transactional for t in sent)
+
+    def flags(location: str, kind: TraceType, flag: str) -> set[bool]:
+        return {getattr(t, flag) for t in run.traces if t.location == location and t.type is kind}
+
+    assert flags("streams-eos", TraceType.SENT, "transactional") == {True}
+    assert flags("streams-alos", TraceType.SENT, "transactional") == {False}
+    assert flags("streams-eos-sink", TraceType.RECEIVED, "read_uncommitted") == {False}
+    assert flags("streams-alos-sink", TraceType.RECEIVED, "read_uncommitted") == {True}
+    assert flags("java-sink", TraceType.RECEIVED, "read_uncommitted") == {True}  # kafka-clients 3.9.1's default

@@ -36,6 +36,12 @@ public class KhipuConsumerInterceptor<K, V> implements ConsumerInterceptor<K, V>
             log.info("khipu: consumer {} has no group.id and no khipu.group: it traces nothing", configs.get("client.id"));
             return;
         }
+        if (!TracingConfig.isName(group)) { // every RECEIVED trace would be refused by the detector
+            log.error("khipu: consumer group '{}' is not a name Khipu can trace (1-249 characters of letters, digits, "
+                    + "'.', '_' or '-'); set khipu.group to one: this consumer traces nothing", group);
+            group = null;
+            return;
+        }
         emitter = TraceEmitter.acquire(config);
     }
 

@@ -41,6 +41,7 @@ public class KhipuProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
     private final Map<String, ArrayDeque<String>> pendingKeys = new ConcurrentHashMap<>();
     private final AtomicInteger pendingCount = new AtomicInteger();
     private final AtomicBoolean warnedOldClient = new AtomicBoolean();
+    private volatile boolean acknowledgementsWithoutHeaders;
 
     @Override
     public void configure(Map<String, ?> configs) {
@@ -73,6 +74,9 @@ public class KhipuProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
 
     @Override
     public ProducerRecord<K, V> onSend(ProducerRecord<K, V> record) {
+        if (TraceHeaders.resend(record.headers()) != null) {
+            record = withoutResendMarks(record); // what an application writes is never itself a resend
+        }
         Headers headers = record.headers();
         TraceContext context = TraceHeaders.context(headers);
         if (context == null) {
@@ -98,6 +102,16 @@ public class KhipuProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
         return record;
     }
 
+    /** The record without Khipu's resend mark: a processor (Kafka Streams, MirrorMaker) copies its input's headers on,
+     * and a resent input's mark would make its output look resent for another group. */
+    private ProducerRecord<K, V> withoutResendMarks(ProducerRecord<K, V> record) {
+        RecordHeaders copy = new RecordHeaders(record.headers().toArray());
+        copy.remove(TraceHeaders.RESEND_ID);
+        copy.remove(TraceHeaders.RESEND_HOP);
+        copy.remove(TraceHeaders.RESEND_TARGET);
+        return new ProducerRecord<>(record.topic(), record.partition(), record.timestamp(), record.key(), record.value(), copy);
+    }
+
     private ProducerRecord<K, V> withTraceHeaders(ProducerRecord<K, V> record, TraceContext context) {
         // a record's headers turn read-only once sent: a record the application sends again is copied
         RecordHeaders copy = new RecordHeaders(record.headers().toArray());
@@ -106,13 +120,14 @@ public class KhipuProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
     }
 
     private void rememberKey(String messageId, ProducerRecord<K, V> record) {
-        if (record.key() == null || pendingCount.get() >= MAX_PENDING_KEYS) {
+        if (record.key() == null || acknowledgementsWithoutHeaders || pendingCount.get() >= MAX_PENDING_KEYS) {
             return;
         }
         String hash;
         try {
-            byte[] serialized = record.key() instanceof byte[] bytes ? bytes
-                    : keySerializer == null ? null : keySerializer.serialize(record.topic(), record.headers(), record.key());
+            // a copy of the headers: a serializer that writes headers must not write them twice on the record
+            byte[] serialized = record.key() instanceof byte[] bytes ? bytes : keySerializer == null ? null
+                    : keySerializer.serialize(record.topic(), new RecordHeaders(record.headers().toArray()), record.key());
             hash = KeyHash.of(serialized);
         } catch (RuntimeException e) {
             hash = null;
@@ -121,7 +136,7 @@ public class KhipuProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
             return;
         }
         String known = hash;
-        pendingKeys.compute(messageId, (id, hashes) -> {
+        pendingKeys.compute(pendingKey(messageId, record.topic()), (id, hashes) -> {
             ArrayDeque<String> queue = hashes == null ? new ArrayDeque<>(1) : hashes;
             queue.addLast(known);
             return queue;
@@ -129,15 +144,24 @@ public class KhipuProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
         pendingCount.incrementAndGet();
     }
 
-    private String takeKey(String messageId) {
+    private static String pendingKey(String messageId, String topic) {
+        return messageId + "\0" + topic;
+    }
+
+    /** The key hash of an acknowledged write of ``messageId`` to ``topic``. Acknowledgements come in order only
+     * within a partition: when writes of one id to one topic with different keys are pending, which is which is not
+     * known, and the trace carries no hash (never another record's). */
+    private String takeKey(String messageId, String topic) {
         String[] taken = new String[1];
-        pendingKeys.computeIfPresent(messageId, (id, hashes) -> {
-            taken[0] = hashes.pollFirst();
+        pendingKeys.computeIfPresent(pendingKey(messageId, topic), (id, hashes) -> {
+            String first = hashes.pollFirst();
+            boolean same = hashes.stream().allMatch(first::equals);
+            taken[0] = same ? first : null;
+            if (first != null) {
+                pendingCount.decrementAndGet();
+            }
             return hashes.isEmpty() ? null : hashes;
         });
-        if (taken[0] != null) {
-            pendingCount.decrementAndGet();
-        }
         return taken[0];
     }
 
@@ -147,7 +171,7 @@ public class KhipuProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
         if (context == null) {
             return;
         }
-        String keyHash = takeKey(context.messageId());
+        String keyHash = metadata == null ? null : takeKey(context.messageId(), metadata.topic());
         if (exception != null || metadata == null || !metadata.hasOffset() || metadata.partition() < 0) {
             return; // not written: no SENT trace (the detector judges the write from what it never saw)
         }
@@ -159,7 +183,10 @@ public class KhipuProducerInterceptor<K, V> implements ProducerInterceptor<K, V>
     /** Only a client older than 4.1 calls this one: its acknowledgement does not say which record it was. */
     @Override
     public void onAcknowledgement(RecordMetadata metadata, Exception exception) {
+        acknowledgementsWithoutHeaders = true; // nothing remembered for a SENT trace could be taken back
         if (warnedOldClient.compareAndSet(false, true)) {
+            pendingKeys.clear();
+            pendingCount.set(0);
             log.warn("khipu: this kafka-clients gives acknowledgements without their record's headers (they came in 4.1,"
                     + " KIP-512): location '{}' writes traced records, but emits no SENT traces", config.location());
         }

@@ -12,6 +12,7 @@ import java.util.concurrent.atomic.AtomicLong;
 import javax.management.ObjectName;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.KafkaException;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -47,7 +48,8 @@ public final class TraceEmitter implements TraceEmitterMXBean {
     private final AtomicLong droppedQueueFull = new AtomicLong();
     private final AtomicLong droppedInvalid = new AtomicLong();
     private final AtomicLong failedDelivery = new AtomicLong();
-    private final AtomicLong droppedAtClose = new AtomicLong();
+    private final AtomicLong droppedAtClose = new AtomicLong(); // refused while closing, or still queued at the end
+    private final AtomicLong stranded = new AtomicLong(); // accepted, then still queued when close gave up
     // per partition received from: its newest RECEIVED offsets (newest first) and when the newest was traced
     private final Map<Partition, Recent> received = new HashMap<>();
     private long markedAtEmitted;
@@ -99,7 +101,15 @@ public final class TraceEmitter implements TraceEmitterMXBean {
         settings.putIfAbsent("max.block.ms", 10_000);
         settings.put("delivery.timeout.ms", config.deliveryTimeoutMs());
         settings.putIfAbsent("request.timeout.ms", Math.min(30_000, config.deliveryTimeoutMs() - 100));
-        this.producer = new KafkaProducer<>(settings, new ByteArraySerializer(), new ByteArraySerializer());
+        KafkaProducer<byte[], byte[]> built;
+        try {
+            built = new KafkaProducer<>(settings, new ByteArraySerializer(), new ByteArraySerializer());
+        } catch (KafkaException e) { // e.g. the trace cluster's names do not resolve: the application still runs
+            built = null;
+            log.error("trace emitter {}: no trace producer ({}); every trace of location '{}' is dropped and counted "
+                    + "as failed", emitterId, e.getMessage(), config.location());
+        }
+        this.producer = built;
         this.sender = new Thread(this::sendLoop, "khipu-emitter-" + config.location());
         this.sender.setDaemon(true);
         this.sender.start();
@@ -165,7 +175,7 @@ public final class TraceEmitter implements TraceEmitterMXBean {
     private void sendLoop() {
         long nextMark = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(config.markIntervalMs());
         List<Trace> batch = new ArrayList<>(512);
-        while (!closing || !queue.isEmpty()) {
+        while (!closing || !queue.isEmpty()) { // closing: what is queued goes out, then the last mark
             try {
                 Trace first = queue.poll(100, TimeUnit.MILLISECONDS);
                 if (first != null) {
@@ -187,6 +197,11 @@ public final class TraceEmitter implements TraceEmitterMXBean {
                 warn("trace emitter error: {}", e.toString());
             }
         }
+        try {
+            mark(); // the last number of the sequence, after every trace
+        } catch (RuntimeException e) {
+            warn("emitter mark not sent: {}", e.toString());
+        }
     }
 
     private void send(Trace trace) {
@@ -197,6 +212,10 @@ public final class TraceEmitter implements TraceEmitterMXBean {
         } catch (RuntimeException e) { // tracing never throws into the application it observes
             droppedInvalid.incrementAndGet();
             warn("trace for message {} dropped: {}", trace.messageId(), e.toString());
+            return;
+        }
+        if (producer == null) {
+            failedDelivery.incrementAndGet();
             return;
         }
         try {
@@ -244,6 +263,9 @@ public final class TraceEmitter implements TraceEmitterMXBean {
         }
         EmitterMark mark = new EmitterMark(emitterId, config.location(), seq.getAndIncrement(),
                 System.currentTimeMillis(), recent);
+        if (producer == null) {
+            return;
+        }
         try {
             producer.send(new ProducerRecord<>(config.traceTopic(), null, System.currentTimeMillis(),
                     emitterId.getBytes(java.nio.charset.StandardCharsets.UTF_8), TraceFormat.encode(mark)),
@@ -262,19 +284,22 @@ public final class TraceEmitter implements TraceEmitterMXBean {
         if (closing) {
             return;
         }
-        mark();
-        closing = true;
+        closing = true; // the sender sends what is queued, then the last mark; the caller waits at most the close timeout
         long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(config.closeTimeoutMs());
         try {
             sender.join(Math.max(1, config.closeTimeoutMs()));
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
         }
-        int stranded = queue.size();
-        queue.clear();
-        droppedAtClose.addAndGet(stranded);
-        long left = Math.max(0, deadline - System.nanoTime());
-        producer.close(java.time.Duration.ofNanos(left)); // what is still in flight after this fails its callback
+        int left = 0;
+        for (Trace ignored; (ignored = queue.poll()) != null; ) {
+            left++;
+        }
+        stranded.addAndGet(left);
+        droppedAtClose.addAndGet(left);
+        if (producer != null) { // what is still in flight after this fails its callback: counted as failed
+            producer.close(java.time.Duration.ofNanos(Math.max(0, deadline - System.nanoTime())));
+        }
         if (mbeanName != null) {
             try {
                 ManagementFactory.getPlatformMBeanServer().unregisterMBean(mbeanName);
@@ -360,7 +385,7 @@ public final class TraceEmitter implements TraceEmitterMXBean {
 
     @Override
     public long getPending() {
-        return Math.max(0, accepted.get() - delivered.get() - failedDelivery.get() - droppedAtClose.get()
-                - droppedInvalid.get()); // a trace the sender could not encode was accepted first
+        // a trace the sender could not encode, or one stranded at close, was accepted first
+        return Math.max(0, accepted.get() - delivered.get() - failedDelivery.get() - stranded.get() - droppedInvalid.get());
     }
 }

@@ -104,6 +104,11 @@ public record TracingConfig(
         return producer;
     }
 
+    /** Whether ``text`` is a name Khipu accepts for streams, locations, clusters, topics and groups. */
+    public static boolean isName(String text) {
+        return text != null && NAME.matcher(text).matches();
+    }
+
     private static String name(Map<String, ?> configs, String key, String fallback) {
         Object value = configs.get(key);
         if (value == null || value.toString().isEmpty()) {

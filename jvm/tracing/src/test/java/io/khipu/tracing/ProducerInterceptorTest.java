@@ -82,4 +82,37 @@ class ProducerInterceptorTest {
             source.close();
         }
     }
+
+    @Test
+    void a_resend_mark_is_never_carried_on_to_what_is_written() {
+        KhipuProducerInterceptor<String, String> processor = interceptor("khipu.location", "proc");
+        try {
+            RecordHeaders in = new RecordHeaders();
+            TraceHeaders.write(in, new TraceContext("m-1", "orders", 100.0));
+            in.add(TraceHeaders.RESEND_ID, "r-1".getBytes(StandardCharsets.UTF_8));
+            in.add(TraceHeaders.RESEND_HOP, "local/in -> proc".getBytes(StandardCharsets.UTF_8));
+            in.add(TraceHeaders.RESEND_TARGET, "proc".getBytes(StandardCharsets.UTF_8));
+            ProducerRecord<String, String> out = processor.onSend(new ProducerRecord<>("out", null, "k", "v", in));
+            assertNull(TraceHeaders.resend(out.headers()));
+            assertNull(out.headers().lastHeader(TraceHeaders.RESEND_TARGET));
+            assertEquals(new TraceContext("m-1", "orders", 100.0), TraceHeaders.context(out.headers()));
+        } finally {
+            processor.close();
+        }
+    }
+
+    @Test
+    void closing_with_the_trace_cluster_down_waits_no_longer_than_the_close_timeout() {
+        KhipuProducerInterceptor<String, String> source = interceptor("khipu.location", "src", "khipu.stream", "orders",
+                "khipu.close.timeout.ms", 300);
+        TraceEmitter emitter = source.emitter();
+        emitter.emitSent(new TraceContext("m-1", "orders", 100.0), "local", "orders", 0, 0, 1L, null, false, false);
+        long started = System.nanoTime();
+        source.close();
+        long tookMs = (System.nanoTime() - started) / 1_000_000;
+        assertTrue(tookMs < 3_000, "close took " + tookMs + " ms");
+        assertEquals(1, emitter.getEmitted());
+        assertEquals(0, emitter.getDelivered());
+        assertEquals(0, emitter.getPending());
+    }
 }
