@@ -46,6 +46,17 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
         stop_process_group(process.pid)
 
 
+@pytest.fixture(scope="module")
+def second_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """A second cluster, for a route across two (started per test module that asks for it)."""
+    directory = tmp_path_factory.mktemp("kafka-second")
+    process = start_broker(BrokerSpec.scratch(directory), directory / "broker.log")
+    try:
+        yield process
+    finally:
+        stop_process_group(process.pid)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for name, seconds in BROKER_START_S.items():
         terminalreporter.write_line(f"Kafka broker ({name}): formatted, started and answering in {seconds:.1f} s")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import secrets
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from khipu.demo.faults import FaultRates
 from khipu.demo.ledger import GroundTruth, build_truth, read_ledger
@@ -21,7 +23,7 @@ from khipu.registry import load_registry
 from khipu.store import Store
 from khipu.verdicts.archive import VerdictArchive
 from khipu.verdicts.read import all_verdicts
-from tests.integration.helpers import TEST_SESSION_TIMEOUT_MS
+from tests.integration.helpers import TEST_SESSION_TIMEOUT_MS, until
 
 ROOT = Path(__file__).resolve().parents[3]
 REGISTRY = ROOT / "config" / "registry.yaml"
@@ -177,3 +179,56 @@ def uninterrupted_run(
     finally:
         for query in queries:
             query.stop()
+
+
+class Played(Protocol):
+    """A pipeline's result: its name, and the verdict each (message id, hop) of it must get."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def expected(self) -> dict[tuple[str, str], tuple[str, str | None]]: ...
+
+
+P = TypeVar("P", bound=Played)
+
+
+def play_at_once(pipelines: Iterable[Callable[[], P]], timeout_s: float) -> dict[str, P]:
+    """Run the pipelines side by side, each in a thread; their results by name. Any pipeline's error fails the test
+    with all of them."""
+    results: dict[str, P] = {}
+    failures: list[BaseException] = []
+
+    def play(pipeline: Callable[[], P]) -> None:
+        try:
+            played = pipeline()
+            results[played.name] = played
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=play, args=(pipeline,)) for pipeline in pipelines]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s)
+    assert not failures, failures
+    return results
+
+
+def decided(
+    store: Store, verdicts_dir: Path, played: Iterable[Played], timeout_s: float = 240
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every stored verdict by (message id, hop), once each (message, hop) the pipelines expect has one and the
+    detector holds no message any more."""
+    expected = {key for p in played for key in p.expected}
+    verdicts: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def settled() -> bool:
+        verdicts.clear()
+        verdicts.update({(v["message_id"], v["hop"]): v for v in stored_verdicts(store, verdicts_dir)})
+        beat = store.heartbeat.latest(DETECTOR_QUERY)
+        return expected <= set(verdicts) and beat is not None and beat["state_rows"] == 0
+
+    until(settled, timeout_s, "every hop of every message decided")
+    return dict(verdicts)

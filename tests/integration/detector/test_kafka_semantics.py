@@ -9,6 +9,7 @@ that truth by Kafka's documented semantics; every verdict stored must be it.
 
 from __future__ import annotations
 
+import functools
 import secrets
 import threading
 import time
@@ -22,7 +23,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-from khipu.detector.job import DETECTOR_QUERY, DetectorJob, start_detector
+from khipu.detector.job import DetectorJob, start_detector
 from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerProcess
 from khipu.offsets.collect import collect_snapshot, groups_to_watch
@@ -32,7 +33,7 @@ from khipu.store import Store
 from khipu.tracing import TracedConsumer, TracedProducer, TraceEmitter, TraceEmitterConfig, carry_trace_headers
 from khipu.tracing.headers import trace_context
 from khipu.verdicts.metrics import MinuteCounts
-from tests.integration.detector.conftest import stored_verdicts
+from tests.integration.detector.conftest import decided, play_at_once
 from tests.integration.helpers import TEST_SESSION_TIMEOUT_MS, log_offsets, until
 
 pytestmark = pytest.mark.integration
@@ -475,34 +476,9 @@ def run(broker: BrokerProcess, spark: Any, tmp_path_factory: pytest.TempPathFact
     queries = start_detector(spark, job)
     store = Store(store_url)
     try:
-        results: dict[str, Scenario] = {}
-        failures: list[BaseException] = []
-
-        def play(pipeline: Callable[[BrokerProcess, Topics], Scenario]) -> None:
-            try:
-                scenario = pipeline(broker, t)
-                results[scenario.name] = scenario
-            except BaseException as exc:
-                failures.append(exc)
-
-        threads = [threading.Thread(target=play, args=(p,)) for p in
-                   (transactions, exactly_once, compaction, compact_delete, skewed_clocks)]  # fmt: skip
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(300)
-        assert not failures, failures
-        expected = {key for scenario in results.values() for key in scenario.expected}
-        verdicts: dict[tuple[str, str], dict[str, Any]] = {}
-
-        def settled() -> bool:
-            verdicts.clear()
-            verdicts.update({(v["message_id"], v["hop"]): v for v in stored_verdicts(store, job.verdicts_dir)})
-            beat = store.heartbeat.latest(DETECTOR_QUERY)
-            return expected <= set(verdicts) and beat is not None and beat["state_rows"] == 0
-
-        until(settled, 240, "every hop of every message decided")
-        yield Run(results, verdicts, store, t)
+        pipelines = (transactions, exactly_once, compaction, compact_delete, skewed_clocks)
+        results = play_at_once([functools.partial(pipeline, broker, t) for pipeline in pipelines], 300)
+        yield Run(results, decided(store, job.verdicts_dir, results.values()), store, t)
     finally:
         for query in queries:
             query.stop()

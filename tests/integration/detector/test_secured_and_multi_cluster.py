@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,7 @@ from confluent_kafka import TopicPartition
 from khipu.demo.score import observable_messages, score
 from khipu.detector.job import DetectorJob, start_detector
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
-from khipu.localstack.broker import BrokerProcess, BrokerSpec, start_broker
-from khipu.localstack.processes import stop_process_group
+from khipu.localstack.broker import BrokerProcess
 from khipu.store import Store
 from khipu.tracing import TracedConsumer, TracedProducer, TraceEmitter, TraceEmitterConfig, carry_trace_headers
 from tests.integration.conftest import SASL_USER
@@ -88,19 +86,9 @@ def test_the_detector_reads_and_judges_through_a_sasl_listener_with_a_user_and_p
     assert sum(high for _, high in KafkaAdmin(secured).watermarks([(lost_topic, 0)]).found.values()) == len(lost)
 
 
-@pytest.fixture(scope="module")
-def broker_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    directory = tmp_path_factory.mktemp("kafka-b")
-    process = start_broker(BrokerSpec.scratch(directory), directory / "broker.log")
-    try:
-        yield process
-    finally:
-        stop_process_group(process.pid)
-
-
 def test_a_route_across_two_clusters_is_snapshotted_and_judged_with_each_clusters_own_connection(
     broker: BrokerProcess,
-    broker_b: BrokerProcess,
+    second_broker: BrokerProcess,
     spark: Any,
     airflow_db: Path,
     tmp_path: Path,
@@ -110,7 +98,7 @@ def test_a_route_across_two_clusters_is_snapshotted_and_judged_with_each_cluster
     source, output, traces = f"in-{tag}", f"out-{tag}", f"traces-{tag}"
     proc, sink = f"proc-{tag}", f"sink-{tag}"
     broker.admin().ensure_topics({source: 2, traces: 2})
-    broker_b.admin().ensure_topics({output: 2})
+    second_broker.admin().ensure_topics({output: 2})
     registry = tmp_path / "registry.yaml"
     registry.write_text(f"""
 version: 1
@@ -126,7 +114,7 @@ streams:
         - {{group: {proc}, reads: [east/{source}], writes: [west/{output}]}}
         - {{group: {sink}, reads: [west/{output}]}}
 """)
-    east, west = broker.connection("east"), broker_b.connection("west")
+    east, west = broker.connection("east"), second_broker.connection("west")
 
     def emitter(location: str) -> TraceEmitter:
         return TraceEmitter(TraceEmitterConfig(broker.bootstrap_servers, location, "east", topic=traces))
@@ -152,7 +140,9 @@ streams:
         ids = [producer.produce(source, value=str(n).encode()) for n in range(count)]
         assert producer.flush(10) == 0
         reader = consumer(broker, proc, source, "east", proc_emitter)
-        writer = TracedProducer({"bootstrap.servers": broker_b.bootstrap_servers}, emitter=proc_emitter, cluster="west")
+        writer = TracedProducer(
+            {"bootstrap.servers": second_broker.bootstrap_servers}, emitter=proc_emitter, cluster="west"
+        )
         moved = 0
         deadline = time.monotonic() + 60
         while moved < count and time.monotonic() < deadline:
@@ -163,7 +153,7 @@ streams:
         assert writer.flush(10) == 0
         reader.commit(asynchronous=False)
         reader.close()
-        sinker = consumer(broker_b, sink, output, "west", sink_emitter)
+        sinker = consumer(second_broker, sink, output, "west", sink_emitter)
         read = 0
         deadline = time.monotonic() + 60
         while read < count - 1 and time.monotonic() < deadline:

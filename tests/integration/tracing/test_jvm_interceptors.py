@@ -17,11 +17,11 @@ MirrorMaker wrote), never Khipu's output. Every stored verdict must be the expec
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
 import subprocess
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,15 +31,15 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from khipu.detector.job import DETECTOR_QUERY, DetectorJob, start_detector
+from khipu.detector.job import DetectorJob, start_detector
 from khipu.detector.model import DetectorConfig
-from khipu.localstack.broker import BrokerProcess, BrokerSpec, start_broker
+from khipu.localstack.broker import BrokerProcess
 from khipu.localstack.processes import stop_process_group
 from khipu.settings import project_root
 from khipu.store import Store
 from khipu.trace import Trace, TraceType
 from khipu.trace.keys import key_hash
-from tests.integration.detector.conftest import stored_verdicts
+from tests.integration.detector.conftest import decided, play_at_once
 from tests.integration.helpers import traces_of, until
 
 pytestmark = pytest.mark.integration
@@ -394,24 +394,14 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def mirror_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    directory = tmp_path_factory.mktemp("kafka-mirror")
-    process = start_broker(BrokerSpec.scratch(directory), directory / "broker.log")
-    try:
-        yield process
-    finally:
-        stop_process_group(process.pid)
-
-
-@pytest.fixture(scope="module")
 def run(
-    broker: BrokerProcess, mirror_broker: BrokerProcess, spark: Any, tmp_path_factory: pytest.TempPathFactory
+    broker: BrokerProcess, second_broker: BrokerProcess, spark: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Run]:
     missing = [p for p in (TRACING_JAR, JVM / "testapps" / ".installed", JVM / "clients-3" / ".installed",
                            JVM / "mirror" / ".installed") if not p.exists()]  # fmt: skip
     assert not missing, f"run `make test` (it builds them): missing {missing}"
     tmp = tmp_path_factory.mktemp("jvm")
-    s = Setup(secrets.token_hex(3), tmp, f"jvm-traces-{secrets.token_hex(3)}", broker, mirror_broker)
+    s = Setup(secrets.token_hex(3), tmp, f"jvm-traces-{secrets.token_hex(3)}", broker, second_broker)
     broker.admin().ensure_trace_topic(s.trace_topic, 3)
     registry = tmp / "registry.yaml"
     registry.write_text(registry_text(s))
@@ -421,39 +411,19 @@ def run(
                       checkpoint_dir=tmp / "checkpoint", archive_dir=tmp / "archive", verdicts_dir=tmp / "verdicts",
                       trace_topic=s.trace_topic, lost_topic=None, trigger_seconds=1.0, detector=CONFIG,
                       cluster_connections={"local": broker.connection("local"),
-                                           "mirror": mirror_broker.connection("mirror")})  # fmt: skip
+                                           "mirror": second_broker.connection("mirror")})  # fmt: skip
     queries = start_detector(spark, job)
     store = Store(store_url)
     try:
-        results: dict[str, Scenario] = {}
-        failures: list[BaseException] = []
-
-        def play(pipeline: Any, *args: Any) -> None:
-            try:
-                scenario = pipeline(s, *args)
-                results[scenario.name] = scenario
-            except BaseException as exc:
-                failures.append(exc)
-
-        threads = [threading.Thread(target=play, args=p) for p in
-                   ((plain_clients,), (kafka_streams, "at_least_once"), (kafka_streams, "exactly_once_v2"),
-                    (mirror_maker,))]  # fmt: skip
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(400)
-        assert not failures, failures
-        expected = {key for scenario in results.values() for key in scenario.expected}
-        verdicts: dict[tuple[str, str], dict[str, Any]] = {}
-
-        def settled() -> bool:
-            verdicts.clear()
-            verdicts.update({(v["message_id"], v["hop"]): v for v in stored_verdicts(store, job.verdicts_dir)})
-            beat = store.heartbeat.latest(DETECTOR_QUERY)
-            return expected <= set(verdicts) and beat is not None and beat["state_rows"] == 0
-
-        until(settled, 240, "every hop of every message decided")
-        yield Run(results, dict(verdicts), traces_of(broker, s.trace_topic), s)
+        pipelines = [
+            functools.partial(plain_clients, s),
+            functools.partial(kafka_streams, s, "at_least_once"),
+            functools.partial(kafka_streams, s, "exactly_once_v2"),
+            functools.partial(mirror_maker, s),
+        ]
+        results = play_at_once(pipelines, 400)
+        verdicts = decided(store, job.verdicts_dir, results.values())
+        yield Run(results, verdicts, traces_of(broker, s.trace_topic), s)
     finally:
         for query in queries:
             query.stop()
