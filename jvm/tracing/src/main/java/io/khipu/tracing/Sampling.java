@@ -44,6 +44,17 @@ public final class Sampling {
         return (int) Math.max(0, Math.min(BUCKETS, rounded));
     }
 
+    /** ``bytes`` random bytes as lowercase hex: an id generator's prefix, an emitter id's suffix. */
+    static String randomHex(int bytes) {
+        byte[] random = new byte[bytes];
+        new SecureRandom().nextBytes(random);
+        StringBuilder hex = new StringBuilder(2 * bytes);
+        for (byte b : random) {
+            hex.append(Character.forDigit((b >> 4) & 15, 16)).append(Character.forDigit(b & 15, 16));
+        }
+        return hex.toString();
+    }
+
     public static boolean isSampled(String messageId, double samplingPercent) {
         return bucket(messageId) < threshold(samplingPercent);
     }
@@ -54,13 +65,7 @@ public final class Sampling {
         private final AtomicLong counter = new AtomicLong();
 
         public MessageIds() {
-            byte[] random = new byte[6];
-            new SecureRandom().nextBytes(random);
-            StringBuilder hex = new StringBuilder(12);
-            for (byte b : random) {
-                hex.append(Character.forDigit((b >> 4) & 15, 16)).append(Character.forDigit(b & 15, 16));
-            }
-            this.prefix = hex.toString();
+            this.prefix = randomHex(6);
         }
 
         /** An id carrying {@code bucket}, which the caller drew uniformly from [0, 10000). */

@@ -1,7 +1,6 @@
 package io.khipu.tracing;
 
 import java.lang.management.ManagementFactory;
-import java.security.SecureRandom;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -91,7 +90,7 @@ public final class TraceEmitter implements TraceEmitterMXBean {
 
     TraceEmitter(TracingConfig config) {
         this.config = config;
-        this.emitterId = config.location() + "-" + randomHex(4);
+        this.emitterId = config.location() + "-" + Sampling.randomHex(4);
         this.queue = new ArrayBlockingQueue<>(config.queueMaxTraces());
         Map<String, Object> settings = new HashMap<>(config.traceProducerConfig());
         settings.put("client.id", emitterId);
@@ -325,16 +324,6 @@ public final class TraceEmitter implements TraceEmitterMXBean {
             lastWarningNs = now;
             log.warn(message, args);
         }
-    }
-
-    private static String randomHex(int bytes) {
-        byte[] random = new byte[bytes];
-        new SecureRandom().nextBytes(random);
-        StringBuilder hex = new StringBuilder(2 * bytes);
-        for (byte b : random) {
-            hex.append(Character.forDigit((b >> 4) & 15, 16)).append(Character.forDigit(b & 15, 16));
-        }
-        return hex.toString();
     }
 
     // -- counters -----------------------------------------------------------------------------------------------------------
