@@ -70,3 +70,13 @@ def log_offsets(broker: BrokerProcess, topic: str) -> list[int]:
             found.append(message.offset())
     finally:
         consumer.close()
+
+
+def stream_yaml(name: str, owner: str, producer: str, topic: str, consumers: list[str]) -> str:
+    """One stream of a registry, at 100 % sampling: ``producer`` writes local/``topic``; ``consumers`` are the route's
+    consumer entries as YAML flow mappings."""
+    listed = "".join(f"\n        - {c}" for c in consumers)
+    return (
+        f"  {name}:\n    owner: {owner}\n    sampling_percent: 100\n    route:\n"
+        f"      producers: [{{location: {producer}, writes: [local/{topic}]}}]\n      consumers:{listed}\n"
+    )

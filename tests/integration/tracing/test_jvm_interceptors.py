@@ -40,7 +40,7 @@ from khipu.store import Store
 from khipu.trace import Trace, TraceType
 from khipu.trace.keys import key_hash
 from tests.integration.detector.conftest import decided, play_at_once
-from tests.integration.helpers import traces_of, until
+from tests.integration.helpers import stream_yaml, traces_of, until
 
 pytestmark = pytest.mark.integration
 
@@ -352,11 +352,7 @@ def mirror_maker(s: Setup) -> Scenario:
 
 def registry_text(s: Setup) -> str:
     def stream(name: str, producer: str, topic: str, consumers: list[str]) -> str:
-        listed = "".join(f"\n        - {c}" for c in consumers)
-        return (
-            f"  {name}:\n    owner: team-jvm\n    sampling_percent: 100\n    route:\n"
-            f"      producers: [{{location: {producer}, writes: [local/{topic}]}}]\n      consumers:{listed}\n"
-        )
+        return stream_yaml(name, "team-jvm", producer, topic, consumers)
 
     def streams(short: str) -> str:
         source, output = s.topic(f"streams-{short}-in"), s.topic(f"streams-{short}-out")
