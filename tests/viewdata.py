@@ -183,7 +183,8 @@ def seed(store: Store, archive_dir: Path, registry: Registry, now_ms: int) -> Se
             {
                 "source_topic": "khipu.traces",
                 "source_partition": 1,
-                "source_offset": 77 + i,
+                "source_offset": 77 + i // 2,  # the first two: lines 0 and 1 of one batch record
+                "source_line": i % 2,
                 "quarantine_reason": f"field 'timestamp_ms': expected an integer, got 'soon-{i}'",
                 "raw_value": b"{}",
             }

@@ -7,7 +7,8 @@
 - metrics per stream / hop / minute: recomputed from the stored verdicts of the minutes touched
   (:mod:`khipu.verdicts.metrics`);
 - the raw-trace archive: Parquet partitioned by hour and batch, overwritten on replay;
-- malformed records: the store's quarantine, once per trace-topic position;
+- malformed records: the store's quarantine, once per trace-topic position (topic, partition, offset and line:
+  each line of a batch record is quarantined on its own);
 - back-pointers: records an emitter says it received whose trace was not in the batch (what
   tells TRACE_LOST from LOST), kept long enough for every message they concern to be decided;
 - emitter sequence numbers: their gaps count the traces each emitter lost (channel health;

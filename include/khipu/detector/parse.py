@@ -11,6 +11,13 @@ decoders to the same table of records.
 
 A record that is a valid trace but names a stream the registry does not define is quarantined
 too; the query keeps running.
+
+A record may be a batch: several traces (and marks) joined by a line feed (``khipu.trace.codec.split_record``).
+Each record is first exploded into its lines, numbered from 0 in ``source_line`` (a record of one: line 0), and
+everything above works per line: a line is decoded, limited and quarantined as a record of one trace was. Only a
+valid UTF-8 record holding ``}``, a line feed, ``{`` is split; every other record is its own line 0, untouched.
+A record that is not UTF-8 is not split (the JVM cannot split its bytes without decoding them): it is
+quarantined whole.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from khipu.trace.codec import (
+    BATCH_SPLIT_PATTERN,
     MAX_ATTRIBUTE_CHARS,
     MAX_ATTRIBUTES,
     MAX_COUNT,
@@ -50,8 +58,8 @@ RECEIVED_SCHEMA = "array<struct<cluster:string, topic:string, partition:int, off
 POINTER_COLUMNS = f"prev_offsets array<long>, received {RECEIVED_SCHEMA}"  # back-pointers; a mark's list
 PARSED_SCHEMA = (
     f"{TRACE_COLUMNS}, {POINTER_COLUMNS}, malformed boolean, raw_value binary, source_topic string, "
-    "source_partition int, source_offset long, kafka_timestamp_ms long"
-)
+    "source_partition int, source_offset long, source_line int, kafka_timestamp_ms long"
+)  # source_line: the line of a batch record (0: a record of one trace)
 TRACE_NAMES = [part.split()[0].strip("`") for part in TRACE_COLUMNS.split(", ")]
 _JSON = "_j"
 _KEY_HASH = KEY_HASH_PATTERN.pattern  # the same regular expression in Java's dialect
@@ -322,24 +330,40 @@ def _field(name: str, variant: Column) -> Column:
     return F.when(F.col("_tpl"), F.col(f"_t.`{name}`")).otherwise(variant)
 
 
-def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFrame:
-    """Decode a DataFrame of Spark's Kafka schema (in the JVM); split it with :func:`valid`.
+def record_lines(kafka_rows: DataFrame) -> DataFrame:
+    """Each Kafka row as the lines of its value: ``value`` (binary) one line, ``source_line`` its number (0 for a
+    record of one trace), ``_utf8`` whether the record is valid UTF-8 (so is each of its lines).
 
-    Three ways, each at most as lenient as the next: a record exactly as khipu's encoder writes it is read
+    Only a valid UTF-8 value holding ``}``, a line feed, ``{`` is split (at
+    :data:`khipu.trace.codec.BATCH_SPLIT_PATTERN`, as :func:`khipu.trace.codec.split_record` splits); any other
+    value is its own line, its bytes untouched."""
+    record = F.col("value").cast("string")
+    utf8 = F.expr("is_valid_utf8(CAST(value AS STRING))").alias("_utf8")
+    records = kafka_rows.select("value", "topic", "partition", "offset", "timestamp", utf8)
+    batch = F.col("_utf8") & record.contains("}\n{")
+    split = F.split(record, BATCH_SPLIT_PATTERN).cast("array<binary>")
+    return records.select(
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "_utf8",
+        F.posexplode(F.when(batch, split).otherwise(F.array("value"))).alias("source_line", "value"),
+    )
+
+
+def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFrame:
+    """Decode a DataFrame of Spark's Kafka schema (in the JVM), line by line (:func:`record_lines`); split it with
+    :func:`valid`.
+
+    Three ways, each at most as lenient as the next: a line exactly as khipu's encoder writes a trace is read
     with ``from_json`` (its shape checked by one regular expression); any other is parsed to a VARIANT, and
     one of the plain variant shape has only its values checked; everything else gets every rule."""
     streams = sorted(set(known_streams))
     is_mark = f"coalesce({_kind('$.mark')} = 'BOOLEAN' AND try_variant_get({_JSON}, '$.mark', 'boolean'), false)"
     text = F.col("value").cast("string")
     decoded = (
-        kafka_rows.select(
-            "value",
-            "topic",
-            "partition",
-            "offset",
-            "timestamp",
-            F.expr("is_valid_utf8(CAST(value AS STRING))").alias("_utf8"),
-        )
+        record_lines(kafka_rows)
         .withColumn("_tpl", F.col("_utf8") & text.rlike(ENCODER_TEMPLATE))
         .withColumn("_t", F.when(F.col("_tpl"), F.from_json(text, _TEMPLATE_SCHEMA)))
         .withColumn(_JSON, F.when(F.col("_utf8") & ~F.col("_tpl"), F.expr("try_parse_json(CAST(value AS STRING))")))
@@ -393,6 +417,7 @@ def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFra
         F.col("topic").alias("source_topic"),
         F.col("partition").alias("source_partition"),
         F.col("offset").alias("source_offset"),
+        F.col("source_line").cast("int").alias("source_line"),
         F.expr("unix_millis(timestamp)").alias("kafka_timestamp_ms"),
     ).withColumn("partition", F.col("_partition").try_cast("int"))
     known_shape = (F.col("_tpl") | F.col("_plain")) & F.expr(f"coalesce({_plain_values(streams)}, false)")
@@ -406,6 +431,7 @@ def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFra
         "source_topic",
         "source_partition",
         "source_offset",
+        "source_line",
         "kafka_timestamp_ms",
     )
 
@@ -417,7 +443,8 @@ def valid(parsed: DataFrame, with_pointers: bool = False) -> DataFrame:
 
 
 def quarantine_reason(raw: bytes | None, known_streams: Iterable[str]) -> str:
-    """Why the JVM rejected a record, in the codec's words (the codec is the specification)."""
+    """Why the JVM rejected a record (a line of a batch record), in the codec's words (the codec is the
+    specification)."""
     try:
         record = decode_record(raw)
     except TraceDecodeError as exc:

@@ -50,7 +50,8 @@ INPUT_SCHEMA = (
     "timestamp_ms long, topic string, partition int, offset long, `group` string, emitter_id string, "
     "emitter_seq long, sampling_percent double, attributes string, key_hash string, tombstone boolean, "
     "transactional boolean, read_uncommitted boolean, hop int, prev_offsets string, received string, "
-    "raw_value binary, source_topic string, source_partition int, source_offset long, kafka_timestamp_ms long"
+    "raw_value binary, source_topic string, source_partition int, source_offset long, source_line int, "
+    "kafka_timestamp_ms long"
 )
 # what leaves it: the input's columns, and the verdicts' and the stats' own
 # (a verdict names its hop by number, in ``hop``: RoutePlans.described says the rest; the writer fills it in)

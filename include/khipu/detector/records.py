@@ -8,7 +8,7 @@ collects the few columns these need once, and this module reads them with pyarro
   trace from a lost message; :meth:`khipu.store.channel.TraceChannelRepository.record_pointers`);
 - :func:`sequence_numbers`: every emitter sequence number seen (its gaps are traces the emitter lost);
 - :func:`newest_read`: per trace-topic partition, the newest record time read (:mod:`khipu.detector.clock`);
-- :func:`malformed`: the records the JVM's decoder rejected, with where they sat.
+- :func:`malformed`: the records (lines of batch records) the JVM's decoder rejected, with where they sat.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ POSITION_SCHEMA = pa.schema(
 # the processor's output columns these need
 COLUMNS = (
     "kind", "location", "cluster", "type", "topic", "partition", "offset", "prev_offsets", "received", "emitter_id",
-    "emitter_seq", "timestamp_ms", "raw_value", "source_topic", "source_partition", "source_offset",
+    "emitter_seq", "timestamp_ms", "raw_value", "source_topic", "source_partition", "source_offset", "source_line",
     "kafka_timestamp_ms",
 )  # fmt: skip
 
@@ -110,8 +110,8 @@ def newest_read(records: pa.Table) -> dict[int, int]:
 
 
 def malformed(records: pa.Table) -> list[dict[str, Any]]:
-    """The malformed records: raw bytes and where they sat."""
+    """The malformed records: raw bytes and where they sat (topic, partition, offset, and line of a batch record)."""
     bad = _of_kind(records, MALFORMED)
-    columns = ["raw_value", "source_topic", "source_partition", "source_offset", "kafka_timestamp_ms"]
+    columns = ["raw_value", "source_topic", "source_partition", "source_offset", "source_line", "kafka_timestamp_ms"]
     found: list[dict[str, Any]] = bad.select(columns).to_pylist()
     return found

@@ -1,4 +1,8 @@
-"""Reading the trace topic from the beginning to its current end, and tallying what is there."""
+"""Reading the trace topic from the beginning to its current end, and tallying what is there.
+
+A record may be a batch of traces (and marks), one per line (:func:`khipu.trace.codec.split_record`): what is read
+and tallied is each line, so the counts are of traces, not of records.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from khipu.registry.model import Hop
-from khipu.trace.codec import TraceDecodeError, decode_record
+from khipu.trace.codec import TraceDecodeError, decode_record, split_record
 from khipu.trace.model import EmitterMark, Trace
 
 
@@ -21,7 +25,7 @@ class TraceTopicError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class TraceTally:
-    """Traces per (hop id, type), emitter marks, and malformed records per field."""
+    """Traces per (hop id, type), emitter marks, and malformed records (lines of a batch record) per field."""
 
     by_hop: Counter[tuple[str, str]] = field(default_factory=Counter)
     malformed: Counter[str] = field(default_factory=Counter)
@@ -50,7 +54,8 @@ def tally_traces(records: Iterable[Trace | EmitterMark | TraceDecodeError]) -> T
 def read_trace_topic(
     bootstrap_servers: str, topic: str, timeout_s: float = 30.0
 ) -> list[Trace | EmitterMark | TraceDecodeError]:
-    """Every record of ``topic`` from its beginning to its end as of now, decoded (or the decode error).
+    """Every trace and mark of ``topic`` from its beginning to its end as of now, decoded (or the decode error):
+    each line of a batch record in order, a record of one trace as itself.
 
     A partition's end is where it first reports end-of-partition (librdkafka derives it from the
     fetch responses' high watermark); the partition is paused there, so records that arrive
@@ -92,10 +97,11 @@ def read_trace_topic(
                     raise TraceTopicError(f"reading {topic!r}: {error.str()}")
                 if partition in at_end:
                     continue  # arrived after this partition's end was reached
-                try:
-                    records.append(decode_record(msg.value()))
-                except TraceDecodeError as exc:
-                    records.append(exc)
+                for line in split_record(msg.value()):
+                    try:
+                        records.append(decode_record(line))
+                    except TraceDecodeError as exc:
+                        records.append(exc)
         return records
     except KafkaException as exc:
         raise TraceTopicError(f"reading {topic!r} on {bootstrap_servers}: {exc.args[0].str()}") from None

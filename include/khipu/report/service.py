@@ -362,7 +362,7 @@ class SkewLine:
 class KhipuHealth:
     queries: list[QueryBeat]
     quarantined: int
-    quarantine: list[dict[str, Any]]  # the newest quarantined records, with their reasons
+    quarantine: list[dict[str, Any]]  # the newest quarantined: topic, partition, offset, line, reason
     emitters_with_gaps: list[dict[str, Any]]  # per emitter: gaps open, sequence numbers missing
     clock_skew: list[SkewLine] = field(default_factory=list)  # per hop, worst first
     skew_by_emitter: dict[str, int] = field(default_factory=dict)  # location -> impossible latencies it took part in

@@ -112,7 +112,8 @@ class TraceChannelRepository:
         self._engine = engine
 
     def add_quarantine(self, rows: Sequence[Mapping[str, Any]], at_ms: int) -> int:
-        """Record malformed trace records (once each, by their position on the trace topic)."""
+        """Record malformed trace records (once each, by their position on the trace topic: topic, partition, offset
+        and ``source_line``, the line of a batch record; a row without one is a record of one trace, line 0)."""
         added = 0
         with self._engine.begin() as tx:
             for row in rows:
@@ -123,6 +124,7 @@ class TraceChannelRepository:
                         source_topic=row["source_topic"],
                         source_partition=row["source_partition"],
                         source_offset=row["source_offset"],
+                        source_line=row.get("source_line", 0),
                         reason=row["quarantine_reason"],
                         raw_value=row["raw_value"],
                         kafka_timestamp_ms=row.get("kafka_timestamp_ms"),
@@ -136,7 +138,9 @@ class TraceChannelRepository:
         with self._engine.begin() as tx:
             return [
                 dict(r._mapping)
-                for r in tx.execute(select(table).order_by(table.c.source_partition, table.c.source_offset))
+                for r in tx.execute(
+                    select(table).order_by(table.c.source_partition, table.c.source_offset, table.c.source_line)
+                )
             ]
 
     def quarantine_page(self, limit: int = 50) -> tuple[int, list[dict[str, Any]]]:

@@ -235,11 +235,12 @@ quarantine = Table(
     Column("source_topic", String(NAME), nullable=False),
     Column("source_partition", Integer, nullable=False),
     Column("source_offset", BigInteger, nullable=False),
+    Column("source_line", Integer, nullable=False, server_default="0"),  # the line of a batch record; 0: of one
     Column("reason", Text, nullable=False),
     Column("raw_value", LargeBinary),
     Column("kafka_timestamp_ms", BigInteger),
     Column("quarantined_ms", BigInteger, nullable=False),
-    UniqueConstraint("source_topic", "source_partition", "source_offset", name="uq_quarantine_record"),
+    UniqueConstraint("source_topic", "source_partition", "source_offset", "source_line", name="uq_quarantine_record"),
     Index("ix_quarantine_time", "quarantined_ms"),
 )
 

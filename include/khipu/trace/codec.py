@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +31,15 @@ MAX_PREV_OFFSETS = 16
 MAX_ID_CHARS = 256
 MAX_ATTRIBUTES = 32
 MAX_ATTRIBUTE_CHARS = 1024
+# An emitter packs the traces it has ready into one trace-topic record: a batch, its traces (and marks) joined by a
+# line feed (JSON Lines). A record of one trace, as every emitter wrote before, is a batch of one.
+BATCH_MAX_TRACES = 500
+BATCH_MAX_BYTES = 65_536  # of traces; a batch that closes with the emitter's mark may be larger by that mark
+# Where a record is split: a line feed between "}" and "{". Compact JSON never has one (a line feed in a string
+# is escaped), and no single JSON object, however written, has "}" + line feed + "{": a pretty-printed trace stays
+# whole. The same regular expression in Python's and Java's dialect (the detector splits in the JVM).
+BATCH_SPLIT_PATTERN = r"(?<=\})\n(?=\{)"
+_BATCH_SPLIT = re.compile(BATCH_SPLIT_PATTERN.encode())
 MAX_COUNT = 2**63 - 1  # offsets, times and sequence numbers are Kafka's and Java's 64-bit longs
 MAX_PARTITION = 2**31 - 1  # partitions are 32-bit ints
 
@@ -67,15 +77,26 @@ class TraceDecodeError(ValueError):
 
 
 _quote = json.encoder.encode_basestring  # type: ignore[attr-defined]  # the C string escaper json.dumps uses
+_PLAIN_TAIL = ',"attributes":{},"prev_offsets":[]}'  # a trace without attributes, back-pointers or v3 fields
+_NAMES: dict[tuple[Any, ...], tuple[str, str, str]] = {}  # the quoted names of a hop, formatted once
+_MAX_NAMES = 4096
 
 
-def encode_trace(trace: Trace) -> bytes:
-    """Serialize a trace to its version-3 JSON bytes (one JSON object, UTF-8); the version-3 fields follow
-    ``prev_offsets``, in the order of :data:`V3_FIELDS`, each only when it says something.
+def _names_fragments(names: tuple[Any, ...], trace_type: TraceType) -> tuple[str, str, str]:
+    stream, location, cluster, _, topic, group, emitter_id = names
+    fragments = (
+        f',"stream":{_quote(stream)},"location":{_quote(location)},"cluster":{_quote(cluster)},'
+        f'"type":"{TraceType(trace_type).value}","timestamp_ms":',
+        f',"topic":{_quote(topic)},"partition":',
+        f',"group":{"null" if group is None else _quote(group)},"emitter_id":{_quote(emitter_id)},"emitter_seq":',
+    )
+    if len(_NAMES) >= _MAX_NAMES:
+        _NAMES.clear()
+    _NAMES[names] = fragments
+    return fragments
 
-    Formatted directly (one f-string) rather than through ``json.dumps`` of a dict: this runs once per traced
-    message in the application's process, and is several times cheaper this way (vectors/ hold the exact bytes).
-    """
+
+def _tail(trace: Trace) -> str:
     extra = ""
     if trace.key_hash is not None:
         extra = ',"key_hash":' + _quote(trace.key_hash)
@@ -85,18 +106,32 @@ def encode_trace(trace: Trace) -> bytes:
         extra += ',"transactional":true'
     if trace.read_uncommitted:
         extra += ',"read_uncommitted":true'
-    group = "null" if trace.group is None else _quote(trace.group)
     attributes = (
         json.dumps(dict(trace.attributes), separators=(",", ":"), ensure_ascii=False) if trace.attributes else "{}"
     )
     prev = ",".join(map(str, map(int, trace.prev_offsets))) if trace.prev_offsets else ""
+    return f',"attributes":{attributes},"prev_offsets":[{prev}]{extra}}}'
+
+
+def encode_trace(trace: Trace) -> bytes:
+    """Serialize a trace to its version-3 JSON bytes (one JSON object, UTF-8); the version-3 fields follow
+    ``prev_offsets``, in the order of :data:`V3_FIELDS`, each only when it says something.
+
+    Formatted directly rather than through ``json.dumps`` of a dict: this runs once per traced message in the
+    application's process. The names a hop's traces share (stream, location, cluster, type, topic, group, emitter)
+    are quoted and formatted once, and reused (vectors/ hold the exact bytes).
+    """
+    (
+        message_id, stream, location, cluster, trace_type, timestamp_ms, topic, partition, offset, group, emitter_id,
+        emitter_seq, sampling_percent, attributes, prev_offsets, key_hash, tombstone, transactional, read_uncommitted,
+    ) = trace  # one unpacking: a NamedTuple's field lookups cost more than the formatting  # fmt: skip
+    names = (stream, location, cluster, trace_type == "SENT", topic, group, emitter_id)  # (an enum hashes slowly)
+    fragments = _NAMES.get(names) or _names_fragments(names, trace_type)
+    plain = not (attributes or prev_offsets or key_hash is not None or tombstone or transactional or read_uncommitted)
     return (
-        f'{{"v":3,"message_id":{_quote(trace.message_id)},"stream":{_quote(trace.stream)},'
-        f'"location":{_quote(trace.location)},"cluster":{_quote(trace.cluster)},"type":"{trace.type.value}",'
-        f'"timestamp_ms":{int(trace.timestamp_ms)},"topic":{_quote(trace.topic)},"partition":{int(trace.partition)},'
-        f'"offset":{int(trace.offset)},"group":{group},"emitter_id":{_quote(trace.emitter_id)},'
-        f'"emitter_seq":{int(trace.emitter_seq)},"sampling_percent":{float(trace.sampling_percent)!r},'
-        f'"attributes":{attributes},"prev_offsets":[{prev}]{extra}}}'
+        f'{{"v":3,"message_id":{_quote(message_id)}{fragments[0]}{int(timestamp_ms)}{fragments[1]}'
+        f'{int(partition)},"offset":{int(offset)}{fragments[2]}{int(emitter_seq)},'
+        f'"sampling_percent":{float(sampling_percent)!r}{_PLAIN_TAIL if plain else _tail(trace)}'
     ).encode()
 
 
@@ -125,6 +160,28 @@ def encode_mark(mark: EmitterMark) -> bytes:
         f'{{"v":{MARK_FORMAT_VERSION},"mark":true,"emitter_id":{_quote(mark.emitter_id)},"location":{_quote(mark.location)},'
         f'"emitter_seq":{mark.emitter_seq},"timestamp_ms":{mark.timestamp_ms},"received":[{received}]}}'
     ).encode()
+
+
+def encode_batch(encoded: list[bytes]) -> bytes:
+    """One trace-topic record holding several encoded traces and marks, in order: their bytes joined by a line feed,
+    none after the last (vectors/batch-records.json holds the exact bytes)."""
+    return b"\n".join(encoded)
+
+
+def split_record(raw: bytes | bytearray | memoryview | None) -> list[bytes | None]:
+    """The encoded traces and marks a trace-topic record holds, in order: a batch's lines, or the record whole (a
+    record of one trace, a null value, a value that is not UTF-8, anything that is no batch). Each is decoded by
+    :func:`decode_record`."""
+    if raw is None:
+        return [None]
+    data = bytes(raw)
+    if b"}\n{" not in data:
+        return [data]
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:  # not text: no lines to tell apart (the detector, in the JVM, splits only text)
+        return [data]
+    return _BATCH_SPLIT.split(data)
 
 
 def decode_record(raw: bytes | bytearray | memoryview | None) -> Trace | EmitterMark:

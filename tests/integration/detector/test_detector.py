@@ -23,6 +23,7 @@ from khipu.kafka.trace_topic import read_trace_topic
 from khipu.localstack.broker import BrokerProcess
 from khipu.store import Store
 from khipu.trace import Trace
+from khipu.trace.codec import TraceDecodeError, decode_record, split_record
 from tests.integration.detector.conftest import (
     demo_traces,
     detector_command,
@@ -187,9 +188,18 @@ def _a_valid_trace(broker: BrokerProcess, topic: str) -> str:
     )
     consumer.assign([TopicPartition(topic, 0, 0)])
     try:
-        msg = consumer.poll(10)
-        assert msg is not None and msg.error() is None
-        return bytes(msg.value()).decode()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            msg = consumer.poll(1)
+            if msg is None or msg.error() is not None:
+                continue
+            for line in split_record(msg.value()):  # a record may be a batch: its first trace
+                try:
+                    if isinstance(decode_record(line), Trace):
+                        return bytes(line or b"").decode()
+                except TraceDecodeError:
+                    continue
+        raise AssertionError(f"no trace on {topic}[0] within 10 s")
     finally:
         consumer.close()
 

@@ -1,8 +1,9 @@
 """Decoding after the source, in the JVM, on a DataFrame of Spark's Kafka schema.
 
 The JVM's checks and the strict codec are held to the same table of records: the codec's own
-malformed cases, the marks' malformed cases, and valid traces and marks. For each, "malformed in
-the JVM" equals "the codec raises", and the quarantine's reason is the codec's.
+malformed cases, the marks' malformed cases, valid traces and marks, and batch records. For each
+line (``split_record``'s; a record of one trace is its line 0), "malformed in the JVM" equals "the
+codec raises", and the quarantine's reason is the codec's.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from khipu.detector.job import prepare
 from khipu.detector.parse import parse_traces, quarantine_reason, valid
 from khipu.detector.routes import RoutePlans, trace_hop_key
 from khipu.registry import parse_registry
-from khipu.trace.codec import TraceDecodeError, decode_record, encode_mark, encode_trace
+from khipu.trace.codec import TraceDecodeError, decode_record, encode_batch, encode_mark, encode_trace, split_record
 from khipu.trace.model import EmitterMark, Trace, TraceType
 from tests.unit.trace.test_codec import MALFORMED, MALFORMED_MARKS, record, sent_trace
 
@@ -247,22 +248,91 @@ PARITY: list[bytes | None] = [
     ),
     b'"a string"',
     b"",
+    # batches: each line read as it would be alone in a record (the template's path, the variant's, a mark)
+    encode_batch(
+        [
+            encode_trace(sent_trace(attributes={})),
+            encode_trace(sent_trace(type=TraceType.RECEIVED, group="g", prev_offsets=(40,))),
+            encode_mark(EmitterMark("sink-1", "sink", 3, 5, (("local", "orders", 0, 4),))),
+        ]
+    ),
+    encode_batch([encode_trace(sent_trace()), json.dumps(record(offset=-1)).encode(), _mark()]),
+    encode_batch([json.dumps(record()).encode(), json.dumps(record(stream="nope")).encode()]),
+    encode_batch([templated(), templated(partition=str(2**31))]),
+    encode_batch([b"{", b"}"]),  # "{" + line feed + "}": no batch
+    encode_batch([b"}", b"{"]),  # two lines, neither JSON
+    json.dumps(record(), indent=2).encode(),  # pretty-printed: line feeds, one trace
+    json.dumps(record(offset=-1), indent=2).encode(),
+    b'{"v": 3,\n "message_id": "\xff"}',  # not UTF-8, with a line feed: one record
 ]
 
 
 def test_the_jvm_and_the_codec_agree_on_what_is_malformed_and_the_reason_is_the_codecs(spark: Any) -> None:
     parsed = parse_traces(kafka_rows(spark, PARITY), STREAMS)
-    jvm_malformed = {r.source_offset: r.malformed for r in parsed.select("source_offset", "malformed").collect()}
-    assert len(jvm_malformed) == len(PARITY)
+    jvm_malformed = {
+        (r.source_offset, r.source_line): (r.malformed, r.raw_value)
+        for r in parsed.select("source_offset", "source_line", "malformed", "raw_value").collect()
+    }
+    lines = {(offset, n): line for offset, value in enumerate(PARITY) for n, line in enumerate(split_record(value))}
+    assert sorted(jvm_malformed) == sorted(lines)  # the JVM splits each record as split_record does
+    assert len(lines) > len(PARITY)
     disagreements = []
-    for offset, value in enumerate(PARITY):
+    for position, line in lines.items():
         try:
-            decoded = decode_record(value)
+            decoded = decode_record(line)
             codec_malformed = isinstance(decoded, Trace) and decoded.stream not in STREAMS
         except TraceDecodeError:
             codec_malformed = True
-        if jvm_malformed[offset] != codec_malformed:
-            disagreements.append((offset, value, "JVM", jvm_malformed[offset], "codec", codec_malformed))
+        malformed, raw_value = jvm_malformed[position]
+        if malformed != codec_malformed:
+            disagreements.append((position, line, "JVM", malformed, "codec", codec_malformed))
+        elif malformed and raw_value != line:  # what is quarantined is the line, byte for byte
+            disagreements.append((position, line, "quarantined", raw_value))
     assert not disagreements, disagreements
-    reasons = [quarantine_reason(value, STREAMS) for offset, value in enumerate(PARITY) if jvm_malformed[offset]]
+    reasons = [quarantine_reason(line, STREAMS) for position, line in lines.items() if jvm_malformed[position][0]]
     assert not [reason for reason in reasons if "report this as a bug" in reason]
+
+
+def test_a_batch_record_is_read_line_by_line_and_only_its_malformed_lines_are_quarantined(spark: Any) -> None:
+    sent = encode_trace(sent_trace(message_id="b-sent", attributes={}))
+    received = encode_trace(sent_trace(message_id="b-received", type=TraceType.RECEIVED, group="g"))
+    mark = encode_mark(EmitterMark("sink-1", "sink", 3, 5, (("local", "orders", 0, 4),)))
+    bad_line = json.dumps(record(message_id="b-bad", offset=-1)).encode()
+    not_utf8 = b'{"v": 3, "message_id": "\xff"}'
+    values: list[bytes | None] = [
+        encode_batch([sent, received, mark]),  # 0: two traces and a mark
+        encode_batch(
+            [encode_trace(sent_trace(message_id="b-1")), bad_line, encode_trace(sent_trace(message_id="b-3"))]
+        ),
+        json.dumps(record(message_id="b-pretty"), indent=2).encode(),  # 2: pretty-printed, its line feeds kept
+        encode_batch([encode_trace(sent_trace(message_id="b-hidden")), not_utf8]),  # 3: not UTF-8: never split
+        encode_trace(sent_trace(message_id="b-one")),  # 4: a record of one trace
+        None,  # 5: a tombstone
+    ]
+    parsed = parse_traces(kafka_rows(spark, values), STREAMS).cache()
+    read = sorted(
+        (r.source_offset, r.source_line, "malformed" if r.malformed else (r.type, r.message_id or r.emitter_id))
+        for r in parsed.collect()
+    )
+    assert read == [
+        (0, 0, ("SENT", "b-sent")),
+        (0, 1, ("RECEIVED", "b-received")),
+        (0, 2, ("MARK", "sink-1")),
+        (1, 0, ("SENT", "b-1")),
+        (1, 1, "malformed"),  # only the malformed line; the lines around it are read
+        (1, 2, ("SENT", "b-3")),
+        (2, 0, ("SENT", "b-pretty")),
+        (3, 0, "malformed"),  # the whole record
+        (4, 0, ("SENT", "b-one")),
+        (5, 0, "malformed"),
+    ]
+    assert {r.kafka_timestamp_ms for r in parsed.select("kafka_timestamp_ms").collect()} == {
+        int(AT.timestamp() * 1000)
+    }  # every line carries its record's time
+    batch = prepare(parsed, PLANS, 4).toArrow()  # what the processor lets through, as the writer collects it
+    bad = sorted(((r["source_offset"], r["source_line"]), r["raw_value"]) for r in records.malformed(batch))
+    assert bad == [((1, 1), bad_line), ((3, 0), values[3]), ((5, 0), None)]
+    with pytest.raises(TraceDecodeError) as caught:
+        decode_record(bad_line)
+    assert quarantine_reason(bad_line, STREAMS) == str(caught.value) and caught.value.field == "offset"
+    assert "not UTF-8" in quarantine_reason(values[3], STREAMS)  # the whole record, as the codec finds it

@@ -248,6 +248,9 @@ def test_health_and_alert_apis_answer_from_the_store(seeded: tuple[TestClient, S
     assert verdict_query["age_s"] == pytest.approx((NOW_MS - newest["at_ms"]) / 1000) and not verdict_query["stale"]
     assert len(verdict_query["series"]) == len(store.heartbeat.series(DETECTOR_QUERY, NOW_MS - 3_600_000))
     assert khipu["quarantined"] == data.quarantined == 3
+    stored = {(q["source_offset"], q["source_line"], q["reason"]) for q in store.channel.quarantined()}
+    assert {(q["source_offset"], q["source_line"], q["reason"]) for q in khipu["quarantine"]} == stored
+    assert {(offset, line) for offset, line, _ in stored} == {(77, 0), (77, 1), (78, 0)}  # a position has its line
     assert [(g["emitter_id"], g["missing"]) for g in khipu["emitters_with_gaps"]] == [("demo-enricher-e1", data.gaps)]
 
     alerts = client.get("/api/v1/alerts").json()
@@ -285,7 +288,11 @@ def test_pages_show_what_the_store_holds(seeded: tuple[TestClient, Seeded, Store
     message = client.get(f"/messages/{data.skipped}").text
     assert len(re.findall(r'data-trace="(SENT|RECEIVED)"', message)) == 4
     assert "STALL" in client.get("/consumers").text
-    assert "field 'timestamp_ms': expected an integer" in html.unescape(client.get("/self").text)
+    health = html.unescape(client.get("/self").text)
+    assert "field 'timestamp_ms': expected an integer" in health
+    assert {"khipu.traces[1]@77 line 0", "khipu.traces[1]@77 line 1", "khipu.traces[1]@78 line 0"} == set(
+        re.findall(r'data-field="position">([^<]*)<', health)
+    )
     assert "HTTP 500 from the receiver" in client.get("/alerts").text
 
 

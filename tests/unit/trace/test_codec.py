@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from khipu.trace import MAX_TRACE_BYTES, Trace, TraceDecodeError, TraceType, decode_trace, encode_trace
-from khipu.trace.codec import TRACE_FORMAT_VERSION, decode_record, encode_mark
+from khipu.trace.codec import (
+    TRACE_FORMAT_VERSION,
+    decode_record,
+    encode_batch,
+    encode_mark,
+    split_record,
+)
 from khipu.trace.keys import key_hash
 from khipu.trace.model import EmitterMark
 
@@ -111,6 +117,42 @@ def test_marks_may_be_larger_than_a_trace_but_an_oversized_trace_or_blob_is_name
         with pytest.raises(TraceDecodeError) as caught:
             decode_record(blob)
         assert caught.value.field == "<record>" and f"at most {MAX_TRACE_BYTES} allowed" in str(caught.value)
+
+
+def test_a_batch_is_its_encoded_traces_and_marks_joined_by_line_feeds_and_splits_back_into_them() -> None:
+    received = sent_trace(type=TraceType.RECEIVED, group="sink", attributes={"note": "a}\n{b"}, prev_offsets=(40,))
+    mark = EmitterMark("sink-1", "sink", 9, 1_700_000_000_500, (("local", "orders", 2, 41),))
+    lines = [encode_trace(sent_trace()), encode_trace(received), encode_mark(mark)]
+    batch = encode_batch(lines)
+    assert batch.count(b"\n") == 2 and not batch.endswith(b"\n")  # JSON Lines, none after the last
+    assert split_record(batch) == lines  # a line feed inside a string is escaped: "a}\\n{b" does not split
+    assert [decode_record(line) for line in split_record(batch)] == [sent_trace(), received, mark]
+    assert split_record(memoryview(batch)) == lines and split_record(bytearray(batch)) == lines
+
+
+def test_a_record_that_is_no_batch_is_read_whole() -> None:
+    one = encode_trace(sent_trace())
+    assert split_record(encode_batch([one])) == [one]  # a record of one trace is a batch of one
+    pretty = json.dumps(record(), indent=2).encode()  # line feeds, but never "}" + line feed + "{" in one object
+    assert b"\n" in pretty and split_record(pretty) == [pretty] and decode_record(pretty) == sent_trace()
+    nested = json.dumps({**record(), "attributes": {"a": "b"}}, indent=1).encode()  # an object inside the object
+    assert split_record(nested) == [nested]
+    assert split_record(None) == [None] and split_record(b"") == [b""]
+    assert split_record(b"}\r\n{") == [b"}\r\n{"]  # only a bare line feed between the two braces splits
+
+
+def test_a_batch_splits_only_between_a_closing_and_an_opening_brace_and_keeps_every_byte() -> None:
+    assert split_record(b'{"a":1}\n{"b":2}\n\n{"c":3}') == [b'{"a":1}', b'{"b":2}\n\n{"c":3}']
+    assert split_record(b"{}\n{}\n{}") == [b"{}", b"{}", b"{}"]
+    assert split_record(b"x}\n{y") == [b"x}", b"{y"]  # not JSON on either side: each line is malformed on its own
+    # a malformed line is that line's problem only
+    lines = split_record(
+        encode_batch([encode_trace(sent_trace()), b'{"v": 3}', encode_mark(EmitterMark("e", "l", 1, 2))])
+    )
+    with pytest.raises(TraceDecodeError) as caught:
+        decode_record(lines[1])
+    assert caught.value.field == "message_id"
+    assert decode_record(lines[0]) == sent_trace() and isinstance(decode_record(lines[2]), EmitterMark)
 
 
 MALFORMED_MARKS = [

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from khipu.detector.parse import ENCODER_TEMPLATE
-from khipu.trace.codec import decode_record, encode_mark, encode_trace
+from khipu.trace.codec import decode_record, encode_batch, encode_mark, encode_trace, split_record
 from khipu.trace.keys import key_hash
 from khipu.trace.model import EmitterMark, Trace, TraceType
 from khipu.trace.sampling import MessageIds, sampling_bucket, sampling_threshold
@@ -31,6 +31,8 @@ def load(name: str) -> Any:
 RECORDS = load("trace-records.json")
 HEADERS = load("headers.json")
 SAMPLING = load("sampling.json")
+BATCHES = load("batch-records.json")
+LINE_BYTES = {v["name"]: v["bytes"].encode("utf-8") for v in RECORDS["traces"] + RECORDS["marks"]}
 
 
 def as_trace(fields: dict[str, Any]) -> Trace:
@@ -55,6 +57,22 @@ def test_each_trace_vector_is_written_byte_for_byte_and_read_back(vector: dict[s
     raw = vector["bytes"].encode("utf-8")
     assert encode_trace(trace) == raw
     assert decode_record(raw) == trace
+
+
+@pytest.mark.parametrize("vector", BATCHES["batches"], ids=lambda v: v["name"])
+def test_a_batch_vector_is_its_lines_joined_and_splits_back_into_them(vector: dict[str, Any]) -> None:
+    lines = [LINE_BYTES[name] for name in vector["lines"]]
+    raw = vector["bytes"].encode("utf-8")
+    assert encode_batch(lines) == raw
+    assert split_record(raw) == lines
+    assert [decode_record(line) for line in split_record(raw)] == [decode_record(line) for line in lines]
+
+
+@pytest.mark.parametrize("vector", BATCHES["whole"], ids=lambda v: v["name"])
+def test_a_record_that_is_no_batch_is_read_whole_however_it_is_written(vector: dict[str, Any]) -> None:
+    raw = vector["bytes"].encode("utf-8")
+    assert b"\n" in raw or b"\\n" in raw
+    assert split_record(raw) == [raw]
 
 
 @pytest.mark.parametrize("vector", RECORDS["traces"], ids=lambda v: v["name"])
