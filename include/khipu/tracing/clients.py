@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping
+from itertools import compress
 from typing import Any
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, Producer, TopicPartition
@@ -34,11 +35,13 @@ from khipu.tracing.headers import (
     Headers,
     HeaderValue,
     TraceContext,
-    resend_mark,
+    new_context,
+    read_headers,
     trace_context,
 )
 
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
+_HEADERS_OF = Message.headers  # the C method: mapped over a batch, no Python frame per record
 
 
 class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C type has no stubs
@@ -109,8 +112,8 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
                 self._produce(topic, value, key, on_delivery=on_delivery)
                 return None
             assert self._stream is not None  # the cut is negative without a stream
-            drawn = TraceContext(
-                self._ids.with_bucket(int(draw * SAMPLING_BUCKETS)), self._stream, self._sampling_percent
+            drawn = new_context(
+                (self._ids.with_bucket(int(draw * SAMPLING_BUCKETS)), self._stream, self._sampling_percent)
             )
             return self._produce_traced(topic, value, key, -1, on_delivery, 0, None, drawn, True, attributes)
         if headers:
@@ -155,25 +158,34 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
         add_headers: bool,
         attributes: Mapping[str, str] | None,
     ) -> str:
+        """Produce a traced record; its delivery report emits the SENT trace. The key's hash and whether the value
+        is null are taken here (the report's ``key()`` and ``value()`` would copy them again). One closure per
+        record and no other call between the report and the emitter: this runs once per traced message."""
+        message_id = context.message_id
         if add_headers:
-            trace_headers = [(HEADER_MESSAGE_ID, context.message_id.encode()), *self._constant_headers]
+            trace_headers = [(HEADER_MESSAGE_ID, message_id.encode()), *self._constant_headers]
             headers = _with_headers(headers, trace_headers) if headers else trace_headers
+        sent, cluster, transactional = self._emitter.sent, self._cluster, self._transactional
+        hashed_key = key_hash(key) if isinstance(key, (bytes, str)) else None
+        tombstone = value is None
+
+        def report(err: KafkaError | None, msg: Message) -> None:
+            if err is None:
+                topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+                if topic is not None and partition is not None and offset is not None and offset >= 0:
+                    kind, stamped = msg.timestamp()  # the record's CreateTime, or the broker's LogAppendTime
+                    sent(
+                        context, cluster, topic, partition, offset, attributes,
+                        stamped if kind != TIMESTAMP_NOT_AVAILABLE else None, hashed_key, tombstone, transactional,
+                    )  # fmt: skip
+            if on_delivery is not None:
+                on_delivery(err, msg)
+
         self._produce(
-            topic,
-            value,
-            key,
-            partition=partition,
-            on_delivery=self._traced_callback(
-                context,
-                attributes,
-                on_delivery,
-                key_hash(key) if isinstance(key, (bytes, str)) else None,
-                value is None,
-            ),
-            timestamp=timestamp,
+            topic, value, key, partition=partition, on_delivery=report, timestamp=timestamp,
             headers=_as_client_headers(headers),
-        )
-        return context.message_id
+        )  # fmt: skip
+        return message_id
 
     def commit_transaction(self, *args: Any, **kwargs: Any) -> Any:
         """Flush pending traces (bounded), then commit as ``Producer.commit_transaction`` does: an exactly-once
@@ -187,32 +199,6 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
         remaining = int(super().flush(timeout) if timeout >= 0 else super().flush())
         self._emitter.flush(None if timeout < 0 else min(timeout, self._emitter.config.close_timeout_s))
         return remaining
-
-    def _traced_callback(
-        self,
-        context: TraceContext,
-        attributes: Mapping[str, str] | None,
-        user_callback: DeliveryCallback | None,
-        hashed_key: str | None,
-        tombstone: bool,
-    ) -> DeliveryCallback:
-        """The delivery report of a traced record emits its SENT trace. The key's hash and whether the value is null
-        are taken when it is produced (the report's ``key()`` and ``value()`` would copy them again)."""
-        emit_sent, cluster, transactional = self._emitter.emit_sent, self._cluster, self._transactional
-
-        def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-            if err is None and topic is not None and partition is not None and offset is not None:
-                kind, stamped = msg.timestamp()  # the record's CreateTime, or the broker's LogAppendTime
-                emit_sent(
-                    context, cluster, topic, partition, offset, attributes,
-                    timestamp_ms=stamped if kind != TIMESTAMP_NOT_AVAILABLE else None,
-                    key_hash=hashed_key, tombstone=tombstone, transactional=transactional,
-                )  # fmt: skip
-            if user_callback is not None:
-                user_callback(err, msg)
-
-        return on_delivery
 
 
 def _without_resend_marks(headers: Headers) -> Headers:
@@ -273,7 +259,7 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
         deadline = time.monotonic() + wait
         while True:
             msg = super().poll(wait)
-            if msg is None or msg.error() is not None or self._take(msg):
+            if msg is None or (not self._passed and not msg.headers()) or msg.error() is not None or self._take(msg):
                 return msg
             if wait >= 0:
                 wait = max(0.0, deadline - time.monotonic())
@@ -281,8 +267,19 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
                     return None
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
-        """Like ``Consumer.consume``, without the records Khipu resent for other groups."""
-        return [msg for msg in super().consume(num_messages, timeout) if msg.error() is not None or self._take(msg)]
+        """Like ``Consumer.consume``, without the records Khipu resent for other groups.
+
+        Only records with headers can be traced or resent: those are found by the client's own code
+        (``compress``/``map`` over the C method), so a record that is neither costs no Python per record."""
+        messages: list[Message] = super().consume(num_messages, timeout)
+        if self._passed:  # passing over a run of resent records: every record counts (it ends the run)
+            return [msg for msg in messages if msg.error() is not None or self._take(msg)]
+        for index in compress(range(len(messages)), map(_HEADERS_OF, messages)):
+            if not self._take(messages[index]):  # resent for another group: the rest of the batch the careful way
+                kept = messages[:index]
+                kept.extend(msg for msg in messages[index + 1 :] if msg.error() is not None or self._take(msg))
+                return kept
+        return messages
 
     def commit(self, *args: Any, **kwargs: Any) -> Any:
         """Flush pending traces (bounded), then commit as ``Consumer.commit`` does. An explicit commit up to a run
@@ -321,8 +318,7 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
     def _take(self, msg: Message) -> bool:
         """Trace a record this group takes; False for a record resent only for another group (no trace: the
         group never had it)."""
-        headers = msg.headers()
-        mark = resend_mark(headers) if headers else None
+        context, mark = read_headers(msg.headers())
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
         if mark is not None and mark.target_group is not None and mark.target_group != self._group:
             if topic is not None and partition is not None and offset is not None:
@@ -335,7 +331,6 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
             return False
         if self._passed and topic is not None and partition is not None:
             self._passed.pop((topic, partition), None)
-        context = trace_context(headers) if headers else None
         if context is not None and topic is not None and partition is not None and offset is not None:
             attributes = mark.as_attributes() if mark is not None else None
             self._emitter.emit_received(

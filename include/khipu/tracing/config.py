@@ -32,6 +32,7 @@ class TraceEmitterConfig:
     cluster: str
     topic: str = DEFAULT_TRACE_TOPIC
     queue_max_traces: int = 100_000
+    batch_linger_ms: int = 50  # how long a trace may wait for others to share its trace-topic record
     delivery_timeout_ms: int = 60_000
     commit_flush_timeout_s: float = 2.0
     close_timeout_s: float = 5.0
@@ -48,6 +49,12 @@ class TraceEmitterConfig:
                 raise TracingConfigError(name, value, NAME_RULE)
         if not isinstance(self.queue_max_traces, int) or not 1 <= self.queue_max_traces <= 10_000_000:
             raise TracingConfigError("queue_max_traces", self.queue_max_traces, "an integer in [1, 10000000]")
+        if (
+            isinstance(self.batch_linger_ms, bool)
+            or not isinstance(self.batch_linger_ms, int)
+            or not (1 <= self.batch_linger_ms <= 5_000)
+        ):
+            raise TracingConfigError("batch_linger_ms", self.batch_linger_ms, "an integer of milliseconds in [1, 5000]")
         if not isinstance(self.delivery_timeout_ms, int) or self.delivery_timeout_ms < 1000:
             raise TracingConfigError("delivery_timeout_ms", self.delivery_timeout_ms, "an integer >= 1000")
         if (

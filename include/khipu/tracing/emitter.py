@@ -1,9 +1,11 @@
 """The trace emitter: sends traces to the trace topic without ever blocking or crashing the app.
 
-It owns one idempotent ``acks=all`` producer. Its bounded queue is that producer's local queue
-(``queue.buffering.max.messages``): when the trace channel is slow or down the queue fills,
-further traces are dropped at once and counted, and the application carries on at full speed.
-Traces that cannot be delivered within ``delivery_timeout_ms`` are counted as failed. Every
+It owns one idempotent ``acks=all`` producer, and packs the traces it has ready into one trace-topic record, a
+batch (:func:`khipu.trace.codec.encode_batch`): up to ``BATCH_MAX_TRACES`` traces or ``BATCH_MAX_BYTES``, or what
+gathered in ``batch_linger_ms``. One record per trace cost the application more than the rest of tracing together
+(bench/tracing_overhead.py). Its bounded queue counts traces, batched or in flight: when the trace channel is slow
+or down the queue fills, further traces are dropped at once and counted, and the application carries on at full
+speed. Traces that cannot be delivered within ``delivery_timeout_ms`` are counted as failed. Every
 trace gets the next number of the emitter's sequence *before* any drop, so a later stage sees
 the gap. Every RECEIVED trace points back to the emitter's previous ``BACK_POINTERS`` RECEIVED
 offsets on its partition (``prev_offsets``), so the detector can tell a record whose trace was
@@ -15,7 +17,7 @@ a trace lost just before a quiet spell is then pointed at too.
 
 from __future__ import annotations
 
-import itertools
+import functools
 import logging
 import secrets
 import threading
@@ -26,7 +28,14 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from khipu.trace.codec import MAX_MARK_ENTRIES, encode_mark, encode_trace
+from khipu.trace.codec import (
+    BATCH_MAX_BYTES,
+    BATCH_MAX_TRACES,
+    MAX_MARK_ENTRIES,
+    encode_batch,
+    encode_mark,
+    encode_trace,
+)
 from khipu.trace.model import NO_ATTRIBUTES, EmitterMark, Trace, TraceType
 from khipu.tracing.config import TraceEmitterConfig
 from khipu.tracing.headers import TraceContext
@@ -36,6 +45,8 @@ log = logging.getLogger(__name__)
 _POLL_INTERVAL_S = 0.2
 _WARN_INTERVAL_S = 60.0
 BACK_POINTERS = 3  # previous RECEIVED offsets each trace points at: a run of this many lost traces is still told
+# a Trace of all its values, without NamedTuple's Python-level __new__ (built once per traced message)
+_new_trace = functools.partial(tuple.__new__, Trace)
 
 
 def wall_clock_ms() -> int:
@@ -44,27 +55,24 @@ def wall_clock_ms() -> int:
 
 @dataclass(frozen=True, slots=True)
 class EmitterStats:
-    """Counters of one emitter. ``delivered`` is derived: accepted, not pending, not failed."""
+    """Counters of one emitter: every trace emitted ends up delivered, dropped or pending."""
 
     emitted: int  # traces the application asked for (each got a sequence number)
-    accepted: int  # traces handed to the trace producer's queue
+    accepted: int  # traces taken into the bounded queue (a batch being filled, or the trace producer's)
+    delivered: int  # acknowledged by the trace cluster
     dropped_queue_full: int  # dropped at once because the bounded queue was full
     dropped_invalid: int  # could not be built or encoded (a bug; logged)
     failed_delivery: int  # accepted, then not delivered within delivery_timeout_ms
-    dropped_at_close: int  # still queued when close() gave up waiting
-    pending: int  # in the queue right now
+    dropped_at_close: int  # emitted while closing, or still queued when close() gave up waiting
+    pending: int  # accepted and not yet delivered, failed or given up at close
 
     @property
     def dropped(self) -> int:
         return self.dropped_queue_full + self.dropped_invalid + self.failed_delivery + self.dropped_at_close
 
-    @property
-    def delivered(self) -> int:
-        return self.accepted - self.failed_delivery - self.dropped_at_close - self.pending
-
 
 class TraceEmitter:
-    """Builds traces for one location and publishes them to the trace topic."""
+    """Builds traces for one location and publishes them to the trace topic, several per record."""
 
     def __init__(self, config: TraceEmitterConfig, *, clock_ms: Callable[[], int] = wall_clock_ms) -> None:
         self.config = config
@@ -72,16 +80,25 @@ class TraceEmitter:
         self._clock_ms = clock_ms
         self._location = config.location
         self._topic = config.topic
-        self._seq = itertools.count()
-        self._lock = threading.Lock()
+        self._record_key = self.emitter_id.encode()  # one emitter's records stay in order on one partition
+        self._linger_s = config.batch_linger_ms / 1000
+        self._seq = 0
+        self._lock = threading.RLock()  # the sequence, the batch, the counters and the back-pointers
+        self._queue_max_traces = config.queue_max_traces
+        self._closing = False  # set by close(): traces emitted from then on are dropped and counted
+        self._accepted = 0  # traces taken into the batch (the hot path's counter, kept out of the dict below)
         self._counts = {
-            "accepted": 0,
+            "delivered": 0,
             "dropped_queue_full": 0,
             "dropped_invalid": 0,
             "failed_delivery": 0,
             "dropped_at_close": 0,
         }
         self._emitted = 0
+        self._batch: list[bytes] = []  # encoded traces, in sequence order
+        self._batch_bytes = 0
+        self._batch_since = 0.0  # when the batch's first trace came (monotonic)
+        self._in_flight = 0  # traces handed to the trace producer, not yet reported delivered or failed
         self._marked_at_emitted = 0  # traces emitted when the last mark went out
         # partition -> its newest RECEIVED offsets (newest first), and when the newest was traced
         self._received: dict[tuple[str, str, int], tuple[tuple[int, ...], float]] = {}
@@ -113,10 +130,40 @@ class TraceEmitter:
         the acknowledgement (None: not known, the emitter's clock stands in), ``key_hash`` the short hash of its
         key (:func:`khipu.trace.keys.key_hash`), ``tombstone`` a null value, ``transactional`` written by a
         transactional producer."""
-        self._emit(
-            context, TraceType.SENT, cluster, topic, partition, offset, None, attributes,
-            timestamp_ms, key_hash, tombstone, transactional,
-        )  # fmt: skip
+        self.sent(
+            context, cluster, topic, partition, offset, attributes, timestamp_ms, key_hash, tombstone, transactional
+        )
+
+    def sent(
+        self,
+        context: TraceContext,
+        cluster: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        attributes: Mapping[str, str] | None,
+        timestamp_ms: int | None,
+        key_hash: str | None,
+        tombstone: bool,
+        transactional: bool,
+    ) -> None:
+        """:meth:`emit_sent` with every argument in place: what the traced producer's delivery reports call, once
+        per traced message."""
+        with self._lock:
+            seq = self._seq
+            self._seq = seq + 1
+            self._emitted += 1
+            if self._closing or len(self._batch) + self._in_flight >= self._queue_max_traces:
+                self._refuse()
+                return
+            self._add(
+                _new_trace((
+                    context[0], context[1], self._location, cluster, TraceType.SENT,
+                    self._clock_ms() if timestamp_ms is None else timestamp_ms, topic, partition, offset, None,
+                    self.emitter_id, seq, context[2], attributes or NO_ATTRIBUTES, (), key_hash, tombstone,
+                    transactional, False,
+                ))
+            )  # fmt: skip
 
     def emit_received(
         self,
@@ -131,11 +178,26 @@ class TraceEmitter:
         read_uncommitted: bool = False,
     ) -> None:
         """Record that consumer group ``group`` received a traced record (``attributes``: a resent record's mark;
-        ``read_uncommitted``: the group reads with isolation.level=read_uncommitted)."""
-        self._emit(
-            context, TraceType.RECEIVED, cluster, topic, partition, offset, group, attributes,
-            read_uncommitted=read_uncommitted,
-        )  # fmt: skip
+        ``read_uncommitted``: the group reads with isolation.level=read_uncommitted). The trace points back at this
+        emitter's previous RECEIVED offsets on the partition."""
+        with self._lock:
+            seq = self._seq
+            self._seq = seq + 1
+            self._emitted += 1
+            where = (cluster, topic, partition)
+            known = self._received.get(where)
+            prev_offsets = () if known is None else known[0]
+            self._received[where] = ((offset, *prev_offsets)[:BACK_POINTERS], time.monotonic())
+            if self._closing or len(self._batch) + self._in_flight >= self._queue_max_traces:
+                self._refuse()
+                return
+            self._add(
+                _new_trace((
+                    context[0], context[1], self._location, cluster, TraceType.RECEIVED, self._clock_ms(), topic,
+                    partition, offset, group, self.emitter_id, seq, context[2], attributes or NO_ATTRIBUTES,
+                    prev_offsets, None, False, False, read_uncommitted,
+                ))
+            )  # fmt: skip
 
     def flush_before_commit(self) -> None:
         """Give pending traces a bounded chance to be delivered before offsets are committed.
@@ -144,13 +206,14 @@ class TraceEmitter:
         broken trace channel never slows the application's commits; it recovers when the queue
         drains.
         """
+        self._send_batch()
         producer = self._producer
         if self._channel_healthy:
             remaining = producer.flush(self.config.commit_flush_timeout_s)
             if remaining:
                 self._channel_healthy = False
                 log.warning(
-                    "trace channel slow: %d traces still queued after %.1fs; commits no longer wait for it",
+                    "trace channel slow: %d trace records still queued after %.1fs; commits no longer wait for it",
                     remaining,
                     self.config.commit_flush_timeout_s,
                 )
@@ -159,22 +222,24 @@ class TraceEmitter:
             log.info("trace channel recovered: queue drained")
 
     def flush(self, timeout_s: float | None = None) -> int:
-        """Wait up to ``timeout_s`` for queued traces; return how many are still queued."""
+        """Send the batch being filled and wait up to ``timeout_s`` for queued traces; return how many trace
+        records are still queued."""
+        self._send_batch()
         return int(self._producer.flush(self.config.close_timeout_s if timeout_s is None else timeout_s))
 
     def close(self) -> EmitterStats:
         """Flush (bounded by ``close_timeout_s``), stop, and return the final counters."""
         if self._closed.is_set():
             return self.stats()
-        self._mark()
+        self._mark()  # closes the last batch: every trace is numbered below the mark's number
+        with self._lock:
+            self._closing = True
         self._closed.set()  # the poller stops first: from here on only this flush serves callbacks ...
         self._poller.join(timeout=2)
-        remaining = self.flush()  # ... so a trace still queued after it was never counted as failed
+        self.flush()  # ... so a trace still queued after it was never counted as failed
         with self._lock:
-            # the queue may also hold the emitter's own last mark, which is no trace: never count more
-            # than the traces still outstanding
-            outstanding = self._counts["accepted"] - self._counts["failed_delivery"] - self._counts["dropped_at_close"]
-            self._counts["dropped_at_close"] += max(0, min(remaining, outstanding))
+            stranded, self._in_flight = self._in_flight, 0
+            self._counts["dropped_at_close"] += stranded
         stats = self.stats()
         level = logging.WARNING if stats.dropped else logging.INFO
         log.log(
@@ -191,9 +256,13 @@ class TraceEmitter:
         return stats
 
     def stats(self) -> EmitterStats:
-        pending = 0 if self._closed.is_set() else len(self._producer)
         with self._lock:
-            return EmitterStats(emitted=self._emitted, pending=pending, **self._counts)
+            return EmitterStats(
+                emitted=self._emitted,
+                accepted=self._accepted,
+                pending=len(self._batch) + self._in_flight,
+                **self._counts,
+            )
 
     def __enter__(self) -> TraceEmitter:
         return self
@@ -203,83 +272,71 @@ class TraceEmitter:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _emit(
-        self,
-        context: TraceContext,
-        trace_type: TraceType,
-        cluster: str,
-        topic: str,
-        partition: int,
-        offset: int,
-        group: str | None,
-        attributes: Mapping[str, str] | None,
-        timestamp_ms: int | None = None,
-        key_hash: str | None = None,
-        tombstone: bool = False,
-        transactional: bool = False,
-        read_uncommitted: bool = False,
-    ) -> None:
-        seq = next(self._seq)
-        prev_offsets: tuple[int, ...] = ()
-        if trace_type is TraceType.RECEIVED:
-            with self._lock:
-                prev_offsets = self._received.get((cluster, topic, partition), ((), 0.0))[0]
-                newest = (offset, *prev_offsets)[:BACK_POINTERS]
-                self._received[(cluster, topic, partition)] = (newest, time.monotonic())
-        try:
-            outcome = self._publish(
-                Trace(
-                    context.message_id,
-                    context.stream,
-                    self._location,
-                    cluster,
-                    trace_type,
-                    self._clock_ms() if timestamp_ms is None else timestamp_ms,
-                    topic,
-                    partition,
-                    offset,
-                    group,
-                    self.emitter_id,
-                    seq,
-                    context.sampling_percent,
-                    attributes or NO_ATTRIBUTES,
-                    prev_offsets,
-                    key_hash,
-                    tombstone,
-                    transactional,
-                    read_uncommitted,
-                )
-            )
-        except Exception as exc:  # tracing must never crash the application it observes
-            outcome = "dropped_invalid"
-            self._warn("trace for message %r dropped: %s: %s", context.message_id, type(exc).__name__, exc)
-        with self._lock:
-            self._emitted += 1
-            self._counts[outcome] += 1
+    def _refuse(self) -> None:
+        """Under the lock: a trace the emitter cannot take (closing, or the bounded queue full), counted."""
+        if self._closing:
+            self._counts["dropped_at_close"] += 1
+            return
+        self._counts["dropped_queue_full"] += 1
+        self._channel_healthy = False
+        self._warn(
+            "trace queue full (%d traces): dropping traces until the trace channel catches up", self._queue_max_traces
+        )
 
-    def _publish(self, trace: Trace) -> str:
-        """Hand one trace to the trace producer; return the counter it falls under."""
-        if self._closed.is_set():
-            return "dropped_at_close"
+    def _add(self, trace: Trace) -> None:
+        """Under the lock: encode a numbered trace into the batch (in sequence order); send the batch when full."""
+        try:
+            encoded = encode_trace(trace)
+        except Exception as exc:  # tracing must never crash the application it observes
+            self._counts["dropped_invalid"] += 1
+            self._warn("trace for message %r dropped: %s: %s", trace.message_id, type(exc).__name__, exc)
+            return
+        batch = self._batch
+        if not batch:
+            self._batch_since = time.monotonic()
+        batch.append(encoded)
+        self._accepted += 1
+        self._batch_bytes += len(encoded)
+        if len(batch) >= BATCH_MAX_TRACES or self._batch_bytes >= BATCH_MAX_BYTES:
+            self._produce_batch()
+
+    def _send_batch(self, closing_mark: bytes | None = None) -> None:
+        """Hand the batch being filled to the trace producer (with the emitter's mark after its traces)."""
+        with self._lock:
+            self._produce_batch(closing_mark)
+
+    def _produce_batch(self, closing_mark: bytes | None = None) -> None:
+        """Under the lock: one trace-topic record for the batch. A batch the producer refuses is counted, each of
+        its traces, as queue-full (its local queue) or failed (a fatal producer error)."""
+        batch, traces = self._batch, len(self._batch)
+        if closing_mark is not None:
+            batch.append(closing_mark)
+        if not batch:
+            return
+        self._batch, self._batch_bytes = [], 0
         if self._needs_new_producer:
             self._replace_producer()
         try:
             # stamped by the emitter's clock, as a trace record written on its host is (Khipu's trace topic has the
             # broker stamp it again: LogAppendTime)
             self._producer.produce(
-                self._topic, encode_trace(trace), trace.message_id.encode(), timestamp=self._clock_ms()
+                self._topic,
+                encode_batch(batch),
+                self._record_key,
+                on_delivery=functools.partial(self._on_batch_delivery, traces),
+                timestamp=self._clock_ms(),
             )
         except BufferError:
             self._channel_healthy = False
-            self._warn(
-                "trace queue full (%d traces): dropping traces until the trace channel catches up",
-                self.config.queue_max_traces,
-            )
-            return "dropped_queue_full"
+            self._counts["dropped_queue_full"] += traces
+            self._accepted -= traces
+            self._warn("trace producer's queue full: dropping traces until the trace channel catches up")
+            return
         except KafkaException as exc:
-            self._warn("trace producer refused a trace: %s", exc.args[0] if exc.args else exc)
-            return "failed_delivery"
-        return "accepted"
+            self._counts["failed_delivery"] += traces
+            self._warn("trace producer refused %d traces: %s", traces, exc.args[0] if exc.args else exc)
+            return
+        self._in_flight += traces
 
     def _new_producer(self) -> Producer:
         settings: dict[str, Any] = {
@@ -288,11 +345,9 @@ class TraceEmitter:
             "client.id": self.emitter_id,
             "acks": "all",
             "enable.idempotence": True,
-            "linger.ms": 20,
-            "queue.buffering.max.messages": self.config.queue_max_traces,
+            "linger.ms": 5,  # the emitter batches already (batch_linger_ms)
+            "queue.buffering.max.messages": max(1_000, self.config.queue_max_traces),
             "message.timeout.ms": self.config.delivery_timeout_ms,
-            "delivery.report.only.error": True,
-            "on_delivery": self._on_delivery_error,
             "error_cb": self._on_client_error,
             # librdkafka's own log repeats every failed connection attempt; errors reach us through
             # error_cb instead and are logged at most once a minute.
@@ -301,21 +356,23 @@ class TraceEmitter:
         return Producer(settings)
 
     def _replace_producer(self) -> None:
-        with self._lock:
-            if not self._needs_new_producer:
-                return
-            old, self._producer = self._producer, self._new_producer()
-            self._needs_new_producer = False
-        lost = len(old)
+        """Under the lock: a producer that failed fatally never delivers what it holds."""
+        if not self._needs_new_producer:
+            return
+        old, self._producer = self._producer, self._new_producer()
+        self._needs_new_producer = False
+        lost, self._in_flight = self._in_flight, 0
         old.flush(0)
-        self._count("failed_delivery", lost)
+        self._counts["failed_delivery"] += lost
         log.warning("trace producer replaced after a fatal error; %d queued traces lost", lost)
 
-    def _on_delivery_error(self, err: KafkaError | None, _msg: Any) -> None:
-        if err is not None:  # only errors are reported (delivery.report.only.error)
-            self._count("failed_delivery")
+    def _on_batch_delivery(self, traces: int, err: KafkaError | None, _msg: Any) -> None:
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - traces)
+            self._counts["delivered" if err is None else "failed_delivery"] += traces
+        if err is not None:
             self._channel_healthy = False
-            self._warn("trace not delivered: %s", err.str())
+            self._warn("a trace record (%d traces) not delivered: %s", traces, err.str())
 
     def _on_client_error(self, err: KafkaError) -> None:
         if err.fatal():
@@ -327,14 +384,18 @@ class TraceEmitter:
     def _poll_loop(self) -> None:
         next_mark = time.monotonic() + self.config.mark_interval_s
         while not self._closed.is_set():
-            self._producer.poll(_POLL_INTERVAL_S)
-            if time.monotonic() >= next_mark:
-                next_mark = time.monotonic() + self.config.mark_interval_s
+            self._producer.poll(min(_POLL_INTERVAL_S, self._linger_s))
+            now = time.monotonic()
+            if self._batch and now - self._batch_since >= self._linger_s:
+                self._send_batch()
+            if now >= next_mark:
+                next_mark = now + self.config.mark_interval_s
                 self._mark()
 
     def _mark(self) -> None:
-        """Publish the emitter's next sequence number and where it received lately: when it traced since
-        the last mark, or received within ``mark_memory_s`` (a lost mark is made good by the next)."""
+        """Publish the emitter's next sequence number and where it received lately, when it traced since
+        the last mark, or received within ``mark_memory_s`` (a lost mark is made good by the next). The mark
+        closes the batch being filled, after its traces."""
         with self._lock:
             now = time.monotonic()
             memory = self.config.mark_memory_s
@@ -348,24 +409,13 @@ class TraceEmitter:
                 reverse=True,
             )
             if self._emitted == self._marked_at_emitted and not recent:
+                self._produce_batch()
                 return
             self._marked_at_emitted = self._emitted
-        received = tuple(entry for _, _, entry in recent[:MAX_MARK_ENTRIES])
-        mark = EmitterMark(self.emitter_id, self._location, next(self._seq), self._clock_ms(), received)
-        try:
-            self._producer.produce(
-                self._topic, encode_mark(mark), self.emitter_id.encode(), on_delivery=self._on_mark_delivery
-            )
-        except (BufferError, KafkaException) as exc:
-            self._warn("emitter mark not sent: %s", exc)
-
-    def _on_mark_delivery(self, err: KafkaError | None, _msg: Any) -> None:
-        if err is not None:
-            self._warn("emitter mark not delivered: %s", err.str())
-
-    def _count(self, name: str, amount: int = 1) -> None:
-        with self._lock:
-            self._counts[name] += amount
+            received = tuple(entry for _, _, entry in recent[:MAX_MARK_ENTRIES])
+            mark = EmitterMark(self.emitter_id, self._location, self._seq, self._clock_ms(), received)
+            self._seq += 1
+            self._produce_batch(encode_mark(mark))
 
     def _warn(self, message: str, *args: object) -> None:
         now = time.monotonic()

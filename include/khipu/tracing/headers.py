@@ -7,6 +7,7 @@ Inca). Every component that writes a record derived from a traced input copies t
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -47,6 +48,10 @@ class TraceContext(NamedTuple):
         ]
 
 
+# A context from its three values without NamedTuple's Python-level __new__ (built once per traced message).
+new_context = functools.partial(tuple.__new__, TraceContext)
+
+
 def _text(value: HeaderValue) -> str | None:
     if value is None:
         return None
@@ -58,28 +63,53 @@ def _text(value: HeaderValue) -> str | None:
     return value
 
 
-def trace_context(headers: Headers | None) -> TraceContext | None:
-    """The trace context in a record's headers, or ``None`` when the record is not traced.
+@functools.lru_cache(maxsize=256)  # a pipeline carries a handful of sampling rates, on every traced record
+def _sampling_percent(value: HeaderValue) -> float:
+    text = _text(value)
+    sampling = float(text) if text is not None and SAMPLING_PATTERN.fullmatch(text) else 100.0
+    return sampling if 0 < sampling <= 100 else 100.0
 
-    A record whose khipu headers are incomplete or unreadable is treated as untraced: tracing
-    must never break the application that carries it.
+
+def read_headers(headers: Headers | None) -> tuple[TraceContext | None, ResendMark | None]:
+    """The trace context and the resend mark in a record's headers (each ``None`` when absent), in one pass.
+
+    A record whose khipu headers are incomplete or unreadable is treated as untraced (or as not resent): tracing
+    must never break the application that carries it. A header given twice counts as its last value.
     """
     if not headers:
-        return None
+        return None, None
     pairs: Any = headers.items() if isinstance(headers, Mapping) else headers
-    found: dict[str, str | None] = {}
+    message_id = stream = sampling = resend_id = hop = target = None
     for name, value in pairs:
-        if name in TRACE_HEADERS:
-            found[name] = _text(value)
-    message_id = found.get(HEADER_MESSAGE_ID)
-    stream = found.get(HEADER_STREAM)
-    if not message_id or not stream:
-        return None
-    text = found.get(HEADER_SAMPLING)
-    sampling = float(text) if text is not None and SAMPLING_PATTERN.fullmatch(text) else 100.0
-    if not 0 < sampling <= 100:
-        sampling = 100.0
-    return TraceContext(message_id, stream, sampling)
+        if name == HEADER_MESSAGE_ID:
+            message_id = value
+        elif name == HEADER_STREAM:
+            stream = value
+        elif name == HEADER_SAMPLING:
+            sampling = value
+        elif name == HEADER_RESEND_ID:
+            resend_id = value
+        elif name == HEADER_RESEND_HOP:
+            hop = value
+        elif name == HEADER_RESEND_TARGET:
+            target = value
+    context = mark = None
+    if message_id and stream:
+        message_id, stream = _text(message_id), _text(stream)
+        if message_id and stream:
+            readable = isinstance(sampling, (bytes, str))  # what else a header could hold says nothing readable
+            context = TraceContext(message_id, stream, _sampling_percent(sampling) if readable else 100.0)
+    if resend_id and hop:
+        resend_id, hop = _text(resend_id), _text(hop)
+        if resend_id and hop:
+            mark = ResendMark(resend_id, hop, _text(target) or None)
+    return context, mark
+
+
+def trace_context(headers: Headers | None) -> TraceContext | None:
+    """The trace context in a record's headers, or ``None`` when the record is not traced (see
+    :func:`read_headers`)."""
+    return read_headers(headers)[0]
 
 
 class ResendMark(NamedTuple):
@@ -101,15 +131,8 @@ class ResendMark(NamedTuple):
 
 def resend_mark(headers: Headers | None) -> ResendMark | None:
     """The resend mark in a record's headers, or ``None`` for a record Khipu did not resend (or whose mark is
-    incomplete: treated as an ordinary record)."""
-    if not headers:
-        return None
-    pairs: Any = headers.items() if isinstance(headers, Mapping) else headers
-    found = {name: _text(value) for name, value in pairs if name in RESEND_HEADERS}
-    resend_id, hop = found.get(HEADER_RESEND_ID), found.get(HEADER_RESEND_HOP)
-    if not resend_id or not hop:
-        return None
-    return ResendMark(resend_id, hop, found.get(HEADER_RESEND_TARGET) or None)
+    incomplete: treated as an ordinary record; see :func:`read_headers`)."""
+    return read_headers(headers)[1]
 
 
 def carry_trace_headers(

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Producer
 
 from khipu.kafka.trace_topic import read_trace_topic
 from khipu.localstack.broker import BrokerProcess
 from khipu.localstack.processes import free_port
 from khipu.trace import TraceType
+from khipu.trace.codec import BATCH_MAX_TRACES, decode_record, split_record
 from khipu.trace.model import EmitterMark
 from khipu.tracing import (
     HEADER_MESSAGE_ID,
@@ -24,6 +26,7 @@ from khipu.tracing import (
     trace_context,
 )
 from khipu.tracing.emitter import BACK_POINTERS
+from khipu.tracing.headers import ResendMark, TraceContext
 from tests.integration.helpers import consume_all, consumer_config, traces_of
 
 pytestmark = pytest.mark.integration
@@ -313,3 +316,84 @@ def test_a_transactional_producer_works_unchanged_and_its_traces_say_what_compac
         f"read_committed-{data}": False,
         f"read_uncommitted-{data}": True,
     }
+
+
+def test_the_emitter_packs_traces_several_to_a_record_numbered_in_order_and_counts_each_delivered(
+    broker: BrokerProcess, topics: tuple[str, str], emitter: TraceEmitter
+) -> None:
+    data, trace_topic = topics
+    producer = TracedProducer({"bootstrap.servers": broker.bootstrap_servers}, emitter=emitter, stream="orders")
+    written = [producer.produce(data, value=str(n).encode(), key=str(n % 7).encode()) for n in range(1200)]
+    assert producer.flush(20) == 0
+    stats = emitter.close()
+
+    reader = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"raw-{secrets.token_hex(3)}",
+                       "auto.offset.reset": "earliest", "enable.partition.eof": True})  # fmt: skip
+    reader.subscribe([trace_topic])
+    records, ends = [], set()
+    while len(ends) < 2:
+        msg = reader.poll(1.0)
+        assert msg is not None, "the trace topic was not read to its end"
+        if msg.error() is not None:
+            ends.add(msg.partition())
+            continue
+        records.append(msg)
+    reader.close()
+
+    # One emitter's records all sit on one partition (keyed by its id), so its lines are read in the order written.
+    assert {msg.key() for msg in records} == {emitter.emitter_id.encode()}
+    lines = [decode_record(line) for msg in records for line in split_record(msg.value())]
+    traces = [line for line in lines if not isinstance(line, EmitterMark)]
+    assert sorted(t.message_id for t in traces) == sorted(written)  # each write traced once, none lost
+    assert len(records) < len(traces) / 10  # several hundred traces to a record, not one
+    assert all(len(split_record(msg.value())) <= BATCH_MAX_TRACES + 1 for msg in records)  # a mark may close one
+    numbers = [line.emitter_seq for line in lines]
+    assert numbers == list(range(len(lines)))  # numbered in the order they travel: no gap, none out of order
+    assert (stats.emitted, stats.delivered, stats.dropped, stats.pending) == (1200, 1200, 0, 0)
+
+
+def test_consume_hands_over_every_record_but_a_resend_for_another_group_and_traces_the_traced_ones(
+    broker: BrokerProcess, topics: tuple[str, str], emitter: TraceEmitter
+) -> None:
+    """``consume`` finds the records with headers in C and runs Python only for those; a resend for another group
+    among them sends the rest of the batch the careful way. What was written is the truth."""
+    _, trace_topic = topics
+    data = f"one-{secrets.token_hex(3)}"
+    broker.admin().ensure_topics({data: 1})
+    traced = [TraceContext(f"m-{n}", "orders", 100.0) for n in range(3)]
+    for_other = ResendMark("r-1", "orders/hop", "other")
+    written: list[tuple[bytes, list[tuple[str, bytes]] | None]] = [
+        (b"plain-0", None),
+        (b"traced-0", traced[0].as_headers()),
+        (b"resent-for-other", traced[1].as_headers() + for_other.as_headers()),
+        (b"plain-1", [("app-header", b"x")]),  # headers, none of them Khipu's
+        (b"traced-2", traced[2].as_headers()),
+        (b"plain-2", None),
+    ]
+    plain = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    for value, headers in written:
+        plain.produce(data, value=value, headers=headers)
+    assert plain.flush(10) == 0
+
+    got: dict[str, list[bytes]] = {}
+    for group, expected in (("mine", 5), ("other", 6)):
+        consumer = TracedConsumer(consumer_config(broker, group), emitter=emitter)
+        consumer.subscribe([data])
+        records: list[Any] = []
+        deadline = time.monotonic() + 30
+        while len(records) < expected and time.monotonic() < deadline:
+            records.extend(msg for msg in consumer.consume(100, 0.5) if msg.error() is None)
+        consumer.commit(asynchronous=False)
+        consumer.close()
+        got[group] = [msg.value() for msg in records]
+    emitter.flush(10)
+
+    assert got["mine"] == [value for value, _ in written if value != b"resent-for-other"]
+    assert got["other"] == [value for value, _ in written]
+    received = sorted(
+        (t.group, t.message_id, t.offset, bool(t.attributes)) for t in traces_of(broker, trace_topic) if t.topic == data
+    )
+    assert received == [
+        ("mine", "m-0", 1, False), ("mine", "m-2", 4, False),
+        ("other", "m-0", 1, False), ("other", "m-1", 2, True), ("other", "m-2", 4, False),
+    ]  # fmt: skip

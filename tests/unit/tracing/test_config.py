@@ -25,6 +25,11 @@ def config(**changes: Any) -> TraceEmitterConfig:
         ({"location": "orders api"}, "tracing setting 'location': got 'orders api'; expected 1-249 characters"),
         ({"topic": ""}, "tracing setting 'topic': got ''; expected 1-249 characters"),
         ({"queue_max_traces": 0}, "tracing setting 'queue_max_traces': got 0; expected an integer in [1, 10000000]"),
+        (
+            {"batch_linger_ms": 0},
+            "tracing setting 'batch_linger_ms': got 0; expected an integer of milliseconds in [1, 5000]",
+        ),
+        ({"batch_linger_ms": 2.5}, "tracing setting 'batch_linger_ms': got 2.5; expected an integer of milliseconds"),
         ({"delivery_timeout_ms": 10}, "tracing setting 'delivery_timeout_ms': got 10; expected an integer >= 1000"),
         (
             {"commit_flush_timeout_s": -1},
