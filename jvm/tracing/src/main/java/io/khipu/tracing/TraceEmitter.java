@@ -22,8 +22,10 @@ import org.slf4j.LoggerFactory;
  *
  * <p>The application's threads (and a producer's I/O thread, which acknowledges) only build a trace and offer it to a
  * bounded queue: when the queue is full (the trace channel slow or down) the trace is dropped at once and counted. One
- * sender thread encodes queued traces, hands them to the trace producer (idempotent, acks=all) and publishes the
- * emitter's marks. Every trace gets its sequence number before any
+ * sender thread encodes queued traces and hands them to the trace producer (idempotent, acks=all) several to a record
+ * (a batch, {@link TraceFormat#joinBatch}: what the queue holds when the sender wakes, up to
+ * {@link TraceFormat#BATCH_MAX_TRACES} traces or {@link TraceFormat#BATCH_MAX_BYTES}), and publishes the emitter's
+ * marks. Records are keyed by the emitter's id: its traces and marks stay in order on one partition. Every trace gets its sequence number before any
  * drop, so the detector sees the gap. One emitter serves every client of the JVM with the same location and trace
  * cluster (a Kafka Streams application's producers and consumers share one).
  */
@@ -37,6 +39,7 @@ public final class TraceEmitter implements TraceEmitterMXBean {
 
     private final TracingConfig config;
     private final String emitterId;
+    private final byte[] recordKey;
     private final ArrayBlockingQueue<Trace> queue;
     private final KafkaProducer<byte[], byte[]> producer;
     private final Thread sender;
@@ -91,6 +94,7 @@ public final class TraceEmitter implements TraceEmitterMXBean {
     TraceEmitter(TracingConfig config) {
         this.config = config;
         this.emitterId = config.location() + "-" + Sampling.randomHex(4);
+        this.recordKey = emitterId.getBytes(java.nio.charset.StandardCharsets.UTF_8);
         this.queue = new ArrayBlockingQueue<>(config.queueMaxTraces());
         Map<String, Object> settings = new HashMap<>(config.traceProducerConfig());
         settings.put("client.id", emitterId);
@@ -173,17 +177,15 @@ public final class TraceEmitter implements TraceEmitterMXBean {
 
     private void sendLoop() {
         long nextMark = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(config.markIntervalMs());
-        List<Trace> batch = new ArrayList<>(512);
+        List<Trace> drained = new ArrayList<>(TraceFormat.BATCH_MAX_TRACES);
         while (!closing || !queue.isEmpty()) { // closing: what is queued goes out, then the last mark
             try {
                 Trace first = queue.poll(100, TimeUnit.MILLISECONDS);
                 if (first != null) {
-                    batch.add(first);
-                    queue.drainTo(batch, 511);
-                    for (Trace trace : batch) {
-                        send(trace);
-                    }
-                    batch.clear();
+                    drained.add(first);
+                    queue.drainTo(drained, TraceFormat.BATCH_MAX_TRACES - 1);
+                    send(drained);
+                    drained.clear();
                 }
                 if (System.nanoTime() >= nextMark && !closing) {
                     nextMark = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(config.markIntervalMs());
@@ -203,32 +205,51 @@ public final class TraceEmitter implements TraceEmitterMXBean {
         }
     }
 
-    private void send(Trace trace) {
-        ProducerRecord<byte[], byte[]> record;
-        try {
-            record = new ProducerRecord<>(config.traceTopic(), null, System.currentTimeMillis(),
-                    trace.messageId().getBytes(java.nio.charset.StandardCharsets.UTF_8), TraceFormat.encode(trace));
-        } catch (RuntimeException e) { // tracing never throws into the application it observes
-            droppedInvalid.incrementAndGet();
-            warn("trace for message {} dropped: {}", trace.messageId(), e.toString());
-            return;
+    /** Encode traces and send them, as few records as {@link TraceFormat#BATCH_MAX_BYTES} allows. */
+    private void send(List<Trace> traces) {
+        List<byte[]> batch = new ArrayList<>(traces.size());
+        int bytes = 0;
+        for (Trace trace : traces) {
+            byte[] encoded;
+            try {
+                encoded = TraceFormat.encode(trace);
+            } catch (RuntimeException e) { // tracing never throws into the application it observes
+                droppedInvalid.incrementAndGet();
+                warn("trace for message {} dropped: {}", trace.messageId(), e.toString());
+                continue;
+            }
+            if (!batch.isEmpty() && bytes + encoded.length > TraceFormat.BATCH_MAX_BYTES) {
+                sendBatch(batch);
+                batch = new ArrayList<>(traces.size());
+                bytes = 0;
+            }
+            batch.add(encoded);
+            bytes += encoded.length + 1;
         }
+        if (!batch.isEmpty()) {
+            sendBatch(batch);
+        }
+    }
+
+    private void sendBatch(List<byte[]> batch) {
+        int traces = batch.size();
         if (producer == null) {
-            failedDelivery.incrementAndGet();
+            failedDelivery.addAndGet(traces);
             return;
         }
         try {
-            producer.send(record, (metadata, error) -> {
-                if (error == null) {
-                    delivered.incrementAndGet();
-                } else {
-                    failedDelivery.incrementAndGet();
-                    warn("trace not delivered: {}", error.toString());
-                }
-            });
+            producer.send(new ProducerRecord<>(config.traceTopic(), null, System.currentTimeMillis(), recordKey,
+                    TraceFormat.joinBatch(batch)), (metadata, error) -> {
+                        if (error == null) {
+                            delivered.addAndGet(traces);
+                        } else {
+                            failedDelivery.addAndGet(traces);
+                            warn("a trace record ({} traces) not delivered: {}", traces, error.toString());
+                        }
+                    });
         } catch (RuntimeException e) {
-            failedDelivery.incrementAndGet();
-            warn("trace producer refused a trace: {}", e.toString());
+            failedDelivery.addAndGet(traces);
+            warn("trace producer refused {} traces: {}", traces, e.toString());
         }
     }
 
@@ -266,8 +287,8 @@ public final class TraceEmitter implements TraceEmitterMXBean {
             return;
         }
         try {
-            producer.send(new ProducerRecord<>(config.traceTopic(), null, System.currentTimeMillis(),
-                    emitterId.getBytes(java.nio.charset.StandardCharsets.UTF_8), TraceFormat.encode(mark)),
+            producer.send(new ProducerRecord<>(config.traceTopic(), null, System.currentTimeMillis(), recordKey,
+                    TraceFormat.encode(mark)),
                     (metadata, error) -> {
                         if (error != null) {
                             warn("emitter mark not delivered: {}", error.toString());

@@ -14,8 +14,34 @@ public final class TraceFormat {
     public static final int MARK_VERSION = 2;
     public static final int MAX_TRACE_BYTES = 16_384;
     public static final int MAX_MARK_ENTRIES = 4_096;
+    /** An emitter packs up to this many traces into one trace-topic record (khipu.trace.codec.BATCH_MAX_TRACES). */
+    public static final int BATCH_MAX_TRACES = 500;
+    /** ... and up to this many bytes of them (khipu.trace.codec.BATCH_MAX_BYTES). */
+    public static final int BATCH_MAX_BYTES = 65_536;
 
     private TraceFormat() {}
+
+    /**
+     * Several encoded traces (and marks) as one trace-topic record, in order: their bytes joined by a line feed, none
+     * after the last (JSON Lines; vectors/batch-records.json). A batch of one is the trace itself.
+     */
+    public static byte[] joinBatch(java.util.List<byte[]> encoded) {
+        int size = Math.max(0, encoded.size() - 1);
+        for (byte[] line : encoded) {
+            size += line.length;
+        }
+        byte[] out = new byte[size];
+        int at = 0;
+        for (int i = 0; i < encoded.size(); i++) {
+            if (i > 0) {
+                out[at++] = '\n';
+            }
+            byte[] line = encoded.get(i);
+            System.arraycopy(line, 0, out, at, line.length);
+            at += line.length;
+        }
+        return out;
+    }
 
     /** A trace as its version-3 JSON bytes; the version-3 fields follow prev_offsets, each only when it says something. */
     public static byte[] encode(Trace t) {

@@ -73,6 +73,25 @@ class SharedVectorsTest {
     }
 
     @TestFactory
+    Stream<DynamicTest> batches_join_byte_for_byte() throws IOException {
+        java.util.Map<String, byte[]> lines = new java.util.HashMap<>();
+        JsonNode records = load("trace-records.json");
+        for (String kind : List.of("traces", "marks")) {
+            for (JsonNode v : records.get(kind)) {
+                lines.put(v.get("name").asText(), v.get("bytes").asText().getBytes(StandardCharsets.UTF_8));
+            }
+        }
+        List<DynamicTest> tests = new ArrayList<>();
+        for (JsonNode v : load("batch-records.json").get("batches")) {
+            List<byte[]> batch = new ArrayList<>();
+            v.get("lines").forEach(name -> batch.add(lines.get(name.asText())));
+            tests.add(DynamicTest.dynamicTest(v.get("name").asText(), () -> assertArrayEquals(
+                    v.get("bytes").asText().getBytes(StandardCharsets.UTF_8), TraceFormat.joinBatch(batch))));
+        }
+        return tests.stream();
+    }
+
+    @TestFactory
     Stream<DynamicTest> marks_encode_byte_for_byte() throws IOException {
         List<DynamicTest> tests = new ArrayList<>();
         for (JsonNode v : load("trace-records.json").get("marks")) {
