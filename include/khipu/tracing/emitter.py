@@ -300,10 +300,10 @@ class TraceEmitter:
         if len(batch) >= BATCH_MAX_TRACES or self._batch_bytes >= BATCH_MAX_BYTES:
             self._produce_batch()
 
-    def _send_batch(self, closing_mark: bytes | None = None) -> None:
-        """Hand the batch being filled to the trace producer (with the emitter's mark after its traces)."""
+    def _send_batch(self) -> None:
+        """Hand the batch being filled to the trace producer."""
         with self._lock:
-            self._produce_batch(closing_mark)
+            self._produce_batch()
 
     def _produce_batch(self, closing_mark: bytes | None = None) -> None:
         """Under the lock: one trace-topic record for the batch. A batch the producer refuses is counted, each of

@@ -8,11 +8,9 @@ from typing import Any
 
 import pytest
 from alembic import command
-from alembic.config import Config
 from sqlalchemy import column, insert, select, table
 
 from khipu.store import Store, schema
-from khipu.store.engine import MIGRATIONS
 from tests.integration.store.test_verdicts import migrate_to
 
 pytestmark = pytest.mark.integration
@@ -73,7 +71,7 @@ def test_migration_0011_numbers_stored_rows_line_0_and_keys_the_quarantine_by_li
             assert store.channel.add_quarantine([malformed(5, "line 1", 1), malformed(5, "line 0", 0)], AT_MS) == 1
             assert positions(store) == [(0, 5, 0, "stored before batches"), (0, 5, 1, "line 1")]
 
-            downgrade_to(url, "0010")  # one row per record again: the one stored first stays
+            migrate_to(url, "0010", command.downgrade)  # one row per record again: the one stored first stays
             with store.engine.begin() as tx:
                 kept = tx.execute(select(OLD_QUARANTINE.c.source_offset, OLD_QUARANTINE.c.reason)).all()
             assert [tuple(row) for row in kept] == [(5, "stored before batches")]
@@ -81,15 +79,3 @@ def test_migration_0011_numbers_stored_rows_line_0_and_keys_the_quarantine_by_li
             assert positions(store) == [(0, 5, 0, "stored before batches")]
         finally:
             store.close()
-
-
-def downgrade_to(url: str, revision: str) -> None:
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    store = Store(url)
-    try:
-        with store.engine.sql.begin() as connection:
-            config.attributes["connection"] = connection
-            command.downgrade(config, revision)
-    finally:
-        store.close()

@@ -276,14 +276,15 @@ def test_exceptions_are_counted_from_rows_by_cause_and_may_leave_a_kind_out(stor
     assert store.verdicts.read(stream="payments") == [] and len(store.verdicts.read(since_ms=60_000)) == 1
 
 
-def migrate_to(url: str, revision: str) -> None:
+def migrate_to(url: str, revision: str, step: Any = command.upgrade) -> None:
+    """Upgrade (or, with ``step=command.downgrade``, downgrade) the store at ``url`` to ``revision``."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     store = Store(url)
     try:
         with store.engine.sql.begin() as connection:
             config.attributes["connection"] = connection
-            command.upgrade(config, revision)
+            step(config, revision)
     finally:
         store.close()
 
