@@ -77,18 +77,19 @@ class TraceDecodeError(ValueError):
 
 
 _quote = json.encoder.encode_basestring  # type: ignore[attr-defined]  # the C string escaper json.dumps uses
-_PLAIN_TAIL = ',"attributes":{},"prev_offsets":[]}'  # a trace without attributes, back-pointers or v3 fields
-_NAMES: dict[tuple[Any, ...], tuple[str, str, str]] = {}  # the quoted names of a hop, formatted once
+_PREV_FORMATS = ("", "%d", "%d,%d", "%d,%d,%d", "%d,%d,%d,%d")  # back-pointers: an emitter writes up to 3
+_NAMES: dict[tuple[Any, ...], tuple[str, str, str, str]] = {}  # the quoted names of a hop, formatted once
 _MAX_NAMES = 4096
 
 
-def _names_fragments(names: tuple[Any, ...], trace_type: TraceType) -> tuple[str, str, str]:
-    stream, location, cluster, _, topic, group, emitter_id = names
+def _names_fragments(names: tuple[Any, ...], trace_type: TraceType) -> tuple[str, str, str, str]:
+    stream, location, cluster, _, topic, group, emitter_id, sampling_percent = names
     fragments = (
         f',"stream":{_quote(stream)},"location":{_quote(location)},"cluster":{_quote(cluster)},'
         f'"type":"{TraceType(trace_type).value}","timestamp_ms":',
         f',"topic":{_quote(topic)},"partition":',
         f',"group":{"null" if group is None else _quote(group)},"emitter_id":{_quote(emitter_id)},"emitter_seq":',
+        f',"sampling_percent":{float(sampling_percent)!r}',
     )
     if len(_NAMES) >= _MAX_NAMES:
         _NAMES.clear()
@@ -96,21 +97,25 @@ def _names_fragments(names: tuple[Any, ...], trace_type: TraceType) -> tuple[str
     return fragments
 
 
-def _tail(trace: Trace) -> str:
-    extra = ""
-    if trace.key_hash is not None:
-        extra = ',"key_hash":' + _quote(trace.key_hash)
-    if trace.tombstone:
+def _tail(
+    attributes: Mapping[str, str],
+    prev: str,
+    key_hash: str | None,
+    tombstone: bool,
+    transactional: bool,
+    read_uncommitted: bool,
+) -> str:
+    """The fields after ``prev_offsets`` (its numbers joined in ``prev``), to the closing brace, for a trace with
+    attributes or version-3 fields."""
+    extra = "" if key_hash is None else ',"key_hash":' + _quote(key_hash)
+    if tombstone:
         extra += ',"tombstone":true'
-    if trace.transactional:
+    if transactional:
         extra += ',"transactional":true'
-    if trace.read_uncommitted:
+    if read_uncommitted:
         extra += ',"read_uncommitted":true'
-    attributes = (
-        json.dumps(dict(trace.attributes), separators=(",", ":"), ensure_ascii=False) if trace.attributes else "{}"
-    )
-    prev = ",".join(map(str, map(int, trace.prev_offsets))) if trace.prev_offsets else ""
-    return f',"attributes":{attributes},"prev_offsets":[{prev}]{extra}}}'
+    encoded = json.dumps(dict(attributes), separators=(",", ":"), ensure_ascii=False) if attributes else "{}"
+    return f',"attributes":{encoded},"prev_offsets":[{prev}]{extra}}}'
 
 
 def encode_trace(trace: Trace) -> bytes:
@@ -118,20 +123,27 @@ def encode_trace(trace: Trace) -> bytes:
     ``prev_offsets``, in the order of :data:`V3_FIELDS`, each only when it says something.
 
     Formatted directly rather than through ``json.dumps`` of a dict: this runs once per traced message in the
-    application's process. The names a hop's traces share (stream, location, cluster, type, topic, group, emitter)
-    are quoted and formatted once, and reused (vectors/ hold the exact bytes).
+    application's process. What a hop's traces share (stream, location, cluster, type, topic, group, emitter,
+    sampling rate) is quoted and formatted once, and reused (vectors/ hold the exact bytes).
     """
     (
         message_id, stream, location, cluster, trace_type, timestamp_ms, topic, partition, offset, group, emitter_id,
         emitter_seq, sampling_percent, attributes, prev_offsets, key_hash, tombstone, transactional, read_uncommitted,
     ) = trace  # one unpacking: a NamedTuple's field lookups cost more than the formatting  # fmt: skip
-    names = (stream, location, cluster, trace_type == "SENT", topic, group, emitter_id)  # (an enum hashes slowly)
-    fragments = _NAMES.get(names) or _names_fragments(names, trace_type)
-    plain = not (attributes or prev_offsets or key_hash is not None or tombstone or transactional or read_uncommitted)
+    names = (stream, location, cluster, trace_type == "SENT", topic, group, emitter_id, sampling_percent)
+    fragments = _NAMES.get(names) or _names_fragments(names, trace_type)  # (an enum hashes slowly: a bool stands in)
+    prev = (
+        _PREV_FORMATS[len(prev_offsets)] % prev_offsets  # %d: integers only, as the decoder reads them
+        if len(prev_offsets) < len(_PREV_FORMATS)
+        else ",".join(map(str, map(int, prev_offsets)))
+    )
+    if attributes or key_hash is not None or tombstone or transactional or read_uncommitted:
+        tail = _tail(attributes, prev, key_hash, tombstone, transactional, read_uncommitted)
+    else:  # a SENT trace without a key, a RECEIVED trace: most traces
+        tail = f',"attributes":{{}},"prev_offsets":[{prev}]}}'
     return (
         f'{{"v":3,"message_id":{_quote(message_id)}{fragments[0]}{int(timestamp_ms)}{fragments[1]}'
-        f'{int(partition)},"offset":{int(offset)}{fragments[2]}{int(emitter_seq)},'
-        f'"sampling_percent":{float(sampling_percent)!r}{_PLAIN_TAIL if plain else _tail(trace)}'
+        f'{int(partition)},"offset":{int(offset)}{fragments[2]}{int(emitter_seq)}{fragments[3]}{tail}'
     ).encode()
 
 

@@ -63,11 +63,15 @@ def _text(value: HeaderValue) -> str | None:
     return value
 
 
-@functools.lru_cache(maxsize=256)  # a pipeline carries a handful of sampling rates, on every traced record
-def _sampling_percent(value: HeaderValue) -> float:
-    text = _text(value)
-    sampling = float(text) if text is not None and SAMPLING_PATTERN.fullmatch(text) else 100.0
-    return sampling if 0 < sampling <= 100 else 100.0
+@functools.lru_cache(maxsize=256)  # a pipeline carries a handful of streams and sampling rates, on every record
+def _stream_and_sampling(stream: HeaderValue, sampling: HeaderValue) -> tuple[str, float] | None:
+    """The stream's name and sampling rate from their header values (None: no readable stream)."""
+    name = _text(stream)
+    if not name:
+        return None
+    text = _text(sampling) if isinstance(sampling, (bytes, str)) else None  # anything else says nothing readable
+    percent = float(text) if text is not None and SAMPLING_PATTERN.fullmatch(text) else 100.0
+    return name, percent if 0 < percent <= 100 else 100.0
 
 
 def read_headers(headers: Headers | None) -> tuple[TraceContext | None, ResendMark | None]:
@@ -78,7 +82,8 @@ def read_headers(headers: Headers | None) -> tuple[TraceContext | None, ResendMa
     """
     if not headers:
         return None, None
-    pairs: Any = headers.items() if isinstance(headers, Mapping) else headers
+    # a consumed record's headers are a list (an ABC's isinstance costs more than the rest of this function)
+    pairs: Any = headers if type(headers) is list else headers.items() if isinstance(headers, Mapping) else headers
     message_id = stream = sampling = resend_id = hop = target = None
     for name, value in pairs:
         if name == HEADER_MESSAGE_ID:
@@ -94,11 +99,11 @@ def read_headers(headers: Headers | None) -> tuple[TraceContext | None, ResendMa
         elif name == HEADER_RESEND_TARGET:
             target = value
     context = mark = None
-    if message_id and stream:
-        message_id, stream = _text(message_id), _text(stream)
-        if message_id and stream:
-            readable = isinstance(sampling, (bytes, str))  # what else a header could hold says nothing readable
-            context = TraceContext(message_id, stream, _sampling_percent(sampling) if readable else 100.0)
+    if message_id and isinstance(stream, (bytes, str)):
+        message_id = _text(message_id)
+        named = _stream_and_sampling(stream, sampling) if message_id else None
+        if named is not None:
+            context = new_context((message_id, *named))
     if resend_id and hop:
         resend_id, hop = _text(resend_id), _text(hop)
         if resend_id and hop:
