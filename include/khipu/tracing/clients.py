@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from itertools import compress
 from typing import Any
 
@@ -82,6 +83,8 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
         self._cluster = cluster or emitter.config.cluster
         self._transactional = bool(config.get("transactional.id"))  # its SENT traces say so: a transaction may abort
         self._ids = MessageIds()
+        self._report = self._on_traced_delivery  # bound once: the hot path partials it
+        self._sent = emitter.sent
         self._constant_headers: list[tuple[str, bytes]] = (
             []
             if stream is None
@@ -159,33 +162,46 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
         attributes: Mapping[str, str] | None,
     ) -> str:
         """Produce a traced record; its delivery report emits the SENT trace. The key's hash and whether the value
-        is null are taken here (the report's ``key()`` and ``value()`` would copy them again). One closure per
-        record and no other call between the report and the emitter: this runs once per traced message."""
+        is null are taken here (the report's ``key()`` and ``value()`` would copy them again).
+
+        This runs once per traced message, and what it hands the client lives until the broker acknowledges the
+        record, among thousands in flight: the report is one ``partial`` of a bound method (two objects for the
+        garbage collector to track), where a closure was a function and a cell per captured name."""
         message_id = context.message_id
         if add_headers:
             trace_headers = [(HEADER_MESSAGE_ID, message_id.encode()), *self._constant_headers]
             headers = _with_headers(headers, trace_headers) if headers else trace_headers
-        sent, cluster, transactional = self._emitter.sent, self._cluster, self._transactional
-        hashed_key = key_hash(key) if isinstance(key, (bytes, str)) else None
-        tombstone = value is None
-
-        def report(err: KafkaError | None, msg: Message) -> None:
-            if err is None:
-                topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-                if topic is not None and partition is not None and offset is not None and offset >= 0:
-                    kind, stamped = msg.timestamp()  # the record's CreateTime, or the broker's LogAppendTime
-                    sent(
-                        context, cluster, topic, partition, offset, attributes,
-                        stamped if kind != TIMESTAMP_NOT_AVAILABLE else None, hashed_key, tombstone, transactional,
-                    )  # fmt: skip
-            if on_delivery is not None:
-                on_delivery(err, msg)
-
+        report = partial(
+            self._report, context, attributes, key_hash(key) if isinstance(key, (bytes, str)) else None,
+            value is None, on_delivery,
+        )  # fmt: skip
         self._produce(
             topic, value, key, partition=partition, on_delivery=report, timestamp=timestamp,
             headers=_as_client_headers(headers),
         )  # fmt: skip
         return message_id
+
+    def _on_traced_delivery(
+        self,
+        context: TraceContext,
+        attributes: Mapping[str, str] | None,
+        hashed_key: str | None,
+        tombstone: bool,
+        on_delivery: DeliveryCallback | None,
+        err: KafkaError | None,
+        msg: Message,
+    ) -> None:
+        """A traced record's delivery report: the SENT trace on success, then the application's own callback."""
+        if err is None:
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            if topic is not None and partition is not None and offset is not None and offset >= 0:
+                kind, stamped = msg.timestamp()  # the record's CreateTime, or the broker's LogAppendTime
+                self._sent(
+                    context, self._cluster, topic, partition, offset, attributes,
+                    stamped if kind != TIMESTAMP_NOT_AVAILABLE else None, hashed_key, tombstone, self._transactional,
+                )  # fmt: skip
+        if on_delivery is not None:
+            on_delivery(err, msg)
 
     def commit_transaction(self, *args: Any, **kwargs: Any) -> Any:
         """Flush pending traces (bounded), then commit as ``Producer.commit_transaction`` does: an exactly-once
@@ -241,6 +257,7 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
             raise TracingConfigError("group.id", group, "a consumer group id: RECEIVED traces name the group")
         super().__init__(dict(config))
         self._emitter = emitter
+        self._received = emitter.received
         self._group = group
         self._cluster = cluster or emitter.config.cluster
         # librdkafka reads read_committed unless told otherwise (the Java client's default is read_uncommitted)
@@ -259,7 +276,12 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
         deadline = time.monotonic() + wait
         while True:
             msg = super().poll(wait)
-            if msg is None or (not self._passed and not msg.headers()) or msg.error() is not None or self._take(msg):
+            if (
+                msg is None
+                or (not self._passed and not msg.headers())
+                or msg.error() is not None
+                or self._take(msg, self._emitter.clock_ms())
+            ):
                 return msg
             if wait >= 0:
                 wait = max(0.0, deadline - time.monotonic())
@@ -270,14 +292,18 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
         """Like ``Consumer.consume``, without the records Khipu resent for other groups.
 
         Only records with headers can be traced or resent: those are found by the client's own code
-        (``compress``/``map`` over the C method), so a record that is neither costs no Python per record."""
+        (``compress``/``map`` over the C method), so a record that is neither costs no Python per record. The
+        records one call returns were received together: their RECEIVED traces share one clock reading."""
         messages: list[Message] = super().consume(num_messages, timeout)
+        if not messages:
+            return messages
+        now_ms = self._emitter.clock_ms()
         if self._passed:  # passing over a run of resent records: every record counts (it ends the run)
-            return [msg for msg in messages if msg.error() is not None or self._take(msg)]
+            return [msg for msg in messages if msg.error() is not None or self._take(msg, now_ms)]
         for index in compress(range(len(messages)), map(_HEADERS_OF, messages)):
-            if not self._take(messages[index]):  # resent for another group: the rest of the batch the careful way
+            if not self._take(messages[index], now_ms):  # resent for another group: the rest the careful way
                 kept = messages[:index]
-                kept.extend(msg for msg in messages[index + 1 :] if msg.error() is not None or self._take(msg))
+                kept.extend(msg for msg in messages[index + 1 :] if msg.error() is not None or self._take(msg, now_ms))
                 return kept
         return messages
 
@@ -315,26 +341,34 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
         self._emitter.flush_before_commit()
         super().close()
 
-    def _take(self, msg: Message) -> bool:
-        """Trace a record this group takes; False for a record resent only for another group (no trace: the
-        group never had it)."""
+    def _take(self, msg: Message, now_ms: int) -> bool:
+        """Trace a record this group takes, received at ``now_ms``; False for a record resent only for another group
+        (no trace: the group never had it)."""
         context, mark = read_headers(msg.headers())
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-        if mark is not None and mark.target_group is not None and mark.target_group != self._group:
-            if topic is not None and partition is not None and offset is not None:
-                passed = self._passed.get((topic, partition))
-                start = passed[0] if passed and passed[1] == offset else offset
-                self._passed[(topic, partition)] = (start, offset + 1)
-                if self._committed_to.get((topic, partition)) == start:  # the application committed up to it
-                    super().commit(offsets=[TopicPartition(topic, partition, offset + 1)], asynchronous=True)
-                    self._committed_to[(topic, partition)] = offset + 1
-            return False
+        if mark is not None:
+            if mark.target_group is not None and mark.target_group != self._group:
+                if topic is not None and partition is not None and offset is not None:
+                    self._pass_over(topic, partition, offset)
+                return False
+            attributes: dict[str, str] | None = mark.as_attributes()
+        else:
+            attributes = None
         if self._passed and topic is not None and partition is not None:
             self._passed.pop((topic, partition), None)
         if context is not None and topic is not None and partition is not None and offset is not None:
-            attributes = mark.as_attributes() if mark is not None else None
-            self._emitter.emit_received(
-                context, self._cluster, topic, partition, offset, self._group, attributes,
-                read_uncommitted=self._read_uncommitted,
+            self._received(
+                context, self._cluster, topic, partition, offset, self._group, attributes, self._read_uncommitted,
+                now_ms,
             )  # fmt: skip
         return True
+
+    def _pass_over(self, topic: str, partition: int, offset: int) -> None:
+        """A record resent for another group: extend the run of records passed over on its partition, and commit
+        past it when the application had committed up to the run."""
+        passed = self._passed.get((topic, partition))
+        start = passed[0] if passed and passed[1] == offset else offset
+        self._passed[(topic, partition)] = (start, offset + 1)
+        if self._committed_to.get((topic, partition)) == start:  # the application committed up to it
+            super().commit(offsets=[TopicPartition(topic, partition, offset + 1)], asynchronous=True)
+            self._committed_to[(topic, partition)] = offset + 1

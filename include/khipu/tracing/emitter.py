@@ -78,6 +78,7 @@ class TraceEmitter:
         self.config = config
         self.emitter_id = f"{config.location}-{secrets.token_hex(4)}"
         self._clock_ms = clock_ms
+        self.clock_ms = clock_ms  # what its traces are stamped by: a traced consumer reads it once per poll
         self._location = config.location
         self._topic = config.topic
         self._record_key = self.emitter_id.encode()  # one emitter's records stay in order on one partition
@@ -100,8 +101,9 @@ class TraceEmitter:
         self._batch_since = 0.0  # when the batch's first trace came (monotonic)
         self._in_flight = 0  # traces handed to the trace producer, not yet reported delivered or failed
         self._marked_at_emitted = 0  # traces emitted when the last mark went out
-        # partition -> its newest RECEIVED offsets (newest first), and when the newest was traced
-        self._received: dict[tuple[str, str, int], tuple[tuple[int, ...], float]] = {}
+        # partition -> its newest RECEIVED offsets (newest first), and when the newest was received (its trace's
+        # timestamp, by the emitter's clock)
+        self._received: dict[tuple[str, str, int], tuple[tuple[int, ...], int]] = {}
         self._channel_healthy = True
         self._needs_new_producer = False
         self._last_warning = 0.0
@@ -176,24 +178,45 @@ class TraceEmitter:
         attributes: Mapping[str, str] | None = None,
         *,
         read_uncommitted: bool = False,
+        timestamp_ms: int | None = None,
     ) -> None:
         """Record that consumer group ``group`` received a traced record (``attributes``: a resent record's mark;
-        ``read_uncommitted``: the group reads with isolation.level=read_uncommitted). The trace points back at this
-        emitter's previous RECEIVED offsets on the partition."""
+        ``read_uncommitted``: the group reads with isolation.level=read_uncommitted; ``timestamp_ms``: when, by the
+        emitter's clock, None for now). The trace points back at this emitter's previous RECEIVED offsets on the
+        partition."""
+        self.received(
+            context, cluster, topic, partition, offset, group, attributes, read_uncommitted,
+            self._clock_ms() if timestamp_ms is None else timestamp_ms,
+        )  # fmt: skip
+
+    def received(
+        self,
+        context: TraceContext,
+        cluster: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        group: str,
+        attributes: Mapping[str, str] | None,
+        read_uncommitted: bool,
+        timestamp_ms: int,
+    ) -> None:
+        """:meth:`emit_received` with every argument in place: what the traced consumer calls, once per traced
+        record (with one clock reading for all the records a ``poll``/``consume`` returned)."""
+        where = (cluster, topic, partition)
         with self._lock:
             seq = self._seq
             self._seq = seq + 1
             self._emitted += 1
-            where = (cluster, topic, partition)
             known = self._received.get(where)
             prev_offsets = () if known is None else known[0]
-            self._received[where] = ((offset, *prev_offsets)[:BACK_POINTERS], time.monotonic())
+            self._received[where] = ((offset, *prev_offsets[: BACK_POINTERS - 1]), timestamp_ms)
             if self._closing or len(self._batch) + self._in_flight >= self._queue_max_traces:
                 self._refuse()
                 return
             self._add(
                 _new_trace((
-                    context[0], context[1], self._location, cluster, TraceType.RECEIVED, self._clock_ms(), topic,
+                    context[0], context[1], self._location, cluster, TraceType.RECEIVED, timestamp_ms, topic,
                     partition, offset, group, self.emitter_id, seq, context[2], attributes or NO_ATTRIBUTES,
                     prev_offsets, None, False, False, read_uncommitted,
                 ))
@@ -397,13 +420,13 @@ class TraceEmitter:
         the last mark, or received within ``mark_memory_s`` (a lost mark is made good by the next). The mark
         closes the batch being filled, after its traces."""
         with self._lock:
-            now = time.monotonic()
-            memory = self.config.mark_memory_s
+            now_ms = self._clock_ms()
+            memory_ms = self.config.mark_memory_s * 1000
             recent = sorted(
                 (
-                    (at, -rank, (cluster, topic, partition, offset))
-                    for (cluster, topic, partition), (offsets, at) in self._received.items()
-                    if now - at <= memory
+                    (at_ms, -rank, (cluster, topic, partition, offset))
+                    for (cluster, topic, partition), (offsets, at_ms) in self._received.items()
+                    if now_ms - at_ms <= memory_ms
                     for rank, offset in enumerate(offsets)
                 ),
                 reverse=True,
