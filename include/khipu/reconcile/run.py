@@ -364,7 +364,7 @@ def _pointer_lookup(pointed: set[tuple[str, str, str, int, int]], lookups: Looku
 
 
 def kafka_record_namer(connections: Mapping[str, KafkaConnection]) -> RecordNamer:
-    """Name a lead's message from the ``khipu-id`` header of the record at its position."""
+    """Name a lead's message from the trace header (``khipu``) of the record at its position."""
 
     def name(lead: Lead) -> tuple[str | None, str | None, str | None]:
         connection = connections.get(lead.cluster)
@@ -375,7 +375,7 @@ def kafka_record_namer(connections: Mapping[str, KafkaConnection]) -> RecordName
             return None, None, why
         context = trace_context(list(headers.items()))
         if context is None:
-            return None, None, "the record there carries no khipu-id header"
+            return None, None, "the record there carries no trace header"
         return context.message_id, context.stream, None
 
     return name

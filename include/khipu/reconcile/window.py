@@ -220,7 +220,7 @@ def judge_lead(lead: LeadLike, message_id: str, stream: Stream, now_ms: int) -> 
     topic, route = TopicRef(lead.cluster, lead.topic), stream.route
     readers = [Hop.read(topic, c.group) for c in route.readers_of(topic) if c.location == lead.location]
     writers = route.writers_of(topic)
-    named = f"the record's khipu-id header names it; {lead.location}'s emitter points back to offset {lead.offset}"
+    named = f"the record's trace header names it; {lead.location}'s emitter points back to offset {lead.offset}"
     hops = [*readers, *(writers if len(writers) == 1 and readers else ())]
     return tuple(
         Verdict(

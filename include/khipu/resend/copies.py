@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from khipu.kafka.connection import KafkaConnection
-from khipu.tracing.headers import HEADER_MESSAGE_ID, resend_mark
+from khipu.tracing.headers import read_headers
 
 
 def count_resent(connection: KafkaConnection, topics: Iterable[str], timeout_s: float = 60.0) -> Counter[str]:
@@ -50,11 +50,9 @@ def count_resent(connection: KafkaConnection, topics: Iterable[str], timeout_s: 
                 continue
             raw = message.headers() or []
             headers = list(raw.items()) if isinstance(raw, dict) else list(raw)
-            if resend_mark(headers) is not None:
-                message_id = dict(headers).get(HEADER_MESSAGE_ID)
-                if isinstance(message_id, bytes):
-                    message_id = message_id.decode(errors="replace")
-                copies[message_id or "?"] += 1
+            context, mark = read_headers(headers)
+            if mark is not None:
+                copies[context.message_id if context is not None else "?"] += 1
     finally:
         reader.close()
     return copies

@@ -28,9 +28,7 @@ from khipu.trace.sampling import SAMPLING_BUCKETS, MessageIds, sampling_bucket, 
 from khipu.tracing.config import TracingConfigError
 from khipu.tracing.emitter import TraceEmitter
 from khipu.tracing.headers import (
-    HEADER_MESSAGE_ID,
-    HEADER_SAMPLING,
-    HEADER_STREAM,
+    HEADER_TRACE,
     RESEND_HEADERS,
     TRACE_HEADERS,
     Headers,
@@ -85,11 +83,8 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
         self._ids = MessageIds()
         self._report = self._on_traced_delivery  # bound once: the hot path partials it
         self._sent = emitter.sent
-        self._constant_headers: list[tuple[str, bytes]] = (
-            []
-            if stream is None
-            else [(HEADER_STREAM, stream.encode()), (HEADER_SAMPLING, repr(self._sampling_percent).encode())]
-        )
+        # what follows the message id in its trace header (headers.py): " <stream> <sampling percent>"
+        self._header_tail = "" if stream is None else f" {stream} {self._sampling_percent!r}"
 
     def produce(  # type: ignore[override]  # same parameters plus keyword-only extras; returns the id
         self,
@@ -169,7 +164,7 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
         garbage collector to track), where a closure was a function and a cell per captured name."""
         message_id = context.message_id
         if add_headers:
-            trace_headers = [(HEADER_MESSAGE_ID, message_id.encode()), *self._constant_headers]
+            trace_headers = [(HEADER_TRACE, (message_id + self._header_tail).encode())]
             headers = _with_headers(headers, trace_headers) if headers else trace_headers
         report = partial(
             self._report, context, attributes, key_hash(key) if isinstance(key, (bytes, str)) else None,

@@ -3,6 +3,11 @@
 Only sampled messages carry them; their presence is the signal "trace this record" (as in
 Inca). Every component that writes a record derived from a traced input copies them on
 (:func:`carry_trace_headers`).
+
+A traced record carries one header, ``khipu``: its message id, stream and sampling percent, separated by spaces
+(``k.0042.3fa2b9c1d2e3.1a orders 10.0``; the id comes first and may itself hold spaces, the other two never do).
+Records written before it carry three (``khipu-id``, ``khipu-stream``, ``khipu-sampling``), and are read as they
+were. One header instead of three costs the consuming application less than half as much to read.
 """
 
 from __future__ import annotations
@@ -12,10 +17,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+HEADER_TRACE = "khipu"  # "<message id> <stream> <sampling percent>"
+# the three headers it replaced, still read (and the id an application may set on a record it writes itself)
 HEADER_MESSAGE_ID = "khipu-id"
 HEADER_STREAM = "khipu-stream"
 HEADER_SAMPLING = "khipu-sampling"
-TRACE_HEADERS = (HEADER_MESSAGE_ID, HEADER_STREAM, HEADER_SAMPLING)
+TRACE_HEADERS = (HEADER_TRACE, HEADER_MESSAGE_ID, HEADER_STREAM, HEADER_SAMPLING)
 
 # A record Khipu resent for a confirmed loss (never copied on by processors: what they write is not a resend).
 HEADER_RESEND_ID = "khipu-resend-id"  # the attempt's stable id
@@ -41,11 +48,7 @@ class TraceContext(NamedTuple):
     sampling_percent: float
 
     def as_headers(self) -> list[tuple[str, bytes]]:
-        return [
-            (HEADER_MESSAGE_ID, self.message_id.encode()),
-            (HEADER_STREAM, self.stream.encode()),
-            (HEADER_SAMPLING, repr(float(self.sampling_percent)).encode()),
-        ]
+        return [(HEADER_TRACE, f"{self.message_id} {self.stream} {float(self.sampling_percent)!r}".encode())]
 
 
 # A context from its three values without NamedTuple's Python-level __new__ (built once per traced message).
@@ -78,15 +81,18 @@ def read_headers(headers: Headers | None) -> tuple[TraceContext | None, ResendMa
     """The trace context and the resend mark in a record's headers (each ``None`` when absent), in one pass.
 
     A record whose khipu headers are incomplete or unreadable is treated as untraced (or as not resent): tracing
-    must never break the application that carries it. A header given twice counts as its last value.
+    must never break the application that carries it. A header given twice counts as its last value. A ``khipu``
+    header decides alone when present: the three older headers are read only without it.
     """
     if not headers:
         return None, None
     # a consumed record's headers are a list (an ABC's isinstance costs more than the rest of this function)
     pairs: Any = headers if type(headers) is list else headers.items() if isinstance(headers, Mapping) else headers
-    message_id = stream = sampling = resend_id = hop = target = None
+    trace = message_id = stream = sampling = resend_id = hop = target = None
     for name, value in pairs:
-        if name == HEADER_MESSAGE_ID:
+        if name == HEADER_TRACE:
+            trace = value
+        elif name == HEADER_MESSAGE_ID:
             message_id = value
         elif name == HEADER_STREAM:
             stream = value
@@ -99,7 +105,14 @@ def read_headers(headers: Headers | None) -> tuple[TraceContext | None, ResendMa
         elif name == HEADER_RESEND_TARGET:
             target = value
     context = mark = None
-    if message_id and isinstance(stream, (bytes, str)):
+    if trace:
+        text = _text(trace)
+        if text is not None:
+            message_id, stream, sampling = text.rsplit(" ", 2) if text.count(" ") >= 2 else ("", None, None)
+            named = _stream_and_sampling(stream, sampling) if message_id else None
+            if named is not None:
+                context = new_context((message_id, *named))
+    elif message_id and isinstance(stream, (bytes, str)):  # the three headers of records written before
         message_id = _text(message_id)
         named = _stream_and_sampling(stream, sampling) if message_id else None
         if named is not None:

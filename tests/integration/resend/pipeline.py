@@ -18,7 +18,7 @@ from khipu.registry import parse_registry
 from khipu.registry.model import Registry
 from khipu.resend.run import Resender
 from khipu.store import Store
-from khipu.tracing.headers import TraceContext, resend_mark
+from khipu.tracing.headers import TraceContext, resend_mark, trace_context
 from khipu.verdicts.book import verdict_row
 from khipu.verdicts.model import Verdict, VerdictKind
 
@@ -112,3 +112,10 @@ def registry(inp: str, out: str, hook: str | None = None, mode: str = "auto") ->
 
 def resent_copies(pipeline: Pipeline) -> list[Any]:
     return [m for m in pipeline.records(pipeline.out) if resend_mark(m.headers()) is not None]
+
+
+def message_id_of(message: Any) -> str:
+    """The message id a traced record's headers carry."""
+    context = trace_context(message.headers())
+    assert context is not None, f"record at {message.partition()}@{message.offset()} carries no trace context"
+    return context.message_id

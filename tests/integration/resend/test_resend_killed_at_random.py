@@ -24,7 +24,7 @@ from khipu.resend.run import ResendSelection
 from khipu.tracing.headers import HEADER_RESEND_ID, TraceContext
 from khipu.verdicts.model import Cause, VerdictKind
 from tests.integration.resend import killable
-from tests.integration.resend.pipeline import Pipeline, registry_text, resent_copies
+from tests.integration.resend.pipeline import Pipeline, message_id_of, registry_text, resent_copies
 
 pytestmark = pytest.mark.integration
 TRIALS = 100
@@ -107,12 +107,12 @@ def test_a_resend_task_killed_at_random_points_leaves_exactly_one_copy_per_confi
     print(f"\nresend killed at random over {TRIALS} trials (run {run_s * 1000:.0f} ms): ledger state at the kill "
           f"per loss {dict(landed_at)}")  # fmt: skip
 
-    copies = Counter(dict(m.headers())["khipu-id"].decode() for m in resent_copies(pipeline))
+    copies = Counter(message_id_of(m) for m in resent_copies(pipeline))
     expected = {f"{kind}-{n}" for kind in ("drop", "skip") for n in range(TRIALS + 1)}
     assert set(copies) == expected
     assert {message_id: n for message_id, n in copies.items() if n != 1} == {}  # exactly one copy each
     for message in resent_copies(pipeline):
-        message_id = dict(message.headers())["khipu-id"].decode()
+        message_id = message_id_of(message)
         hop = hops["write_out"] if message_id.startswith("drop") else hops["s1"]
         (entry,) = pipeline.store.resends.attempts(message_id, hop)
         assert (entry["state"], entry["produced_partition"], entry["produced_offset"]) == (

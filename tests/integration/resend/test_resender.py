@@ -25,10 +25,12 @@ from khipu.tracing.headers import (
     HEADER_RESEND_HOP,
     HEADER_RESEND_ID,
     HEADER_RESEND_TARGET,
+    TraceContext,
+    trace_context,
 )
 from khipu.verdicts.model import Cause, VerdictKind
 from tests.integration.helpers import consumer_config
-from tests.integration.resend.pipeline import Pipeline, registry, resent_copies
+from tests.integration.resend.pipeline import Pipeline, message_id_of, registry, resent_copies
 
 pytestmark = pytest.mark.integration
 
@@ -64,8 +66,8 @@ def test_a_run_resends_each_confirmed_loss_once_to_those_who_missed_it_and_gives
     assert run.counts() == {"produced": 2, "unrecoverable": 1}, run.as_dict()
     copies = resent_copies(pipeline)
     assert len(copies) == 2
-    by_id = {dict(m.headers())["khipu-id"]: m for m in copies}
-    skip_copy, drop_copy = by_id[b"m-skip"], by_id[b"m-drop"]
+    by_id = {message_id_of(m): m for m in copies}
+    skip_copy, drop_copy = by_id["m-skip"], by_id["m-drop"]
     assert (skip_copy.partition(), skip_copy.value()) == (1, b"order-2")  # the skipped record's partition and payload
     assert dict(skip_copy.headers())[HEADER_RESEND_TARGET] == b"s1"
     assert dict(skip_copy.headers())[HEADER_RESEND_HOP] == hops["s1"].encode()
@@ -111,7 +113,7 @@ def test_a_run_resends_each_confirmed_loss_once_to_those_who_missed_it_and_gives
             while time.monotonic() < deadline:  # until the wanted arrived, then 2 s more: nothing else comes
                 msg = consumer.poll(0.2)
                 if msg is not None and msg.error() is None:
-                    got.append(dict(msg.headers())["khipu-id"])
+                    got.append(message_id_of(msg).encode())
                     consumer.commit(message=msg, asynchronous=False)  # as an application commits what it did
                 if len(got) >= len(wanted):
                     deadline = min(deadline, time.monotonic() + 2)
@@ -200,5 +202,6 @@ def test_the_recovery_hook_payload_is_resent_with_the_messages_trace_headers(pip
     (copy,) = resent_copies(pipeline)
     headers = dict(copy.headers())
     assert copy.value() == b'{"order_id": null, "rebuilt_for": "m-h"}'
-    assert (headers["khipu-id"], headers["khipu-stream"], headers[HEADER_RESEND_TARGET]) == (b"m-h", b"orders", b"s1")
+    assert trace_context(copy.headers()) == TraceContext("m-h", "orders", 100.0)
+    assert headers[HEADER_RESEND_TARGET] == b"s1"
     assert headers[HEADER_RESEND_ID] == run.outcomes[0].resend_id.encode()

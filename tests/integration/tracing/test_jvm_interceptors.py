@@ -39,6 +39,7 @@ from khipu.settings import project_root
 from khipu.store import Store
 from khipu.trace import Trace, TraceType
 from khipu.trace.keys import key_hash
+from khipu.tracing.headers import trace_context
 from tests.integration.detector.conftest import decided, play_at_once
 from tests.integration.helpers import stream_yaml, traces_of, until
 
@@ -188,9 +189,8 @@ def message_ids_in_log(on: BrokerProcess, topic: str, partitions: int) -> dict[t
             if message.error() is not None:
                 ended.add(message.partition())
                 continue
-            headers = dict(message.headers() or [])
-            traced = "khipu-id" in headers and "khipu-stream" in headers
-            found[(message.partition(), message.offset())] = headers["khipu-id"].decode() if traced else None
+            context = trace_context(message.headers())
+            found[(message.partition(), message.offset())] = None if context is None else context.message_id
     finally:
         consumer.close()
     return found

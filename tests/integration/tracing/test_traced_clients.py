@@ -19,6 +19,7 @@ from khipu.trace.codec import BATCH_MAX_TRACES, decode_record, split_record
 from khipu.trace.model import EmitterMark
 from khipu.tracing import (
     HEADER_MESSAGE_ID,
+    HEADER_TRACE,
     TracedConsumer,
     TracedProducer,
     TraceEmitter,
@@ -260,7 +261,7 @@ def test_consumer_without_group_id_is_refused_with_a_clear_error(emitter: TraceE
 
     with pytest.raises(TracingConfigError, match=r"group\.id"):
         TracedConsumer({"bootstrap.servers": "127.0.0.1:1"}, emitter=emitter)
-    assert HEADER_MESSAGE_ID == "khipu-id"
+    assert (HEADER_TRACE, HEADER_MESSAGE_ID) == ("khipu", "khipu-id")
 
 
 def test_a_transactional_producer_works_unchanged_and_its_traces_say_what_compaction_and_transactions_need(

@@ -92,4 +92,4 @@ def test_a_message_named_only_by_its_record_gets_trace_lost_where_it_evidently_p
         ("local/out -> s1", VerdictKind.TRACE_LOST, 7),  # s1's emitter points at it: received
         ("proc -> local/out", VerdictKind.TRACE_LOST, 7),  # the record is in out, which only proc writes
     }
-    assert all(v.decided_by == "reconciliation" and "khipu-id header" in v.detail for v in verdicts)
+    assert all(v.decided_by == "reconciliation" and "trace header names it" in v.detail for v in verdicts)

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-from khipu.tracing import HEADER_MESSAGE_ID, HEADER_SAMPLING, HEADER_STREAM, TraceContext, carry_trace_headers
+from khipu.tracing import (
+    HEADER_MESSAGE_ID,
+    HEADER_SAMPLING,
+    HEADER_STREAM,
+    HEADER_TRACE,
+    TraceContext,
+    carry_trace_headers,
+)
 from khipu.tracing.headers import HEADER_RESEND_HOP, HEADER_RESEND_ID, ResendMark, resend_mark, trace_context
 
-TRACED = [(HEADER_MESSAGE_ID, b"m-1"), (HEADER_STREAM, b"orders"), (HEADER_SAMPLING, b"12.5"), ("other", b"x")]
+TRACED = [(HEADER_TRACE, b"m-1 orders 12.5"), ("other", b"x")]
+OLDER = [(HEADER_MESSAGE_ID, b"m-1"), (HEADER_STREAM, b"orders"), (HEADER_SAMPLING, b"12.5"), ("other", b"x")]
 
 
-def test_context_is_read_from_trace_headers() -> None:
-    assert trace_context(TRACED) == TraceContext("m-1", "orders", 12.5)
-    assert trace_context(dict(TRACED)) == TraceContext("m-1", "orders", 12.5)
+def test_context_is_read_from_the_trace_header_and_from_the_three_older_headers() -> None:
+    for headers in (TRACED, OLDER):
+        assert trace_context(headers) == TraceContext("m-1", "orders", 12.5)
+        assert trace_context(dict(headers)) == TraceContext("m-1", "orders", 12.5)
 
 
 def test_record_without_or_with_incomplete_trace_headers_is_untraced() -> None:
@@ -26,10 +35,12 @@ def test_unreadable_sampling_falls_back_to_full_sampling_rather_than_failing_the
 
 
 def test_carried_headers_keep_the_outputs_own_headers_and_add_the_inputs_trace_context() -> None:
-    out = carry_trace_headers(TRACED, [("content-type", b"json"), (HEADER_MESSAGE_ID, b"stale")])
-    assert ("content-type", b"json") in out
-    assert trace_context(out) == TraceContext("m-1", "orders", 12.5)
-    assert [name for name, _ in out].count(HEADER_MESSAGE_ID) == 1
+    for source in (TRACED, OLDER):
+        stale = [("content-type", b"json"), (HEADER_MESSAGE_ID, b"stale"), (HEADER_TRACE, b"stale s 1.0")]
+        out = carry_trace_headers(source, stale)
+        assert ("content-type", b"json") in out
+        assert trace_context(out) == TraceContext("m-1", "orders", 12.5)
+        assert [name for name, _ in out] == ["content-type", HEADER_TRACE]  # written as one header, whatever it read
 
 
 def test_untraced_input_adds_nothing() -> None:

@@ -42,8 +42,18 @@ final class Ledger implements AutoCloseable {
         }
     }
 
-    /** The message id the record carries (its khipu-id header), or null: what the application itself sees. */
+    /**
+     * The message id the record carries, or null: what the application itself sees. It is the first field of the
+     * "khipu" header ("id stream sampling", split at the last two spaces), or an id the application set in khipu-id.
+     */
     static String messageId(Headers headers) {
+        Header trace = headers.lastHeader("khipu");
+        if (trace != null && trace.value() != null) {
+            String text = new String(trace.value(), StandardCharsets.UTF_8);
+            int last = text.lastIndexOf(' ');
+            int middle = last <= 0 ? -1 : text.lastIndexOf(' ', last - 1);
+            return middle <= 0 ? null : text.substring(0, middle);
+        }
         Header id = headers.lastHeader("khipu-id");
         return id == null || id.value() == null ? null : new String(id.value(), StandardCharsets.UTF_8);
     }

@@ -10,10 +10,14 @@ import org.apache.kafka.common.header.Headers;
 
 /**
  * The record headers that carry a traced message's identity from hop to hop ({@code khipu.tracing.headers}); only
- * sampled messages carry them. Read as the Python library reads them (vectors/headers.json): the last header of a
- * name counts, a value that is not UTF-8 is no value, an unreadable sampling header means 100.
+ * sampled messages carry them. A traced record carries one, {@code khipu}: "&lt;message id&gt; &lt;stream&gt;
+ * &lt;sampling percent&gt;" (the id may hold spaces, the other two never do). Records written before it carry
+ * three ({@code khipu-id}, {@code khipu-stream}, {@code khipu-sampling}), read only when there is no {@code khipu}
+ * header. Read as the Python library reads them (vectors/headers.json): the last header of a name counts, a value
+ * that is not UTF-8 is no value, an unreadable sampling percent means 100.
  */
 public final class TraceHeaders {
+    public static final String TRACE = "khipu";
     public static final String MESSAGE_ID = "khipu-id";
     public static final String STREAM = "khipu-stream";
     public static final String SAMPLING = "khipu-sampling";
@@ -31,6 +35,10 @@ public final class TraceHeaders {
         if (headers == null) {
             return null;
         }
+        Header trace = headers.lastHeader(TRACE);
+        if (trace != null && trace.value() != null && trace.value().length > 0) {
+            return fromTraceHeader(text(trace));
+        }
         String messageId = text(headers.lastHeader(MESSAGE_ID));
         if (messageId == null || messageId.isEmpty()) {
             return null;
@@ -40,6 +48,16 @@ public final class TraceHeaders {
             return null;
         }
         return new TraceContext(messageId, stream, sampling(text(headers.lastHeader(SAMPLING))));
+    }
+
+    private static TraceContext fromTraceHeader(String text) {
+        int last = text == null ? -1 : text.lastIndexOf(' ');
+        int middle = last <= 0 ? -1 : text.lastIndexOf(' ', last - 1);
+        if (middle <= 0 || middle + 1 == last) {
+            return null; // fewer than three fields, an empty id or an empty stream
+        }
+        return new TraceContext(text.substring(0, middle), text.substring(middle + 1, last),
+                sampling(text.substring(last + 1)));
     }
 
     /** The message id an application put in the headers itself (a source naming its own ids), or null. */
@@ -64,12 +82,13 @@ public final class TraceHeaders {
 
     /** Put a context's headers on a record (replacing any of the same names), as the Python library writes them. */
     public static void write(Headers headers, TraceContext context) {
+        headers.remove(TRACE);
         headers.remove(MESSAGE_ID);
         headers.remove(STREAM);
         headers.remove(SAMPLING);
-        headers.add(MESSAGE_ID, context.messageId().getBytes(StandardCharsets.UTF_8));
-        headers.add(STREAM, context.stream().getBytes(StandardCharsets.UTF_8));
-        headers.add(SAMPLING, TraceFormat.pythonFloat(context.samplingPercent()).getBytes(StandardCharsets.UTF_8));
+        String value = context.messageId() + " " + context.stream() + " "
+                + TraceFormat.pythonFloat(context.samplingPercent());
+        headers.add(TRACE, value.getBytes(StandardCharsets.UTF_8));
     }
 
     static double sampling(String text) {
