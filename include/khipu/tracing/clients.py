@@ -40,6 +40,7 @@ from khipu.tracing.headers import (
 )
 
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
+_Traced = tuple[TraceContext, str, int, int, Mapping[str, str] | None]  # a record to trace: where it was, its mark
 _HEADERS_OF = Message.headers  # the C method: mapped over a batch, no Python frame per record
 
 
@@ -109,11 +110,21 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
             if draw >= self._cut:  # the common case: not sampled, nothing to add
                 self._produce(topic, value, key, on_delivery=on_delivery)
                 return None
-            assert self._stream is not None  # the cut is negative without a stream
-            drawn = new_context(
-                (self._ids.with_bucket(int(draw * SAMPLING_BUCKETS)), self._stream, self._sampling_percent)
+            # sampled: what _produce_traced does, inlined for the case every source producer takes
+            message_id = self._ids.with_bucket(int(draw * SAMPLING_BUCKETS))
+            report = partial(
+                self._report, new_context((message_id, self._stream, self._sampling_percent)), attributes,
+                None if key is None else key_hash(key) if isinstance(key, (bytes, str)) else None, value is None,
+                on_delivery,
+            )  # fmt: skip
+            self._produce(
+                topic,
+                value,
+                key,
+                on_delivery=report,
+                headers=[(HEADER_TRACE, (message_id + self._header_tail).encode())],
             )
-            return self._produce_traced(topic, value, key, -1, on_delivery, 0, None, drawn, True, attributes)
+            return message_id
         if headers:
             headers = _without_resend_marks(headers)  # an application forwarding a resent record's headers whole
         carried = trace_context(headers) if headers else None
@@ -188,7 +199,7 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
     ) -> None:
         """A traced record's delivery report: the SENT trace on success, then the application's own callback."""
         if err is None:
-            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()  # acks=0: no offset
             if topic is not None and partition is not None and offset is not None and offset >= 0:
                 kind, stamped = msg.timestamp()  # the record's CreateTime, or the broker's LogAppendTime
                 self._sent(
@@ -271,12 +282,13 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
         deadline = time.monotonic() + wait
         while True:
             msg = super().poll(wait)
-            if (
-                msg is None
-                or (not self._passed and not msg.headers())
-                or msg.error() is not None
-                or self._take(msg, self._emitter.clock_ms())
-            ):
+            if msg is None or (not self._passed and not msg.headers()) or msg.error() is not None:
+                return msg
+            traced: list[_Traced] = []
+            taken = self._take(msg, traced)
+            if traced:
+                self._emit(traced)
+            if taken:
                 return msg
             if wait >= 0:
                 wait = max(0.0, deadline - time.monotonic())
@@ -288,19 +300,26 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
 
         Only records with headers can be traced or resent: those are found by the client's own code
         (``compress``/``map`` over the C method), so a record that is neither costs no Python per record. The
-        records one call returns were received together: their RECEIVED traces share one clock reading."""
+        records one call returns were received together: their RECEIVED traces go to the emitter in one call, with
+        one clock reading."""
         messages: list[Message] = super().consume(num_messages, timeout)
-        if not messages:
-            return messages
-        now_ms = self._emitter.clock_ms()
+        traced: list[_Traced] = []
+        take = self._take
         if self._passed:  # passing over a run of resent records: every record counts (it ends the run)
-            return [msg for msg in messages if msg.error() is not None or self._take(msg, now_ms)]
-        for index in compress(range(len(messages)), map(_HEADERS_OF, messages)):
-            if not self._take(messages[index], now_ms):  # resent for another group: the rest the careful way
-                kept = messages[:index]
-                kept.extend(msg for msg in messages[index + 1 :] if msg.error() is not None or self._take(msg, now_ms))
-                return kept
+            messages = [msg for msg in messages if msg.error() is not None or take(msg, traced)]
+        else:
+            for index in compress(range(len(messages)), map(_HEADERS_OF, messages)):
+                if not take(messages[index], traced):  # resent for another group: the rest the careful way
+                    kept = messages[:index]
+                    kept.extend(msg for msg in messages[index + 1 :] if msg.error() is not None or take(msg, traced))
+                    messages = kept
+                    break
+        if traced:
+            self._emit(traced)
         return messages
+
+    def _emit(self, traced: list[_Traced]) -> None:
+        self._received(self._cluster, self._group, self._read_uncommitted, self._emitter.clock_ms(), traced)
 
     def commit(self, *args: Any, **kwargs: Any) -> Any:
         """Flush pending traces (bounded), then commit as ``Consumer.commit`` does. An explicit commit up to a run
@@ -336,8 +355,8 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
         self._emitter.flush_before_commit()
         super().close()
 
-    def _take(self, msg: Message, now_ms: int) -> bool:
-        """Trace a record this group takes, received at ``now_ms``; False for a record resent only for another group
+    def _take(self, msg: Message, traced: list[_Traced]) -> bool:
+        """Add a traced record this group takes to ``traced``; False for a record resent only for another group
         (no trace: the group never had it)."""
         context, mark = read_headers(msg.headers())
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
@@ -352,10 +371,7 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
         if self._passed and topic is not None and partition is not None:
             self._passed.pop((topic, partition), None)
         if context is not None and topic is not None and partition is not None and offset is not None:
-            self._received(
-                context, self._cluster, topic, partition, offset, self._group, attributes, self._read_uncommitted,
-                now_ms,
-            )  # fmt: skip
+            traced.append((context, topic, partition, offset, attributes))
         return True
 
     def _pass_over(self, topic: str, partition: int, offset: int) -> None:

@@ -22,7 +22,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,42 +185,44 @@ class TraceEmitter:
         emitter's clock, None for now). The trace points back at this emitter's previous RECEIVED offsets on the
         partition."""
         self.received(
-            context, cluster, topic, partition, offset, group, attributes, read_uncommitted,
-            self._clock_ms() if timestamp_ms is None else timestamp_ms,
+            cluster, group, read_uncommitted, self._clock_ms() if timestamp_ms is None else timestamp_ms,
+            ((context, topic, partition, offset, attributes),),
         )  # fmt: skip
 
     def received(
         self,
-        context: TraceContext,
         cluster: str,
-        topic: str,
-        partition: int,
-        offset: int,
         group: str,
-        attributes: Mapping[str, str] | None,
         read_uncommitted: bool,
         timestamp_ms: int,
+        records: Sequence[tuple[TraceContext, str, int, int, Mapping[str, str] | None]],
     ) -> None:
-        """:meth:`emit_received` with every argument in place: what the traced consumer calls, once per traced
-        record (with one clock reading for all the records a ``poll``/``consume`` returned)."""
-        where = (cluster, topic, partition)
+        """:meth:`emit_received` for the traced records one ``poll``/``consume`` returned, in order: each is
+        ``(context, topic, partition, offset, attributes)``, all received together at ``timestamp_ms``. What the
+        traced consumer calls: one lock and one call for a batch of records."""
+        location, emitter_id, received_at, add = self._location, self.emitter_id, self._received, self._add
         with self._lock:
             seq = self._seq
-            self._seq = seq + 1
-            self._emitted += 1
-            known = self._received.get(where)
-            prev_offsets = () if known is None else known[0]
-            self._received[where] = ((offset, *prev_offsets[: BACK_POINTERS - 1]), timestamp_ms)
-            if self._closing or len(self._batch) + self._in_flight >= self._queue_max_traces:
-                self._refuse()
-                return
-            self._add(
-                _new_trace((
-                    context[0], context[1], self._location, cluster, TraceType.RECEIVED, timestamp_ms, topic,
-                    partition, offset, group, self.emitter_id, seq, context[2], attributes or NO_ATTRIBUTES,
-                    prev_offsets, None, False, False, read_uncommitted,
-                ))
-            )  # fmt: skip
+            try:
+                for context, topic, partition, offset, attributes in records:
+                    where = (cluster, topic, partition)
+                    known = received_at.get(where)
+                    prev_offsets = () if known is None else known[0]
+                    received_at[where] = ((offset, *prev_offsets[: BACK_POINTERS - 1]), timestamp_ms)
+                    if self._closing or len(self._batch) + self._in_flight >= self._queue_max_traces:
+                        self._refuse()
+                    else:
+                        add(
+                            _new_trace((
+                                context[0], context[1], location, cluster, TraceType.RECEIVED, timestamp_ms, topic,
+                                partition, offset, group, emitter_id, seq, context[2], attributes or NO_ATTRIBUTES,
+                                prev_offsets, None, False, False, read_uncommitted,
+                            ))
+                        )  # fmt: skip
+                    seq += 1
+            finally:
+                self._emitted += seq - self._seq
+                self._seq = seq
 
     def flush_before_commit(self) -> None:
         """Give pending traces a bounded chance to be delivered before offsets are committed.
