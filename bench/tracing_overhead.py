@@ -4,7 +4,8 @@
 
 Starts its own broker unless KHIPU_BOOTSTRAP_SERVERS is set. Two workloads:
 
-- **tight**: the application does nothing but produce (or consume) 100-byte records, as fast as it can;
+- **tight**: the application does nothing but produce (or consume) 100-byte records, as fast as it can (5x the
+  ``--messages``: a run of 200,000 lasted 0.1-0.2 s, too short to time steadily);
 - **app**: an application that builds and serializes a ~1 KB JSON record per message (json.dumps) before producing
   it, or parses each record it consumes (json.loads).
 
@@ -52,7 +53,9 @@ MODES = ("untraced", *(f"traced {p:g}%" for p in PERCENTS))
 PRODUCER_SETTINGS = {"linger.ms": 5, "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000}
 TARGET_RATIO_AT_1 = {"tight": 0.90, "app": 0.97}
 TARGET_ADDED_US = 5.0
-JAVA_TIMES = 5  # the Java loops run 5x the messages: the JIT compiles the traced path early in a run, not at its end
+TIGHT_TIMES = 5  # the tight loops run 5x the messages: at 1-2 million a second, 200,000 took 0.1-0.2 s, too short to
+# time steadily (the untraced consumer's CPU per message ranged 0.45-0.65 between rounds); the Java loops too: its JIT
+# compiler compiles the traced path early in a run, not at its end
 JVM = project_root() / ".jvm"
 
 Figure = tuple[float, float]  # (messages per second, CPU microseconds per message)
@@ -160,7 +163,7 @@ class Bench:
         return {"bootstrap.servers": self.bootstrap, **PRODUCER_SETTINGS}
 
     def python_producer(self, workload: str, mode: str) -> Figure:
-        count = self.messages if workload == "tight" else self.messages // 2
+        count = self.messages * TIGHT_TIMES if workload == "tight" else self.messages // 2
         if mode == "untraced":
             return produce_loop(Producer(self.settings()), self.topic, count, workload)
         emitter = self.emitter("bench-producer")
@@ -206,17 +209,18 @@ class Bench:
                 "enable.auto.commit": False, "auto.offset.reset": "earliest", "fetch.queue.backoff.ms": 10}  # fmt: skip
 
     def python_consumer(self, workload: str, mode: str) -> Figure:
-        topic = self.fill(workload, 0.0 if mode == "untraced" else percent(mode))
+        count = self.messages * TIGHT_TIMES if workload == "tight" else self.messages
+        topic = self.fill(workload, 0.0 if mode == "untraced" else percent(mode), count)
         if mode == "untraced":
             consumer = Consumer(self.consumer_settings())
             try:
-                return consume_loop(consumer, topic, 3, self.messages, workload)
+                return consume_loop(consumer, topic, 3, count, workload)
             finally:
                 consumer.close()
         emitter = self.emitter("bench-consumer")
         traced = TracedConsumer(self.consumer_settings(), emitter=emitter)
         try:
-            return consume_loop(traced, topic, 3, self.messages, workload)
+            return consume_loop(traced, topic, 3, count, workload)
         finally:
             traced.close()
             emitter.close()
@@ -236,7 +240,7 @@ class Bench:
                 settings.update({"khipu.stream": "bench", "khipu.sampling.percent": percent(mode)})
         if side == "consumer":
             settings["group.id"] = f"bench-java-{secrets.token_hex(4)}"
-        count = self.messages * JAVA_TIMES
+        count = self.messages * TIGHT_TIMES
         props = self.scratch / f"java-{side}.properties"
         props.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
         if side == "producer":
@@ -276,7 +280,7 @@ def table(title: str, figures: dict[str, list[Figure]], target_ratio: float | No
             added = cpu - cpu0
             extra = f" (+{added:.2f} us per traced message)"
             target = f"+<= {TARGET_ADDED_US:g} us: {'met' if added <= TARGET_ADDED_US else 'NOT met'}"
-        lines.append(f"| {mode} | {rate:,.0f} | {rate / rate0:.2f} | {cpu:.2f}{extra} | {target} |")
+        lines.append(f"| {mode} | {rate:,.0f} | {rate / rate0:.3f} | {cpu:.2f}{extra} | {target} |")
     return lines
 
 
@@ -317,7 +321,8 @@ def main() -> int:
                     print(f"round {round_number}: {name:46} {mode:12} {rate:>10,.0f} msg/s {cpu:7.2f} CPU us/msg",
                           file=sys.stderr, flush=True)  # fmt: skip
         print(
-            f"\ntracing overhead: {args.messages:,} messages per mode (the application workload's producer: half), "
+            f"\ntracing overhead: {args.messages * TIGHT_TIMES:,} messages per mode in the tight loops, {args.messages:,} in "
+            f"the application workload's consumer and {args.messages // 2:,} in its producer, "
             f"median of {args.rounds} rounds, broker {bootstrap} ({os.cpu_count()} CPUs shared with the broker)"
         )
         for name in runs:

@@ -82,7 +82,6 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
         self._cluster = cluster or emitter.config.cluster
         self._transactional = bool(config.get("transactional.id"))  # its SENT traces say so: a transaction may abort
         self._ids = MessageIds()
-        self._report = self._on_traced_delivery  # bound once: the hot path partials it
         self._sent = emitter.sent
         # what follows the message id in its trace header (headers.py): " <stream> <sampling percent>"
         self._header_tail = "" if stream is None else f" {stream} {self._sampling_percent!r}"
@@ -113,7 +112,7 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
             # sampled: what _produce_traced does, inlined for the case every source producer takes
             message_id = self._ids.with_bucket(int(draw * SAMPLING_BUCKETS))
             report = partial(
-                self._report, new_context((message_id, self._stream, self._sampling_percent)), attributes,
+                self._report, self, new_context((message_id, self._stream, self._sampling_percent)), attributes,
                 None if key is None else key_hash(key) if isinstance(key, (bytes, str)) else None, value is None,
                 on_delivery,
             )  # fmt: skip
@@ -178,7 +177,7 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
             trace_headers = [(HEADER_TRACE, (message_id + self._header_tail).encode())]
             headers = _with_headers(headers, trace_headers) if headers else trace_headers
         report = partial(
-            self._report, context, attributes, key_hash(key) if isinstance(key, (bytes, str)) else None,
+            self._report, self, context, attributes, key_hash(key) if isinstance(key, (bytes, str)) else None,
             value is None, on_delivery,
         )  # fmt: skip
         self._produce(
@@ -208,6 +207,10 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
                 )  # fmt: skip
         if on_delivery is not None:
             on_delivery(err, msg)
+
+    # the hot path partials the plain function with self (a bound method kept on the instance would make a cycle,
+    # and leave a dropped producer to the garbage collector)
+    _report = staticmethod(_on_traced_delivery)
 
     def commit_transaction(self, *args: Any, **kwargs: Any) -> Any:
         """Flush pending traces (bounded), then commit as ``Producer.commit_transaction`` does: an exactly-once
