@@ -321,8 +321,8 @@ def main() -> int:
                     print(f"round {round_number}: {name:46} {mode:12} {rate:>10,.0f} msg/s {cpu:7.2f} CPU us/msg",
                           file=sys.stderr, flush=True)  # fmt: skip
         print(
-            f"\ntracing overhead: {args.messages * TIGHT_TIMES:,} messages per mode in the tight loops, {args.messages:,} in "
-            f"the application workload's consumer and {args.messages // 2:,} in its producer, "
+            f"\ntracing overhead: {args.messages * TIGHT_TIMES:,} messages per mode in the tight loops, "
+            f"{args.messages:,} in the application workload's consumer and {args.messages // 2:,} in its producer, "
             f"median of {args.rounds} rounds, broker {bootstrap} ({os.cpu_count()} CPUs shared with the broker)"
         )
         for name in runs:
