@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -333,6 +334,7 @@ def main() -> int:
     finally:
         if broker is not None:
             stop_process_group(broker.pid)
+        shutil.rmtree(scratch, ignore_errors=True)  # a run writes gigabytes: the broker's log, and the trace topic
 
 
 if __name__ == "__main__":

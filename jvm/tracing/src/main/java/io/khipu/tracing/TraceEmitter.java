@@ -183,6 +183,11 @@ public final class TraceEmitter implements TraceEmitterMXBean {
                 Trace first = queue.poll(100, TimeUnit.MILLISECONDS);
                 if (first != null) {
                     drained.add(first);
+                    if (!closing && queue.size() < TraceFormat.BATCH_MAX_TRACES - 1) {
+                        // let a batch gather: woken for every trace, a sparse stream (1 % sampled) cost a record, a
+                        // send and two thread wake-ups per trace, 60 us of CPU each (bench/tracing_overhead.py)
+                        Thread.sleep(config.batchLingerMs());
+                    }
                     queue.drainTo(drained, TraceFormat.BATCH_MAX_TRACES - 1);
                     send(drained);
                     drained.clear();

@@ -21,6 +21,7 @@ public record TracingConfig(
         String group,
         String traceTopic,
         int queueMaxTraces,
+        long batchLingerMs,
         long markIntervalMs,
         long markMemoryMs,
         int deliveryTimeoutMs,
@@ -37,6 +38,7 @@ public record TracingConfig(
     public static final String TRACE_PREFIX = "khipu.trace.";
     public static final String TRACE_BOOTSTRAP = "khipu.trace.bootstrap.servers";
     public static final String QUEUE_MAX_TRACES = "khipu.queue.max.traces";
+    public static final String BATCH_LINGER_MS = "khipu.batch.linger.ms";
     public static final String MARK_INTERVAL_MS = "khipu.mark.interval.ms";
     public static final String MARK_MEMORY_MS = "khipu.mark.memory.ms";
     public static final String DELIVERY_TIMEOUT_MS = "khipu.delivery.timeout.ms";
@@ -60,12 +62,13 @@ public record TracingConfig(
         String group = name(configs, GROUP, "");
         String topic = name(configs, TRACE_TOPIC, DEFAULT_TRACE_TOPIC);
         int queue = (int) number(configs, QUEUE_MAX_TRACES, 100_000, 1, 10_000_000, "an integer in [1, 10000000]");
+        long linger = (long) number(configs, BATCH_LINGER_MS, 50, 1, 5_000, "milliseconds in [1, 5000]");
         long markInterval = (long) number(configs, MARK_INTERVAL_MS, 2_000, 100, 3_600_000, "milliseconds in [100, 3600000]");
         long markMemory = (long) number(configs, MARK_MEMORY_MS, 10_000, 0, 3_600_000, "milliseconds in [0, 3600000]");
         int delivery = (int) number(configs, DELIVERY_TIMEOUT_MS, 60_000, 1_000, 3_600_000, "milliseconds in [1000, 3600000]");
         long close = (long) number(configs, CLOSE_TIMEOUT_MS, 5_000, 0, 300_000, "milliseconds in [0, 300000]");
         return new TracingConfig(location, cluster, stream.isEmpty() ? null : stream, percent,
-                group.isEmpty() ? null : group, topic, queue, markInterval, markMemory, delivery, close,
+                group.isEmpty() ? null : group, topic, queue, linger, markInterval, markMemory, delivery, close,
                 traceProducerConfig(configs));
     }
 
@@ -144,7 +147,7 @@ public record TracingConfig(
 
     /** What identifies one shared emitter: the same location writing to the same trace cluster and topic. */
     Object emitterKey() {
-        return java.util.List.of(location, traceTopic, traceProducerConfig, queueMaxTraces, markIntervalMs,
+        return java.util.List.of(location, traceTopic, traceProducerConfig, queueMaxTraces, batchLingerMs, markIntervalMs,
                 markMemoryMs, deliveryTimeoutMs);
     }
 

@@ -62,6 +62,10 @@ class TracingConfigTest {
         String notNumber = assertThrows(ConfigException.class,
                 () -> TracingConfig.from(client("khipu.location", "x", "khipu.queue.max.traces", "many"))).getMessage();
         assertEquals("khipu.queue.max.traces: expected an integer in [1, 10000000], got 'many'", notNumber);
+        String noLinger = assertThrows(ConfigException.class,
+                () -> TracingConfig.from(client("khipu.location", "x", "khipu.batch.linger.ms", "0"))).getMessage();
+        assertEquals("khipu.batch.linger.ms: expected milliseconds in [1, 5000], got '0'", noLinger);
+        assertEquals(50, TracingConfig.from(client("khipu.location", "x")).batchLingerMs());
         String owned = assertThrows(ConfigException.class, () -> TracingConfig.from(client("khipu.location", "x",
                 "khipu.trace.bootstrap.servers", "t:1", "khipu.trace.acks", "1"))).getMessage();
         assertEquals("khipu.trace.acks: not set here; the trace emitter owns it", owned);
