@@ -133,7 +133,7 @@ def encode_trace(trace: Trace) -> bytes:
     names = (stream, location, cluster, trace_type == "SENT", topic, group, emitter_id, sampling_percent)
     fragments = _NAMES.get(names) or _names_fragments(names, trace_type)  # (an enum hashes slowly: a bool stands in)
     prev = (
-        _PREV_FORMATS[len(prev_offsets)] % prev_offsets  # %d: integers only, as the decoder reads them
+        _PREV_FORMATS[len(prev_offsets)] % tuple(prev_offsets)  # %d: integers only, as the decoder reads them
         if len(prev_offsets) < len(_PREV_FORMATS)
         else ",".join(map(str, map(int, prev_offsets)))
     )

@@ -24,6 +24,7 @@ from typing import Any
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, Producer, TopicPartition
 
 from khipu.trace.keys import key_hash
+from khipu.trace.names import NAME_PATTERN, NAME_RULE
 from khipu.trace.sampling import SAMPLING_BUCKETS, MessageIds, sampling_bucket, sampling_threshold
 from khipu.tracing.config import TracingConfigError
 from khipu.tracing.emitter import TraceEmitter
@@ -37,6 +38,7 @@ from khipu.tracing.headers import (
     new_context,
     read_headers,
     trace_context,
+    trace_header_tail,
 )
 
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
@@ -66,6 +68,8 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
         cluster: str | None = None,
     ) -> None:
         super().__init__(dict(config))
+        if stream is not None and not (isinstance(stream, str) and NAME_PATTERN.match(stream)):
+            raise TracingConfigError("stream", stream, NAME_RULE)  # the trace header separates its fields by spaces
         if (
             isinstance(sampling_percent, bool)
             or not isinstance(sampling_percent, (int, float))
@@ -80,11 +84,12 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
         self._cut = self._threshold / SAMPLING_BUCKETS if stream is not None else -1.0
         self._random = random.Random().random
         self._cluster = cluster or emitter.config.cluster
-        self._transactional = bool(config.get("transactional.id"))  # its SENT traces say so: a transaction may abort
         self._ids = MessageIds()
-        self._sent = emitter.sent
-        # what follows the message id in its trace header (headers.py): " <stream> <sampling percent>"
-        self._header_tail = "" if stream is None else f" {stream} {self._sampling_percent!r}"
+        # the delivery report of a traced record, less what is its own (a partial per record adds that). It holds no
+        # reference to the producer, so a producer dropped with records in flight is freed like any other. Its SENT
+        # traces say whether the producer is transactional: a transaction may abort.
+        self._report = partial(_report_delivery, emitter.sent, self._cluster, bool(config.get("transactional.id")))
+        self._header_tail = "" if stream is None else trace_header_tail(stream, self._sampling_percent)
 
     def produce(  # type: ignore[override]  # same parameters plus keyword-only extras; returns the id
         self,
@@ -112,7 +117,7 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
             # sampled: what _produce_traced does, inlined for the case every source producer takes
             message_id = self._ids.with_bucket(int(draw * SAMPLING_BUCKETS))
             report = partial(
-                self._report, self, new_context((message_id, self._stream, self._sampling_percent)), attributes,
+                self._report, new_context((message_id, self._stream, self._sampling_percent)), attributes,
                 None if key is None else key_hash(key) if isinstance(key, (bytes, str)) else None, value is None,
                 on_delivery,
             )  # fmt: skip
@@ -170,14 +175,15 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
         is null are taken here (the report's ``key()`` and ``value()`` would copy them again).
 
         This runs once per traced message, and what it hands the client lives until the broker acknowledges the
-        record, among thousands in flight: the report is one ``partial`` of a bound method (two objects for the
-        garbage collector to track), where a closure was a function and a cell per captured name."""
+        record, among thousands in flight: the report is one ``partial`` (two objects for the garbage collector to
+        track), where a closure was a function and a cell per captured name. ``produce`` inlines this for a sampled
+        record of its own stream: change the two together."""
         message_id = context.message_id
         if add_headers:
             trace_headers = [(HEADER_TRACE, (message_id + self._header_tail).encode())]
             headers = _with_headers(headers, trace_headers) if headers else trace_headers
         report = partial(
-            self._report, self, context, attributes, key_hash(key) if isinstance(key, (bytes, str)) else None,
+            self._report, context, attributes, key_hash(key) if isinstance(key, (bytes, str)) else None,
             value is None, on_delivery,
         )  # fmt: skip
         self._produce(
@@ -185,32 +191,6 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
             headers=_as_client_headers(headers),
         )  # fmt: skip
         return message_id
-
-    def _on_traced_delivery(
-        self,
-        context: TraceContext,
-        attributes: Mapping[str, str] | None,
-        hashed_key: str | None,
-        tombstone: bool,
-        on_delivery: DeliveryCallback | None,
-        err: KafkaError | None,
-        msg: Message,
-    ) -> None:
-        """A traced record's delivery report: the SENT trace on success, then the application's own callback."""
-        if err is None:
-            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()  # acks=0: no offset
-            if topic is not None and partition is not None and offset is not None and offset >= 0:
-                kind, stamped = msg.timestamp()  # the record's CreateTime, or the broker's LogAppendTime
-                self._sent(
-                    context, self._cluster, topic, partition, offset, attributes,
-                    stamped if kind != TIMESTAMP_NOT_AVAILABLE else None, hashed_key, tombstone, self._transactional,
-                )  # fmt: skip
-        if on_delivery is not None:
-            on_delivery(err, msg)
-
-    # the hot path partials the plain function with self (a bound method kept on the instance would make a cycle,
-    # and leave a dropped producer to the garbage collector)
-    _report = staticmethod(_on_traced_delivery)
 
     def commit_transaction(self, *args: Any, **kwargs: Any) -> Any:
         """Flush pending traces (bounded), then commit as ``Producer.commit_transaction`` does: an exactly-once
@@ -224,6 +204,32 @@ class TracedProducer(Producer):  # type: ignore[misc]  # confluent-kafka's C typ
         remaining = int(super().flush(timeout) if timeout >= 0 else super().flush())
         self._emitter.flush(None if timeout < 0 else min(timeout, self._emitter.config.close_timeout_s))
         return remaining
+
+
+def _report_delivery(
+    sent: Callable[..., None],
+    cluster: str,
+    transactional: bool,
+    context: TraceContext,
+    attributes: Mapping[str, str] | None,
+    hashed_key: str | None,
+    tombstone: bool,
+    on_delivery: DeliveryCallback | None,
+    err: KafkaError | None,
+    msg: Message,
+) -> None:
+    """A traced record's delivery report: the SENT trace on success (``sent``: the emitter's), then the application's
+    own callback. Partialled once per producer (``sent``, ``cluster``, ``transactional``) and once per record."""
+    if err is None:
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()  # acks=0: no offset
+        if topic is not None and partition is not None and offset is not None and offset >= 0:
+            kind, stamped = msg.timestamp()  # the record's CreateTime, or the broker's LogAppendTime
+            sent(
+                context, cluster, topic, partition, offset, attributes,
+                stamped if kind != TIMESTAMP_NOT_AVAILABLE else None, hashed_key, tombstone, transactional,
+            )  # fmt: skip
+    if on_delivery is not None:
+        on_delivery(err, msg)
 
 
 def _without_resend_marks(headers: Headers) -> Headers:
@@ -266,7 +272,7 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
             raise TracingConfigError("group.id", group, "a consumer group id: RECEIVED traces name the group")
         super().__init__(dict(config))
         self._emitter = emitter
-        self._received = emitter.received
+        self._emit_received = emitter.received
         self._group = group
         self._cluster = cluster or emitter.config.cluster
         # librdkafka reads read_committed unless told otherwise (the Java client's default is read_uncommitted)
@@ -322,7 +328,7 @@ class TracedConsumer(Consumer):  # type: ignore[misc]  # confluent-kafka's C typ
         return messages
 
     def _emit(self, traced: list[_Traced]) -> None:
-        self._received(self._cluster, self._group, self._read_uncommitted, self._emitter.clock_ms(), traced)
+        self._emit_received(self._cluster, self._group, self._read_uncommitted, None, traced)
 
     def commit(self, *args: Any, **kwargs: Any) -> Any:
         """Flush pending traces (bounded), then commit as ``Consumer.commit`` does. An explicit commit up to a run

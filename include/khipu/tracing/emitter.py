@@ -78,7 +78,6 @@ class TraceEmitter:
         self.config = config
         self.emitter_id = f"{config.location}-{secrets.token_hex(4)}"
         self._clock_ms = clock_ms
-        self.clock_ms = clock_ms  # what its traces are stamped by: a traced consumer reads it once per poll
         self._location = config.location
         self._topic = config.topic
         self._record_key = self.emitter_id.encode()  # one emitter's records stay in order on one partition
@@ -101,9 +100,8 @@ class TraceEmitter:
         self._batch_since = 0.0  # when the batch's first trace came (monotonic)
         self._in_flight = 0  # traces handed to the trace producer, not yet reported delivered or failed
         self._marked_at_emitted = 0  # traces emitted when the last mark went out
-        # partition -> its newest RECEIVED offsets (newest first), and when the newest was received (its trace's
-        # timestamp, by the emitter's clock)
-        self._received: dict[tuple[str, str, int], tuple[tuple[int, ...], int]] = {}
+        # partition -> its newest RECEIVED offsets (newest first), and when the newest was traced (monotonic)
+        self._received: dict[tuple[str, str, int], tuple[tuple[int, ...], float]] = {}
         self._channel_healthy = True
         self._needs_new_producer = False
         self._last_warning = 0.0
@@ -185,22 +183,25 @@ class TraceEmitter:
         emitter's clock, None for now). The trace points back at this emitter's previous RECEIVED offsets on the
         partition."""
         self.received(
-            cluster, group, read_uncommitted, self._clock_ms() if timestamp_ms is None else timestamp_ms,
-            ((context, topic, partition, offset, attributes),),
-        )  # fmt: skip
+            cluster, group, read_uncommitted, timestamp_ms, ((context, topic, partition, offset, attributes),)
+        )
 
     def received(
         self,
         cluster: str,
         group: str,
         read_uncommitted: bool,
-        timestamp_ms: int,
+        timestamp_ms: int | None,
         records: Sequence[tuple[TraceContext, str, int, int, Mapping[str, str] | None]],
     ) -> None:
         """:meth:`emit_received` for the traced records one ``poll``/``consume`` returned, in order: each is
-        ``(context, topic, partition, offset, attributes)``, all received together at ``timestamp_ms``. What the
-        traced consumer calls: one lock and one call for a batch of records."""
+        ``(context, topic, partition, offset, attributes)``, all received together at ``timestamp_ms`` (None: now, by
+        the emitter's clock, read once). What the traced consumer calls: one lock and one call for a batch of
+        records."""
+        if timestamp_ms is None:
+            timestamp_ms = self._clock_ms()
         location, emitter_id, received_at, add = self._location, self.emitter_id, self._received, self._add
+        now = time.monotonic()  # for mark_memory_s: how long ago a partition was last received from
         with self._lock:
             seq = self._seq
             try:
@@ -208,7 +209,7 @@ class TraceEmitter:
                     where = (cluster, topic, partition)
                     known = received_at.get(where)
                     prev_offsets = () if known is None else known[0]
-                    received_at[where] = ((offset, *prev_offsets[: BACK_POINTERS - 1]), timestamp_ms)
+                    received_at[where] = ((offset, *prev_offsets[: BACK_POINTERS - 1]), now)
                     if self._closing or len(self._batch) + self._in_flight >= self._queue_max_traces:
                         self._refuse()
                     else:
@@ -422,13 +423,13 @@ class TraceEmitter:
         the last mark, or received within ``mark_memory_s`` (a lost mark is made good by the next). The mark
         closes the batch being filled, after its traces."""
         with self._lock:
-            now_ms = self._clock_ms()
-            memory_ms = self.config.mark_memory_s * 1000
+            now = time.monotonic()
+            memory = self.config.mark_memory_s
             recent = sorted(
                 (
-                    (at_ms, -rank, (cluster, topic, partition, offset))
-                    for (cluster, topic, partition), (offsets, at_ms) in self._received.items()
-                    if now_ms - at_ms <= memory_ms
+                    (at, -rank, (cluster, topic, partition, offset))
+                    for (cluster, topic, partition), (offsets, at) in self._received.items()
+                    if now - at <= memory
                     for rank, offset in enumerate(offsets)
                 ),
                 reverse=True,

@@ -48,7 +48,13 @@ class TraceContext(NamedTuple):
     sampling_percent: float
 
     def as_headers(self) -> list[tuple[str, bytes]]:
-        return [(HEADER_TRACE, f"{self.message_id} {self.stream} {float(self.sampling_percent)!r}".encode())]
+        return [(HEADER_TRACE, (self.message_id + trace_header_tail(self.stream, self.sampling_percent)).encode())]
+
+
+def trace_header_tail(stream: str, sampling_percent: float) -> str:
+    """What follows the message id in its trace header: ``" <stream> <sampling percent>"`` (the percent as Python's
+    ``repr`` of a float writes it)."""
+    return f" {stream} {float(sampling_percent)!r}"
 
 
 # A context from its three values without NamedTuple's Python-level __new__ (built once per traced message).
@@ -72,7 +78,7 @@ def _stream_and_sampling(stream: HeaderValue, sampling: HeaderValue) -> tuple[st
     name = _text(stream)
     if not name:
         return None
-    text = _text(sampling) if isinstance(sampling, (bytes, str)) else None  # anything else says nothing readable
+    text = _text(sampling)
     percent = float(text) if text is not None and SAMPLING_PATTERN.fullmatch(text) else 100.0
     return name, percent if 0 < percent <= 100 else 100.0
 
@@ -82,7 +88,7 @@ def read_headers(headers: Headers | None) -> tuple[TraceContext | None, ResendMa
 
     A record whose khipu headers are incomplete or unreadable is treated as untraced (or as not resent): tracing
     must never break the application that carries it. A header given twice counts as its last value. A ``khipu``
-    header decides alone when present: the three older headers are read only without it.
+    header with a value decides alone: the three older headers are read only without one (or with an empty one).
     """
     if not headers:
         return None, None
@@ -106,15 +112,16 @@ def read_headers(headers: Headers | None) -> tuple[TraceContext | None, ResendMa
             target = value
     context = mark = None
     if trace:
-        text = _text(trace)
+        text = _text(trace) if isinstance(trace, (bytes, str)) else None
         if text is not None:
             message_id, stream, sampling = text.rsplit(" ", 2) if text.count(" ") >= 2 else ("", None, None)
             named = _stream_and_sampling(stream, sampling) if message_id else None
             if named is not None:
                 context = new_context((message_id, *named))
     elif message_id and isinstance(stream, (bytes, str)):  # the three headers of records written before
-        message_id = _text(message_id)
-        named = _stream_and_sampling(stream, sampling) if message_id else None
+        message_id = _text(message_id) if isinstance(message_id, (bytes, str)) else None
+        readable = sampling if isinstance(sampling, (bytes, str)) else None  # (what else a header holds says nothing)
+        named = _stream_and_sampling(stream, readable) if message_id else None
         if named is not None:
             context = new_context((message_id, *named))
     if resend_id and hop:

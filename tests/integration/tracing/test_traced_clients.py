@@ -398,3 +398,37 @@ def test_consume_hands_over_every_record_but_a_resend_for_another_group_and_trac
         ("mine", "m-0", 1, False), ("mine", "m-2", 4, False),
         ("other", "m-0", 1, False), ("other", "m-1", 2, True), ("other", "m-2", 4, False),
     ]  # fmt: skip
+
+
+def test_records_one_poll_returned_that_the_queue_cannot_take_are_numbered_counted_and_leave_a_gap(
+    broker: BrokerProcess, topics: tuple[str, str]
+) -> None:
+    """The consumer hands a poll's traced records to the emitter in one call. With room for 2 traces, 2 of 4 are
+    refused: each still takes its number (the detector sees the gap), is counted as dropped, and still moves the
+    partition's back-pointers on (the next trace points at the refused ones' offsets: they were received)."""
+    _, trace_topic = topics
+    config = TraceEmitterConfig(broker.bootstrap_servers, "reader", "local", trace_topic, queue_max_traces=2)
+    emitter = TraceEmitter(config)
+    context = TraceContext("m-0", "orders", 100.0)
+    records = [(context._replace(message_id=f"m-{offset}"), "orders", 0, offset, None) for offset in range(4)]
+    emitter.received("local", "g", False, None, records)
+    refused = emitter.stats()
+    emitter.flush(10)  # room again: the next trace is taken
+    emitter.received("local", "g", False, None, [(context._replace(message_id="m-4"), "orders", 0, 4, None)])
+    stats = emitter.close()
+
+    traces = traces_of(broker, trace_topic)
+    assert [(t.message_id, t.emitter_seq, t.prev_offsets) for t in traces] == [
+        ("m-0", 0, ()),
+        ("m-1", 1, (0,)),
+        ("m-4", 4, (3, 2, 1)),
+    ]
+    assert (refused.emitted, refused.accepted, refused.dropped_queue_full) == (4, 2, 2)
+    assert (stats.emitted, stats.delivered, stats.dropped_queue_full, stats.pending) == (5, 3, 2, 0)
+
+
+def test_a_stream_name_the_trace_header_cannot_carry_is_refused_with_a_clear_error(emitter: TraceEmitter) -> None:
+    from khipu.tracing import TracingConfigError
+
+    with pytest.raises(TracingConfigError, match=r"stream.*'my orders'.*letters, digits"):
+        TracedProducer({"bootstrap.servers": "127.0.0.1:1"}, emitter=emitter, stream="my orders")

@@ -48,11 +48,11 @@ final class Ledger implements AutoCloseable {
      */
     static String messageId(Headers headers) {
         Header trace = headers.lastHeader("khipu");
-        if (trace != null && trace.value() != null) {
+        if (trace != null && trace.value() != null && trace.value().length > 0) {
             String text = new String(trace.value(), StandardCharsets.UTF_8);
             int last = text.lastIndexOf(' ');
             int middle = last <= 0 ? -1 : text.lastIndexOf(' ', last - 1);
-            return middle <= 0 ? null : text.substring(0, middle);
+            return middle <= 0 || middle + 1 == last ? null : text.substring(0, middle);
         }
         Header id = headers.lastHeader("khipu-id");
         return id == null || id.value() == null ? null : new String(id.value(), StandardCharsets.UTF_8);

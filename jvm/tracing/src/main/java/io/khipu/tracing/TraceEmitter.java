@@ -8,6 +8,7 @@ import java.util.Map;
 import java.util.concurrent.ArrayBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.locks.LockSupport;
 import javax.management.ObjectName;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
@@ -23,7 +24,7 @@ import org.slf4j.LoggerFactory;
  * <p>The application's threads (and a producer's I/O thread, which acknowledges) only build a trace and offer it to a
  * bounded queue: when the queue is full (the trace channel slow or down) the trace is dropped at once and counted. One
  * sender thread encodes queued traces and hands them to the trace producer (idempotent, acks=all) several to a record
- * (a batch, {@link TraceFormat#joinBatch}: what the queue holds when the sender wakes, up to
+ * (a batch, {@link TraceFormat#joinBatch}: what gathered in khipu.batch.linger.ms after the sender woke, up to
  * {@link TraceFormat#BATCH_MAX_TRACES} traces or {@link TraceFormat#BATCH_MAX_BYTES}), and publishes the emitter's
  * marks. Records are keyed by the emitter's id: its traces and marks stay in order on one partition. Every trace gets its sequence number before any
  * drop, so the detector sees the gap. One emitter serves every client of the JVM with the same location and trace
@@ -34,6 +35,7 @@ public final class TraceEmitter implements TraceEmitterMXBean {
     private static final long[] NO_OFFSETS = new long[0];
     private static final Logger log = LoggerFactory.getLogger(TraceEmitter.class);
     private static final long WARN_INTERVAL_NS = TimeUnit.SECONDS.toNanos(60);
+    private static final long LINGER_SLICE_NANOS = TimeUnit.MILLISECONDS.toNanos(5); // how often a linger looks again
     private static final Map<Object, TraceEmitter> SHARED = new HashMap<>();
     private static final Map<Object, Integer> USERS = new HashMap<>();
 
@@ -183,11 +185,7 @@ public final class TraceEmitter implements TraceEmitterMXBean {
                 Trace first = queue.poll(100, TimeUnit.MILLISECONDS);
                 if (first != null) {
                     drained.add(first);
-                    if (!closing && queue.size() < TraceFormat.BATCH_MAX_TRACES - 1) {
-                        // let a batch gather: woken for every trace, a sparse stream (1 % sampled) cost a record, a
-                        // send and two thread wake-ups per trace, 60 us of CPU each (bench/tracing_overhead.py)
-                        Thread.sleep(config.batchLingerMs());
-                    }
+                    linger();
                     queue.drainTo(drained, TraceFormat.BATCH_MAX_TRACES - 1);
                     send(drained);
                     drained.clear();
@@ -207,6 +205,24 @@ public final class TraceEmitter implements TraceEmitterMXBean {
             mark(); // the last number of the sequence, after every trace
         } catch (RuntimeException e) {
             warn("emitter mark not sent: {}", e.toString());
+        }
+    }
+
+    /**
+     * Let a batch gather for up to khipu.batch.linger.ms after its first trace: woken for every trace, a sparse stream
+     * (1 % sampled) cost a record, a send and two thread wake-ups per trace. It stops early when a batch is full, the
+     * bounded queue is half full, the emitter closes ({@link #close} unparks it) or the thread is interrupted.
+     */
+    private void linger() {
+        long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(config.batchLingerMs());
+        int halfQueue = Math.max(1, config.queueMaxTraces() / 2);
+        while (!closing && !Thread.currentThread().isInterrupted()) {
+            int queued = queue.size();
+            long left = deadline - System.nanoTime();
+            if (left <= 0 || queued >= TraceFormat.BATCH_MAX_TRACES - 1 || queued >= halfQueue) {
+                return;
+            }
+            LockSupport.parkNanos(this, Math.min(left, LINGER_SLICE_NANOS));
         }
     }
 
@@ -310,6 +326,7 @@ public final class TraceEmitter implements TraceEmitterMXBean {
             return;
         }
         closing = true; // the sender sends what is queued, then the last mark; the caller waits at most the close timeout
+        LockSupport.unpark(sender); // out of its linger at once
         long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(config.closeTimeoutMs());
         try {
             sender.join(Math.max(1, config.closeTimeoutMs()));
