@@ -54,6 +54,8 @@ public final class TraceEmitter implements TraceEmitterMXBean {
     private final AtomicLong failedDelivery = new AtomicLong();
     private final AtomicLong droppedAtClose = new AtomicLong(); // refused while closing, or still queued at the end
     private final AtomicLong stranded = new AtomicLong(); // accepted, then still queued when close gave up
+    private final Object finalCounts = new Object(); // close() settles the counters once; later callbacks count nothing
+    private boolean countsFinal;
     // per partition received from: its newest RECEIVED offsets (newest first) and when the newest was traced
     private final Map<Partition, Recent> received = new HashMap<>();
     private long markedAtEmitted;
@@ -255,22 +257,38 @@ public final class TraceEmitter implements TraceEmitterMXBean {
     private void sendBatch(List<byte[]> batch) {
         int traces = batch.size();
         if (producer == null) {
-            failedDelivery.addAndGet(traces);
+            countFailed(traces);
             return;
         }
         try {
             producer.send(new ProducerRecord<>(config.traceTopic(), null, System.currentTimeMillis(), recordKey,
                     TraceFormat.joinBatch(batch)), (metadata, error) -> {
                         if (error == null) {
-                            delivered.addAndGet(traces);
+                            countDelivered(traces);
                         } else {
-                            failedDelivery.addAndGet(traces);
+                            countFailed(traces);
                             warn("a trace record ({} traces) not delivered: {}", traces, error.toString());
                         }
                     });
         } catch (RuntimeException e) {
-            failedDelivery.addAndGet(traces);
+            countFailed(traces);
             warn("trace producer refused {} traces: {}", traces, e.toString());
+        }
+    }
+
+    private void countDelivered(int traces) {
+        synchronized (finalCounts) {
+            if (!countsFinal) {
+                delivered.addAndGet(traces);
+            }
+        }
+    }
+
+    private void countFailed(int traces) {
+        synchronized (finalCounts) {
+            if (!countsFinal) {
+                failedDelivery.addAndGet(traces);
+            }
         }
     }
 
@@ -341,6 +359,12 @@ public final class TraceEmitter implements TraceEmitterMXBean {
         droppedAtClose.addAndGet(left);
         if (producer != null) { // what is still in flight after this fails its callback: counted as failed
             producer.close(java.time.Duration.ofNanos(Math.max(0, deadline - System.nanoTime())));
+        }
+        synchronized (finalCounts) { // what the sender still held, or a callback had not counted yet, is lost at close
+            long unsettled = getPending();
+            stranded.addAndGet(unsettled);
+            droppedAtClose.addAndGet(unsettled);
+            countsFinal = true;
         }
         if (mbeanName != null) {
             try {
