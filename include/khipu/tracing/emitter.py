@@ -112,28 +112,6 @@ class TraceEmitter:
 
     # -- what traced clients call ----------------------------------------------------------
 
-    def emit_sent(
-        self,
-        context: TraceContext,
-        cluster: str,
-        topic: str,
-        partition: int,
-        offset: int,
-        attributes: Mapping[str, str] | None = None,
-        *,
-        timestamp_ms: int | None = None,
-        key_hash: str | None = None,
-        tombstone: bool = False,
-        transactional: bool = False,
-    ) -> None:
-        """Record that the broker acknowledged a traced write: ``timestamp_ms`` is the record's own timestamp from
-        the acknowledgement (None: not known, the emitter's clock stands in), ``key_hash`` the short hash of its
-        key (:func:`khipu.trace.keys.key_hash`), ``tombstone`` a null value, ``transactional`` written by a
-        transactional producer."""
-        self.sent(
-            context, cluster, topic, partition, offset, attributes, timestamp_ms, key_hash, tombstone, transactional
-        )
-
     def sent(
         self,
         context: TraceContext,
@@ -147,8 +125,11 @@ class TraceEmitter:
         tombstone: bool,
         transactional: bool,
     ) -> None:
-        """:meth:`emit_sent` with every argument in place: what the traced producer's delivery reports call, once
-        per traced message."""
+        """Record that the broker acknowledged a traced write: ``timestamp_ms`` is the record's own timestamp from
+        the acknowledgement (None: not known, the emitter's clock stands in), ``key_hash`` the short hash of its
+        key (:func:`khipu.trace.keys.key_hash`), ``tombstone`` a null value, ``transactional`` written by a
+        transactional producer. Every argument in place: the traced producer's delivery reports call this once per
+        traced message."""
         with self._lock:
             seq = self._seq
             self._seq = seq + 1
@@ -165,27 +146,6 @@ class TraceEmitter:
                 ))
             )  # fmt: skip
 
-    def emit_received(
-        self,
-        context: TraceContext,
-        cluster: str,
-        topic: str,
-        partition: int,
-        offset: int,
-        group: str,
-        attributes: Mapping[str, str] | None = None,
-        *,
-        read_uncommitted: bool = False,
-        timestamp_ms: int | None = None,
-    ) -> None:
-        """Record that consumer group ``group`` received a traced record (``attributes``: a resent record's mark;
-        ``read_uncommitted``: the group reads with isolation.level=read_uncommitted; ``timestamp_ms``: when, by the
-        emitter's clock, None for now). The trace points back at this emitter's previous RECEIVED offsets on the
-        partition."""
-        self.received(
-            cluster, group, read_uncommitted, timestamp_ms, ((context, topic, partition, offset, attributes),)
-        )
-
     def received(
         self,
         cluster: str,
@@ -194,10 +154,12 @@ class TraceEmitter:
         timestamp_ms: int | None,
         records: Sequence[tuple[TraceContext, str, int, int, Mapping[str, str] | None]],
     ) -> None:
-        """:meth:`emit_received` for the traced records one ``poll``/``consume`` returned, in order: each is
-        ``(context, topic, partition, offset, attributes)``, all received together at ``timestamp_ms`` (None: now, by
-        the emitter's clock, read once). What the traced consumer calls: one lock and one call for a batch of
-        records."""
+        """Record that consumer group ``group`` received these traced records, in order: each is ``(context, topic,
+        partition, offset, attributes)`` (``attributes``: a resent record's mark), all received together at
+        ``timestamp_ms`` (None: now, by the emitter's clock, read once); ``read_uncommitted``: the group reads with
+        isolation.level=read_uncommitted. Each trace points back at this emitter's previous RECEIVED offsets on its
+        partition. What the traced consumer calls for the records one ``poll``/``consume`` returned: one lock and
+        one call."""
         if timestamp_ms is None:
             timestamp_ms = self._clock_ms()
         location, emitter_id, received_at, add = self._location, self.emitter_id, self._received, self._add

@@ -111,19 +111,16 @@ def read_headers(headers: Headers | None) -> tuple[TraceContext | None, ResendMa
         elif name == HEADER_RESEND_TARGET:
             target = value
     context = mark = None
-    if trace:
+    if trace:  # the trace header decides alone: "<id> <stream> <sampling>", split at the last two spaces
         text = _text(trace) if isinstance(trace, (bytes, str)) else None
-        if text is not None:
-            message_id, stream, sampling = text.rsplit(" ", 2) if text.count(" ") >= 2 else ("", None, None)
-            named = _stream_and_sampling(stream, sampling) if message_id else None
-            if named is not None:
-                context = new_context((message_id, *named))
-    elif message_id and isinstance(stream, (bytes, str)):  # the three headers of records written before
+        message_id, stream, sampling = text.rsplit(" ", 2) if text and text.count(" ") >= 2 else (None, None, None)
+    elif message_id:  # the three headers of records written before (what else a header holds says nothing)
         message_id = _text(message_id) if isinstance(message_id, (bytes, str)) else None
-        readable = sampling if isinstance(sampling, (bytes, str)) else None  # (what else a header holds says nothing)
-        named = _stream_and_sampling(stream, readable) if message_id else None
-        if named is not None:
-            context = new_context((message_id, *named))
+        stream = stream if isinstance(stream, (bytes, str)) else None
+        sampling = sampling if isinstance(sampling, (bytes, str)) else None
+    named = _stream_and_sampling(stream, sampling) if message_id and stream else None
+    if named is not None:
+        context = new_context((message_id, *named))
     if resend_id and hop:
         resend_id, hop = _text(resend_id), _text(hop)
         if resend_id and hop:
