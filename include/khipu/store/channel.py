@@ -267,6 +267,19 @@ class TraceChannelRepository:
         with self._engine.begin() as tx:
             return int(tx.execute(delete(t).where(t.c.seen_ms < before_ms)).rowcount or 0)
 
+    def prune_quarantine(self, before_ms: int, *, dry_run: bool = False) -> int:
+        """Drop records quarantined before ``before_ms``; returns how many (a dry run counts, keeps them)."""
+        t = schema.quarantine
+        with self._engine.begin(commit=not dry_run) as tx:
+            return int(tx.execute(delete(t).where(t.c.quarantined_ms < before_ms)).rowcount or 0)
+
+    def prune_gaps(self, before_ms: int, *, dry_run: bool = False) -> int:
+        """Drop emitter sequence gaps whose later trace came before ``before_ms`` (what they could explain is no
+        longer archived); returns how many (a dry run counts, keeps them)."""
+        t = schema.trace_gaps
+        with self._engine.begin(commit=not dry_run) as tx:
+            return int(tx.execute(delete(t).where(t.c.before_ms < before_ms)).rowcount or 0)
+
     def trace_gaps(self, location: str) -> list[tuple[int, int]]:
         """Unfilled gaps of a location's emitters: (first missing number, first number after)."""
         gaps = schema.trace_gaps

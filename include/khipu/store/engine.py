@@ -60,11 +60,21 @@ class StoreEngine:
             raise StoreError(f"cannot migrate the store at {self.safe_url}: {exc.orig}") from None
 
     @contextmanager
-    def begin(self) -> Iterator[Connection]:
-        """A transaction; database errors come out as :class:`StoreError` saying what to do."""
+    def begin(self, commit: bool = True) -> Iterator[Connection]:
+        """A transaction; database errors come out as :class:`StoreError` saying what to do. ``commit=False``:
+        rolled back at the end whatever happens (a dry run counts exactly what it would change, and keeps
+        nothing)."""
         try:
-            with self.sql.begin() as tx:
-                yield tx
+            if commit:
+                with self.sql.begin() as tx:
+                    yield tx
+            else:
+                with self.sql.connect() as connection:
+                    transaction = connection.begin()
+                    try:
+                        yield connection
+                    finally:
+                        transaction.rollback()
         except (OperationalError, ProgrammingError) as exc:
             raise StoreError(self._explain(exc)) from None
 

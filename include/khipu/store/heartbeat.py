@@ -69,6 +69,16 @@ class HeartbeatRepository:
         found = [int(value) for value in (recorded, caught_up, written) if value is not None]
         return max(found) if found else None
 
+    def prune(self, before_ms: int, *, dry_run: bool = False) -> int:
+        """Drop every query's reports from before ``before_ms``, except each query's newest (a stopped query still
+        says when it last ran); returns how many (a dry run counts, keeps them)."""
+        table = schema.detector_heartbeat
+        newest = select(func.max(table.c.id)).group_by(table.c.query_name)
+        with self._engine.begin(commit=not dry_run) as tx:
+            return int(
+                tx.execute(delete(table).where(table.c.at_ms < before_ms, table.c.id.not_in(newest))).rowcount or 0
+            )
+
     def latest(self, query_name: str) -> dict[str, Any] | None:
         """The newest report of ``query_name`` (its ``detector_heartbeat`` columns)."""
         table = schema.detector_heartbeat

@@ -53,6 +53,7 @@ COUNT_COLUMNS = (
 )  # fmt: skip
 MINUTE_COLUMNS = ("stream", "hop", "minute_ms")
 CHANGES_PART = "changes"  # the part store_changes adds every change of a stored verdict to
+ROLLUP_PART = "rollup"  # the part holding the sum of a whole span of old minutes, at the span's first minute
 CHUNK = 500  # ids (or minutes) per IN (...) query
 UNSUMMED = {**dict.fromkeys(COUNT_COLUMNS, 0), "loss_rate": 0.0, "duplicate_rate": 0.0}  # a new minute's row, held
 
@@ -211,10 +212,10 @@ class VerdictRepository:
         with ``counts`` (per (stream, hop, minute_ms); empty counts store nothing) and sum each minute the
         part had or has again from all its parts, in one transaction: calling it twice with the same
         arguments leaves the same tables (a replayed batch replaces its own part)."""
-        if not part or part == CHANGES_PART or len(part) > schema.NAME:
+        if not part or part in (CHANGES_PART, ROLLUP_PART) or len(part) > schema.NAME:
             raise ValueError(
                 f"part {part!r}: expected a writer's id of 1 to {schema.NAME} characters other than "
-                f"{CHANGES_PART!r} (store_changes keeps that one)"
+                f"{CHANGES_PART!r} (store_changes keeps that one) and {ROLLUP_PART!r} (retention's roll-up)"
             )
         table = schema.verdict_metric_parts
         rows = [_part_values(minute, part, c) for minute, c in _minutes(counts).items() if not _totals(c).empty]
@@ -443,6 +444,96 @@ class VerdictRepository:
             query = query.where(table.c.stream == stream)
         with self._engine.begin() as tx:
             return [dict(row._mapping) for row in tx.execute(query.order_by(table.c.minute_ms, table.c.hop))]
+
+    # -- retention ----------------------------------------------------------------------------------------------
+
+    def of_kind(self, verdict: str) -> list[dict[str, Any]]:
+        """Every stored verdict of one kind, whatever its age: message id, hop, stream and times."""
+        table = schema.verdicts
+        columns = (table.c.message_id, table.c.hop, table.c.stream, table.c.first_seen_ms, table.c.decided_ms)
+        with self._engine.begin() as tx:
+            return [dict(row._mapping) for row in tx.execute(select(*columns).where(table.c.verdict == verdict))]
+
+    def prune(
+        self, before_ms: int, verdicts: Collection[str], keep: Collection[str] = (), *, dry_run: bool = False
+    ) -> tuple[int, int]:
+        """Delete the verdicts of these kinds decided before ``before_ms``, except the messages ``keep`` names,
+        and the history of every (message, hop) left without a verdict row from before ``before_ms``; returns
+        (verdicts, history entries) deleted (a dry run counts, keeps them). The metrics stay as they are: they
+        count what was decided, whatever is kept of it."""
+        table, history = schema.verdicts, schema.verdict_history
+        spared = sorted(set(keep))
+        old = [table.c.decided_ms < before_ms, table.c.verdict.in_(sorted(verdicts))]
+        if spared:
+            old.append(table.c.message_id.not_in(spared))
+        still_there = (
+            select(table.c.message_id)
+            .where(table.c.message_id == history.c.message_id, table.c.hop == history.c.hop)
+            .exists()
+        )
+        old_history = [history.c.at_ms < before_ms, ~still_there]
+        if spared:
+            old_history.append(history.c.message_id.not_in(spared))
+        with self._engine.begin(commit=not dry_run) as tx:
+            removed = int(tx.execute(delete(table).where(*old)).rowcount or 0)
+            forgotten = int(tx.execute(delete(history).where(*old_history)).rowcount or 0)
+        return removed, forgotten
+
+    def roll_up(self, before_ms: int, span_ms: int, summarize: Summarize, *, dry_run: bool = False) -> int:
+        """Fold the metric parts of the minutes before ``before_ms`` (a multiple of ``span_ms``) into one part per
+        (stream, hop, span), :data:`ROLLUP_PART` at the span's first minute, and sum those spans' metrics again,
+        one transaction per span: a window's counts and latency histograms are the same before and after, with
+        a span's resolution. Returns how many part rows were folded (a dry run counts, changes nothing)."""
+        if span_ms <= 0 or before_ms % span_ms:
+            raise ValueError(f"roll_up: before_ms {before_ms} is not a multiple of span_ms {span_ms}")
+        table = schema.verdict_metric_parts
+        unfolded = select(table.c.stream, table.c.hop, table.c.minute_ms).where(
+            table.c.minute_ms < before_ms, (table.c.part != ROLLUP_PART) | (table.c.minute_ms % span_ms != 0)
+        )
+        with self._engine.begin() as tx:
+            spans = sorted({(r.stream, r.hop, int(r.minute_ms) // span_ms * span_ms) for r in tx.execute(unfolded)})
+        folded = 0
+        for stream, hop, start in spans:
+            where = (
+                table.c.stream == stream,
+                table.c.hop == hop,
+                table.c.minute_ms >= start,
+                table.c.minute_ms < start + span_ms,
+            )
+            with self._engine.begin(commit=not dry_run) as tx:
+                rows = tx.execute(delete(table).where(*where).returning(table)).all()
+                folded += sum(1 for r in rows if r.part != ROLLUP_PART or int(r.minute_ms) != start)
+                total = MinuteTotals()
+                for row in rows:
+                    total = added(total, MinuteTotals.of_row(row))
+                if not total.empty:
+                    tx.execute(insert(table), [_part_values((stream, hop, start), ROLLUP_PART, total)])
+                metrics = schema.verdict_metrics
+                tx.execute(
+                    delete(metrics).where(
+                        metrics.c.stream == stream,
+                        metrics.c.hop == hop,
+                        metrics.c.minute_ms >= start,
+                        metrics.c.minute_ms < start + span_ms,
+                    )
+                )
+                _sum_minutes(tx, {(stream, hop, start)}, summarize)
+        return folded
+
+    def prune_metrics(self, before_ms: int, *, dry_run: bool = False) -> int:
+        """Delete the metrics (and their parts) of the minutes before ``before_ms``; returns how many metric rows
+        (a dry run counts, keeps them)."""
+        metrics, parts = schema.verdict_metrics, schema.verdict_metric_parts
+        with self._engine.begin(commit=not dry_run) as tx:
+            tx.execute(delete(parts).where(parts.c.minute_ms < before_ms))
+            return int(tx.execute(delete(metrics).where(metrics.c.minute_ms < before_ms)).rowcount or 0)
+
+    def oldest_minute(self) -> int | None:
+        """The first minute with metrics (None: none)."""
+        table = schema.verdict_metrics
+        with self._engine.begin() as tx:
+            found = tx.execute(select(func.min(table.c.minute_ms))).scalar()
+        return None if found is None else int(found)
 
     def read_parts(self, stream: str | None = None, since_ms: int = 0) -> list[dict[str, Any]]:
         """The parts of the minutes since ``since_ms`` (of one stream, when given): what their metrics sum."""
