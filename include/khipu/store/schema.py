@@ -260,6 +260,10 @@ detector_heartbeat = Table(
     Column("state_bytes", BigInteger),
     Column("caught_up", Boolean, nullable=False),  # the batch read everything the topic held when it started
     Column("read_to_ms", BigInteger),  # every trace written before this time has been read (None: not known)
+    # a query that waits out an outage says so: on what (None: it does not wait), since when, how many tries
+    Column("waiting", Text),
+    Column("waiting_since_ms", BigInteger),
+    Column("retries", Integer),
     Index("ix_detector_heartbeat_time", "query_name", "at_ms"),
 )
 
