@@ -277,6 +277,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         progress=ReadProgress(
             job.checkpoint_dir / DETECTOR_QUERY, DETECTOR_QUERY, job.trace_topic, job.trace_connection
         ),
+        grace_ms=job.detector.grace_ms,
     )
     query = (
         judged.writeStream.queryName(DETECTOR_QUERY)

@@ -155,6 +155,7 @@ class DetectorWriter:
         hops: Mapping[str, list[Any]] | None = None,
         figures: BatchFigures | None = None,
         progress: ReadProgress | None = None,
+        grace_ms: int = 0,
     ) -> None:
         self.store_url, self.archive_path, self.keep_pointers_ms = store_url, archive_path, keep_pointers_ms
         self.verdict_archive_path = verdict_archive_path
@@ -167,6 +168,8 @@ class DetectorWriter:
         self._verdict_archive: VerdictArchive | None = None
         self._producer: Producer | None = None
         self._pruned_ms = 0
+        self.grace_ms = grace_ms  # a sequence gap is settled once the topic is read this long past it
+        self._open_emitters: set[str] | None = None  # with sequence gaps not settled yet (None: ask the store)
 
     @property
     def store(self) -> Store:
@@ -201,7 +204,7 @@ class DetectorWriter:
         lap("archive")
         for partition, newest in records.newest_read(passed).items():
             self.figures.read(partition, newest)
-        found, numbered = self._channel(passed, batch_id)
+        found = self._channel(passed, batch_id)
         lap("channel")
         for row in collected.filter(pc.equal(kinds, STATS)).select(["bucket", "in_flight", "state_bytes"]).to_pylist():
             self.figures.report(int(row["bucket"]), int(row["in_flight"]), int(row["state_bytes"]))
@@ -212,6 +215,8 @@ class DetectorWriter:
             read_to = self.progress.advance(batch_id, self.figures.newest_read_ms, self.store)
             if read_to is not None:
                 self.figures.read_to_ms = read_to
+        numbered = self._sequences(passed, batch_id)
+        lap("sequences")
         log.info(
             "batch %d: %d traces, %d verdicts (%d LOST), %d archived, %d stored; %d pointers, %d sequence "
             "numbers; %d messages in flight; %s",
@@ -239,8 +244,9 @@ class DetectorWriter:
         table = traces.set_column(traces.schema.get_field_index("prev_offsets"), "prev_offsets", pointers)
         archive.write_batch(Path(self.archive_path), key, table.select(archive.SCHEMA.names))
 
-    def _channel(self, passed: pa.Table, batch_id: int) -> tuple[int, int]:
-        """Back-pointers, emitter sequence numbers and malformed records: the trace channel's own health."""
+    def _channel(self, passed: pa.Table, batch_id: int) -> int:
+        """Back-pointers and malformed records: the trace channel's own health (sequence numbers: after the batch
+        has moved how far the topic is read, :meth:`_sequences`)."""
         now = _now_ms()
         found = records.pointers(passed)
         self.store.channel.record_pointers(found, now)
@@ -249,10 +255,6 @@ class DetectorWriter:
             # decisions older than this are not looked for again: a trace that late is judged as a new message's
             self.verdict_archive.index.prune(now - self.keep_pointers_ms)
             self._pruned_ms = now
-        numbered = records.sequence_numbers(passed)
-        gaps = record_emitter_sequences(self.store.channel, numbered, now)
-        if gaps:
-            log.warning("batch %d: %d new gaps in emitter sequences (lost traces)", batch_id, gaps)
         bad = [
             {**row, "quarantine_reason": quarantine_reason(row["raw_value"], self.known_streams)}
             for row in records.malformed(passed)
@@ -260,7 +262,27 @@ class DetectorWriter:
         if bad:
             added = self.store.channel.add_quarantine(bad, _now_ms())
             log.warning("batch %d: %d malformed trace records quarantined (%d new)", batch_id, len(bad), added)
-        return len(found), sum(len(batch.seen) for batch in numbered.values())
+        return len(found)
+
+    def _sequences(self, passed: pa.Table, batch_id: int) -> int:
+        """Emitter sequence numbers: a gap is stored and counted as lost traces once it is settled, the trace
+        topic read ``grace_ms`` past the number after it (:mod:`khipu.detector.gaps`); emitters with gaps still
+        open are looked at again after the next batch. Returns how many numbers the batch held."""
+        numbered = records.sequence_numbers(passed)
+        if self._open_emitters is None:  # after a start: whatever a previous run left open
+            self._open_emitters = set(self.store.channel.emitters_with_runs())
+        read_to = self.figures.read_to_ms
+        recorded = record_emitter_sequences(
+            self.store.channel,
+            numbered,
+            _now_ms(),
+            settled_ms=None if read_to is None else read_to - self.grace_ms,
+            revisit=sorted(self._open_emitters),
+        )
+        self._open_emitters = set(recorded.still_open)
+        if recorded.new_gaps:
+            log.warning("batch %d: %d new gaps in emitter sequences (lost traces)", batch_id, recorded.new_gaps)
+        return sum(len(batch.seen) for batch in numbered.values())
 
     def _verdicts(self, verdicts: pa.Table, key: int) -> tuple[int, int, int]:
         """The batch's verdicts to where they go: a fresh message's plain DELIVERED verdicts to the verdict

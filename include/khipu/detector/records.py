@@ -80,13 +80,16 @@ def pointers(records: pa.Table) -> list[tuple[str, str, str, int, int]]:
 
 
 def sequence_numbers(records: pa.Table) -> dict[str, EmitterBatch]:
-    """Every emitter's sequence numbers in the batch (with their times), from its traces and marks."""
+    """Every emitter's sequence numbers in the batch, from its traces and marks, each with the time its record
+    was written to the trace topic (the clock :mod:`khipu.detector.clock` reads the topic by, which tells when
+    a gap is settled; the trace's own time where the record has none)."""
     numbered = records.filter(pc.not_equal(records.column("kind"), MALFORMED))
+    written = pc.coalesce(numbered.column("kafka_timestamp_ms"), numbered.column("timestamp_ms"))
     return batches_of_columns(
         numbered.column("emitter_id").to_numpy(zero_copy_only=False),
         numbered.column("location").to_numpy(zero_copy_only=False),
         numbered.column("emitter_seq").to_numpy(),
-        numbered.column("timestamp_ms").to_numpy(),
+        written.to_numpy(zero_copy_only=False),
     )
 
 

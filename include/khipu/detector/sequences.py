@@ -12,6 +12,12 @@ numbers, and the gaps between runs are recomputed whenever a batch brings more: 
 depends only on what has been seen, never on the order it came in. Runs more than ``keep``
 numbers behind the newest are folded into a base; a number that arrives even later still fills
 its gap (:class:`Absorbed.late`).
+
+A gap at the frontier of what has been read is not yet a loss: its numbers may sit on a partition the
+batch did not read as far. A gap is *open* while the number after it was written later than
+``open_after_ms`` (the caller's bound: how far the trace topic is read, less the grace); the fold never
+passes an open gap, so it is judged again once the topic is read past it
+(:func:`khipu.detector.gaps.plan_sequence_updates` stores and counts only the gaps that are not open).
 """
 
 from __future__ import annotations
@@ -69,11 +75,18 @@ class Absorbed:
     changed: bool  # whether anything new was seen
 
 
-def absorb(history: EmitterHistory, seen: Iterable[tuple[int, int]] | Numbers, keep: int = KEEP_RECENT) -> Absorbed:
+def absorb(
+    history: EmitterHistory,
+    seen: Iterable[tuple[int, int]] | Numbers,
+    keep: int = KEEP_RECENT,
+    open_after_ms: int | None = None,
+) -> Absorbed:
     """Add a batch of (sequence number, time) to an emitter's history; recompute its gaps above the base.
 
     ``seen``: pairs, or an (n, 2) array of them; a number seen twice counts with the time it first came with.
-    The numbers are handled as runs with numpy (a batch holds tens of thousands per emitter)."""
+    The numbers are handled as runs with numpy (a batch holds tens of thousands per emitter).
+    ``open_after_ms``: gaps whose number after came later than this are open (see the module's description)
+    and are not folded into the base; None: no gap is open."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
     pairs = seen if isinstance(seen, np.ndarray) else np.asarray(list(seen), dtype=np.int64)
@@ -94,6 +107,10 @@ def absorb(history: EmitterHistory, seen: Iterable[tuple[int, int]] | Numbers, k
     merged = _merge(runs, _runs_of(distinct, at))
     gaps = _gaps(history.base_seq, history.base_ms, merged)
     horizon = merged[-1].last_seq - keep if merged else history.base_seq
+    if open_after_ms is not None:  # never fold past a gap that traces not yet read may still fill
+        first_open = next((gap.from_seq for gap in gaps if gap.before_ms > open_after_ms), None)
+        if first_open is not None:
+            horizon = min(horizon, first_open - 1)
     folded = [run for run in merged if run.last_seq <= horizon]
     base_seq, base_ms = (folded[-1].last_seq, folded[-1].last_ms) if folded else (history.base_seq, history.base_ms)
     kept = EmitterHistory(base_seq, base_ms, tuple(run for run in merged if run.last_seq > horizon))

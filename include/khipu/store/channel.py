@@ -220,6 +220,14 @@ class TraceChannelRepository:
                 else:
                     tx.execute(insert(progress).values(emitter_id=emitter_id, **values))
 
+    def emitters_with_runs(self) -> list[str]:
+        """Emitters whose numbers above their base are more than one run (a gap between them, stored or not
+        settled yet): the sequence tracker looks at them again after a restart."""
+        progress = schema.emitter_progress
+        with self._engine.begin() as tx:
+            rows = tx.execute(select(progress.c.emitter_id).where(progress.c.runs.like("%],[%")))
+            return sorted(str(row.emitter_id) for row in rows)
+
     def record_pointers(self, pointers: Iterable[tuple[str, str, str, int, int]], seen_ms: int) -> int:
         """Keep positions an emitter says it received: (location, cluster, topic, partition, offset).
 
