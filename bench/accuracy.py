@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -48,20 +49,31 @@ from khipu.registry import load_registry
 from khipu.store import Store
 from khipu.trace.archive import spark_schema as archive_spark_schema
 from khipu.trace.model import trace_from_columns
+from khipu.verdicts.archive import VerdictArchive
 from khipu.verdicts.book import VerdictBook
+from khipu.verdicts.read import all_verdicts, with_first_decisions
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = ROOT / "config" / "registry.yaml"
 
 
-def khipu_answers(store: Store, first_of_history: bool) -> Answers:
-    """The stored verdicts as answers; when each was given: its first history entry (the first answer), or
-    its last (the final one)."""
-    rows = store.verdicts.rows()
+def every_verdict(store: Store, verdicts_dir: Path) -> list[dict[str, Any]]:
+    """Every verdict: the SQL store's and the verdict archive's (plain DELIVERED), the SQL row winning per hop."""
+    return all_verdicts(store.verdicts, VerdictArchive(verdicts_dir))
+
+
+def khipu_answers(store: Store, verdicts_dir: Path, first_of_history: bool) -> Answers:
+    """Every verdict (SQL store and verdict archive) as answers; when each was given: its first history entry
+    (the first answer), or its last (the final one). An archived DELIVERED has no history row: its decision
+    time is its entry."""
+    rows = every_verdict(store, verdicts_dir)
     said_by = {(r["message_id"], r["hop"]): said(r) for r in rows}
+    by_message: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_message.setdefault(str(row["message_id"]), []).append(row)
     at: dict[tuple[str, str], int] = {}
-    for message_id in {r["message_id"] for r in rows}:
-        for entry in store.verdicts.history(message_id):
+    for message_id, verdicts in by_message.items():
+        for entry in with_first_decisions(store.verdicts.history(message_id), verdicts):
             key = (message_id, entry["hop"])
             if first_of_history:
                 at.setdefault(key, int(entry["at_ms"]))
@@ -70,11 +82,13 @@ def khipu_answers(store: Store, first_of_history: bool) -> Answers:
     return Answers(said_by, at)
 
 
-def settle(store: Store, expected: int, timeout_s: float) -> None:
+def settle(store: Store, verdicts_dir: Path, expected: int, timeout_s: float) -> None:
+    """Wait until every observable message has verdicts (SQL store or verdict archive), nothing is in flight and
+    the count has held still for three looks."""
     deadline, last, stable = time.monotonic() + timeout_s, -1, 0
     while time.monotonic() < deadline:
         time.sleep(3)
-        rows = store.verdicts.rows()
+        rows = every_verdict(store, verdicts_dir)
         beat = store.heartbeat.latest(DETECTOR_QUERY)
         messages = len({r["message_id"] for r in rows})
         quiet = beat is not None and beat["state_rows"] == 0 and len(rows) == last
@@ -97,6 +111,7 @@ def main() -> int:
     parser.add_argument("--session-gap-ms", type=int, default=30_000, help="the session-window baseline's gap")
     parser.add_argument("--window-ms", type=int, default=60_000, help="the count audit's window")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (broker data, store) afterwards")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = Path(tempfile.mkdtemp(prefix="khipu-accuracy-"))
@@ -170,10 +185,10 @@ def main() -> int:
         done_ms = int(time.time() * 1000)
         truth = build_truth(read_ledger(demo.ledger_path, run_id=run_id))
         print(f"  demo done in {(done_ms - started_ms) / 1000:.0f} s; faults {dict(report.fault_counts)}", flush=True)
-        settle(store, len(observable_messages(truth)), timeout_s=args.max_wait_ms / 1000 + 240)
+        settle(store, job.verdicts_dir, len(observable_messages(truth)), timeout_s=args.max_wait_ms / 1000 + 240)
         for query in queries:
             query.stop()
-        streaming = khipu_answers(store, first_of_history=True)
+        streaming = khipu_answers(store, job.verdicts_dir, first_of_history=True)
 
         window = ReconcileWindow(started_ms - 60_000, done_ms + 1_000, horizon_ms=args.horizon_ms)
         archived_to = store.heartbeat.read_to_ms(DETECTOR_QUERY) or 0
@@ -194,8 +209,9 @@ def main() -> int:
             int(time.time() * 1000),
             name_record=kafka_record_namer(connections),
             progress=lambda line: print(f"  reconcile: {line}", flush=True),
+            verdict_archive_dir=job.verdicts_dir,
         )
-        final = khipu_answers(store, first_of_history=False)
+        final = khipu_answers(store, job.verdicts_dir, first_of_history=False)
 
         rows = spark.read.schema(archive_spark_schema()).parquet(str(job.archive_dir)).collect()
         by_message: dict[str, list[Any]] = {}
@@ -232,6 +248,10 @@ def main() -> int:
         store.close()
         spark.stop()
         stop_process_group(broker.pid)
+        if args.keep:
+            print(f"work kept in {work}", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)  # the broker's data and the archives
 
 
 if __name__ == "__main__":
