@@ -158,8 +158,11 @@ def run_retention(
         f"{beats:,} heartbeat(s) before {hour_of(plan.heartbeats_before_ms)}",
     )
 
-    folded = store.verdicts.roll_up(plan.minutes_before_ms, ROLLUP_SPAN_MS, summarize, dry_run=dry_run)
+    # old metrics go first and the roll-up starts where they end: a dry run, which removes nothing, counts the same
     metrics = store.verdicts.prune_metrics(plan.metrics_before_ms, dry_run=dry_run)
+    folded = store.verdicts.roll_up(
+        plan.minutes_before_ms, ROLLUP_SPAN_MS, summarize, since_ms=plan.metrics_before_ms, dry_run=dry_run
+    )
     report.removed.update({"minute_metric_parts_rolled_up": folded, "metrics": metrics})
     report.say(
         progress,
@@ -180,9 +183,10 @@ def _prune_trace_archive(root: Path, before_ms: int, pinned: Pinned, dry_run: bo
             break
         folder = root / f"hour={hour}"
         size = folder_bytes(folder)
-        if hour in pinned.hours and _kept_traces(folder, pinned.message_ids, dry_run):
+        kept = _kept_traces(folder, pinned.message_ids, dry_run) if hour in pinned.hours else None
+        if kept is not None:
             rewritten += 1
-            freed += size - (0 if dry_run else folder_bytes(folder))
+            freed += size - kept
             continue
         removed += 1
         freed += size
@@ -191,25 +195,28 @@ def _prune_trace_archive(root: Path, before_ms: int, pinned: Pinned, dry_run: bo
     return removed, freed, rewritten
 
 
-def _kept_traces(folder: Path, message_ids: Collection[str], dry_run: bool) -> bool:
-    """Rewrite an hour folder to the traces of these messages (one file, batch_id=-1); False (left as it is) when it
-    holds none of them."""
+def _kept_traces(folder: Path, message_ids: Collection[str], dry_run: bool) -> int | None:
+    """Rewrite an hour folder to the traces of these messages (one file, batch_id=-1) and return its new size in
+    bytes; None (left as it is) when it holds none of them. A dry run writes the file aside to measure it, then
+    removes it."""
     files = sorted(str(p) for p in folder.glob("batch_id=*/*.parquet") if not p.name.startswith((".", "_")))
     if not files:
-        return False
+        return None
     table = ds.dataset(files, format="parquet").to_table(filter=ds.field("message_id").isin(sorted(message_ids)))
     if not table.num_rows:
-        return False
-    if dry_run:
-        return True
+        return None
     staging = folder.parent / f".{folder.name}.{uuid.uuid4().hex}"
     (staging / KEPT_BATCH).mkdir(parents=True)
     pq.write_table(table, staging / KEPT_BATCH / "part-0.parquet", compression="zstd")
+    size = folder_bytes(staging)
+    if dry_run:
+        shutil.rmtree(staging)
+        return size
     retired = folder.parent / f".{folder.name}.retired.{uuid.uuid4().hex}"
     os.replace(folder, retired)  # readers skip "."-prefixed folders: never a moment with both or neither
     os.replace(staging, folder)
     shutil.rmtree(retired)
-    return True
+    return size
 
 
 def _prune_verdict_archive(

@@ -479,16 +479,21 @@ class VerdictRepository:
             forgotten = int(tx.execute(delete(history).where(*old_history)).rowcount or 0)
         return removed, forgotten
 
-    def roll_up(self, before_ms: int, span_ms: int, summarize: Summarize, *, dry_run: bool = False) -> int:
-        """Fold the metric parts of the minutes before ``before_ms`` (a multiple of ``span_ms``) into one part per
-        (stream, hop, span), :data:`ROLLUP_PART` at the span's first minute, and sum those spans' metrics again,
-        one transaction per span: a window's counts and latency histograms are the same before and after, with
-        a span's resolution. Returns how many part rows were folded (a dry run counts, changes nothing)."""
-        if span_ms <= 0 or before_ms % span_ms:
-            raise ValueError(f"roll_up: before_ms {before_ms} is not a multiple of span_ms {span_ms}")
+    def roll_up(
+        self, before_ms: int, span_ms: int, summarize: Summarize, *, since_ms: int = 0, dry_run: bool = False
+    ) -> int:
+        """Fold the metric parts of the minutes from ``since_ms`` to ``before_ms`` (multiples of ``span_ms``) into
+        one part per (stream, hop, span), :data:`ROLLUP_PART` at the span's first minute, and sum those spans'
+        metrics again, one transaction per span: a window's counts and latency histograms are the same before and
+        after, with a span's resolution. Returns how many part rows were folded (a dry run counts, changes
+        nothing)."""
+        if span_ms <= 0 or before_ms % span_ms or since_ms % span_ms:
+            raise ValueError(f"roll_up: since_ms {since_ms} and before_ms {before_ms} must be multiples of {span_ms}")
         table = schema.verdict_metric_parts
         unfolded = select(table.c.stream, table.c.hop, table.c.minute_ms).where(
-            table.c.minute_ms < before_ms, (table.c.part != ROLLUP_PART) | (table.c.minute_ms % span_ms != 0)
+            table.c.minute_ms >= since_ms,
+            table.c.minute_ms < before_ms,
+            (table.c.part != ROLLUP_PART) | (table.c.minute_ms % span_ms != 0),
         )
         with self._engine.begin() as tx:
             spans = sorted({(r.stream, r.hop, int(r.minute_ms) // span_ms * span_ms) for r in tx.execute(unfolded)})
