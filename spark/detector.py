@@ -20,23 +20,23 @@ import signal
 import sys
 from pathlib import Path
 
+from khipu.config import DetectorSection, SparkSection, load
 from khipu.detector.driver import write_driver_record
 from khipu.detector.job import (
     DEFAULT_BUCKETS,
     DEFAULT_MAX_OFFSETS_PER_TRIGGER,
-    DEFAULT_TRIGGER_S,
     DetectorJob,
     start_detector,
 )
 from khipu.detector.launch import connector_jars, driver_settings, read_connections_file
-from khipu.detector.model import DetectorConfig
+from khipu.detector.model import DetectorConfig, DetectorConfigError
 from khipu.settings import KhipuSettings
-
-CONNECTIONS_FILE_VARIABLE = "KHIPU_CONNECTIONS_FILE"
 
 
 def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
     settings, defaults = KhipuSettings.from_env(), DetectorConfig.from_env()
+    detector = load(DetectorSection, error=DetectorConfigError)
+    spark = load(SparkSection)
     parser = argparse.ArgumentParser(
         prog="detector", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -44,8 +44,8 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
     parser.add_argument(
         "--connections-file",
         type=Path,
-        default=os.environ.get(CONNECTIONS_FILE_VARIABLE) or None,
-        help=f"owner-only JSON with the clusters' connections and the store URL (default ${CONNECTIONS_FILE_VARIABLE})",
+        default=spark.connections_file,
+        help="owner-only JSON with the clusters' connections and the store URL (default $KHIPU_CONNECTIONS_FILE)",
     )
     parser.add_argument(
         "--bootstrap-servers", default=settings.bootstrap_servers, help="the trace cluster, without a connections file"
@@ -59,7 +59,7 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
     )
     parser.add_argument("--starting-offsets", default="earliest")
     parser.add_argument(
-        "--trigger-seconds", type=float, default=float(os.environ.get("KHIPU_DETECTOR_TRIGGER_S", DEFAULT_TRIGGER_S))
+        "--trigger-seconds", type=float, default=detector.trigger_s, help="default $KHIPU_DETECTOR_TRIGGER_S"
     )
     parser.add_argument(
         "--max-offsets-per-trigger",
@@ -85,7 +85,7 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
     )
     parser.add_argument(
         "--master",
-        default=os.environ.get("KHIPU_SPARK_MASTER", "local[*]"),
+        default=spark.master,
         help="used when not launched by spark-submit",
     )
     args = parser.parse_args(argv)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 
+from khipu.config import SparkSection, load
 from khipu.detector.committed import ClusterClients, cluster_lookups
 from khipu.detector.launch import driver_settings, read_connections_file
 from khipu.detector.model import DetectorConfig
@@ -35,7 +35,7 @@ from khipu.verdicts.book import VerdictBook
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = KhipuSettings.from_env()
+    settings, spark = KhipuSettings.from_env(), load(SparkSection)
     parser = argparse.ArgumentParser(
         prog="reconcile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -52,9 +52,9 @@ def main(argv: list[str]) -> int:
         default=settings.verdict_archive_dir,
         help="the verdict archive (plain DELIVERED verdicts by hour)",
     )
-    parser.add_argument("--connections-file", type=Path, default=os.environ.get("KHIPU_CONNECTIONS_FILE") or None)
+    parser.add_argument("--connections-file", type=Path, default=spark.connections_file)
     parser.add_argument("--summary-file", type=Path, default=None)
-    parser.add_argument("--master", default=os.environ.get("KHIPU_SPARK_MASTER", "local[*]"))
+    parser.add_argument("--master", default=spark.master, help="default $KHIPU_SPARK_MASTER")
     args = parser.parse_args(argv)
     try:
         horizon = horizon_from_env() if args.horizon_ms is None else args.horizon_ms

@@ -33,6 +33,7 @@ LAYERS = (
     "errors",
     "clock",
     "trace",
+    "config",
     "registry",
     "kafka",
     "tracing",
@@ -122,6 +123,7 @@ def test_the_tracing_library_loads_neither_the_registry_nor_yaml_nor_spark() -> 
     assert {m for m in loaded if m.startswith("khipu.")} <= {
         m for m in loaded if m.startswith(("khipu.trace", "khipu.tracing", "khipu.errors"))
     }
+    assert {m for m in loaded if m.split(".")[0] in ("pydantic", "pydantic_settings")} == set()  # loaded on demand
 
 
 def test_the_airflow_plugins_do_not_load_spark() -> None:

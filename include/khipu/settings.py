@@ -1,33 +1,22 @@
-"""Runtime settings of Khipu's own processes (CLI, local stack, Airflow tasks), from the environment.
+"""Runtime settings of Khipu's own processes (CLI, local stack, Airflow tasks), a view of the settings model.
 
-Validated once, at load; loading never connects. Applications that only trace use
+Every variable is declared once, in :mod:`khipu.config.model`; :meth:`KhipuSettings.from_env` loads the
+section it needs. Validated once, at load; loading never connects. Applications that only trace use
 :class:`khipu.tracing.TraceEmitterConfig` instead.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from khipu.errors import InvalidSetting
+from khipu.config import KhipuSection, SettingsError, default, load, project_root
 from khipu.kafka.connection import KafkaConnection
-from khipu.trace.names import NAME_PATTERN, NAME_RULE
-from khipu.tracing.config import DEFAULT_TRACE_TOPIC
 
-DEFAULT_LOST_TOPIC = "khipu.lost"
+DEFAULT_LOST_TOPIC: str = default(KhipuSection, "lost_topic")
 
-
-class SettingsError(InvalidSetting):
-    """An environment setting is invalid; names the variable, the value and what is allowed."""
-
-    kind = "environment setting"
-
-
-def project_root() -> Path:
-    """The checkout this package is installed from (editable install: include/khipu -> ../..)."""
-    return Path(__file__).resolve().parents[2]
+__all__ = ["DEFAULT_LOST_TOPIC", "KhipuSettings", "SettingsError", "project_root"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,45 +46,26 @@ class KhipuSettings:
 
     def kafka(self, environ: Mapping[str, str] | None = None) -> KafkaConnection:
         """The trace cluster's connection: bootstrap and cluster name from these settings, credentials
-        (``KHIPU_KAFKA_*``) from the environment."""
-        env = dict(os.environ if environ is None else environ)
-        env.update(KHIPU_BOOTSTRAP_SERVERS=self.bootstrap_servers, KHIPU_CLUSTER=self.cluster)
-        return KafkaConnection.from_env(env)
+        (``KHIPU_KAFKA_*``) from the environment and the settings file."""
+        return KafkaConnection.from_env(environ, bootstrap_servers=self.bootstrap_servers, cluster=self.cluster)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> KhipuSettings:
-        env = os.environ if environ is None else environ
-        root = project_root()
-        broker_port = _port(env, "KHIPU_BROKER_PORT", 9092)
-        bootstrap = env.get("KHIPU_BOOTSTRAP_SERVERS", f"127.0.0.1:{broker_port}")
-        if not bootstrap.strip():
-            raise SettingsError("KHIPU_BOOTSTRAP_SERVERS", bootstrap, "'host:port[,host:port...]'")
-        for variable, value in (
-            ("KHIPU_CLUSTER", env.get("KHIPU_CLUSTER", "local")),
-            ("KHIPU_TRACE_TOPIC", env.get("KHIPU_TRACE_TOPIC", DEFAULT_TRACE_TOPIC)),
-        ):
-            if not NAME_PATTERN.match(value):
-                raise SettingsError(variable, value, NAME_RULE)
-        state_dir = Path(env.get("KHIPU_STATE_DIR", root / ".khipu"))
-        controller_port = _port(env, "KHIPU_BROKER_CONTROLLER_PORT", broker_port + 1 if broker_port < 65535 else 9093)
-        if controller_port == broker_port:
-            raise SettingsError(
-                "KHIPU_BROKER_CONTROLLER_PORT", str(controller_port), "a port other than KHIPU_BROKER_PORT"
-            )
-        lost_topic = env.get("KHIPU_LOST_TOPIC", DEFAULT_LOST_TOPIC)
-        if not NAME_PATTERN.match(lost_topic):
-            raise SettingsError("KHIPU_LOST_TOPIC", lost_topic, NAME_RULE)
+        """From the environment (``os.environ`` unless given) and the settings file; a bad value raises
+        :class:`SettingsError` naming its variable."""
+        section = load(KhipuSection, environ, SettingsError)
+        assert section.bootstrap_servers and section.store_url and section.controller_port  # derived at load
         return cls(
-            bootstrap_servers=bootstrap,
-            cluster=env.get("KHIPU_CLUSTER", "local"),
-            trace_topic=env.get("KHIPU_TRACE_TOPIC", DEFAULT_TRACE_TOPIC),
-            registry_path=Path(env.get("KHIPU_REGISTRY", root / "config" / "registry.yaml")),
-            state_dir=state_dir,
-            broker_port=broker_port,
-            airflow_port=_port(env, "KHIPU_AIRFLOW_PORT", 8080),
-            store_url=env.get("KHIPU_STORE_URL", f"sqlite:///{state_dir / 'khipu.db'}"),
-            controller_port=controller_port,
-            lost_topic=lost_topic,
+            bootstrap_servers=section.bootstrap_servers,
+            cluster=section.cluster,
+            trace_topic=section.trace_topic,
+            registry_path=section.registry_path,
+            state_dir=section.state_dir,
+            broker_port=section.broker_port,
+            airflow_port=section.airflow_port,
+            store_url=section.store_url,
+            controller_port=section.controller_port,
+            lost_topic=section.lost_topic,
         )
 
     def as_env(self) -> dict[str, str]:
@@ -112,10 +82,3 @@ class KhipuSettings:
             "KHIPU_BROKER_CONTROLLER_PORT": str(self.controller_port),
             "KHIPU_LOST_TOPIC": self.lost_topic,
         }
-
-
-def _port(env: Mapping[str, str], variable: str, default: int) -> int:
-    raw = env.get(variable, str(default))
-    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
-        raise SettingsError(variable, raw, "a TCP port number in [1, 65535]")
-    return int(raw)

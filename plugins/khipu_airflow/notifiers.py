@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import os
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +22,7 @@ from airflow.sdk import BaseHook, BaseNotifier
 
 from khipu.alerting.dispatch import AlertSink
 from khipu.alerting.model import Alert, task_failure_alert
+from khipu.config import NotifierSection, load
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +117,7 @@ def _connection_exists(conn_id: str) -> bool:
 
 def configured_notifiers(environ: Any = None) -> list[AlertSink]:
     """The notifiers to use now, from ``KHIPU_NOTIFIERS`` or the defaults (see the module doc)."""
-    env = os.environ if environ is None else environ
-    raw = env.get("KHIPU_NOTIFIERS")
+    raw = load(NotifierSection, environ).notifiers
     if not raw:
         sinks: list[AlertSink] = [KhipuLogNotifier()]
         if _connection_exists(WEBHOOK_CONNECTION_ID):

@@ -13,12 +13,12 @@ loss rate worth waking anyone for).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from khipu.alerting.model import Alert, AlertState, Severity
+from khipu.config import AlertSection, default, load
 from khipu.errors import InvalidSetting
 from khipu.registry.model import AlertThresholds
 from khipu.verdicts.metrics import JUDGED_COUNTS
@@ -36,21 +36,14 @@ class ThresholdConfigError(InvalidSetting):
 
 @dataclass(frozen=True, slots=True)
 class ThresholdConfig:
-    window_ms: int = 300_000
-    min_verdicts: int = 20
+    window_ms: int = default(AlertSection, "window_ms")
+    min_verdicts: int = default(AlertSection, "min_verdicts")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ThresholdConfig:
-        """``KHIPU_ALERT_WINDOW_MS`` (5 min), ``KHIPU_ALERT_MIN_VERDICTS`` (20)."""
-        env = os.environ if environ is None else environ
-        values: dict[str, int] = {}
-        for name, variable in (("window_ms", "KHIPU_ALERT_WINDOW_MS"), ("min_verdicts", "KHIPU_ALERT_MIN_VERDICTS")):
-            raw = env.get(variable, "")
-            if raw:
-                if not raw.isdigit() or int(raw) < 1:
-                    raise ThresholdConfigError(variable, raw, "an integer >= 1")
-                values[name] = int(raw)
-        return cls(**values)
+        """``KHIPU_ALERT_WINDOW_MS`` and ``KHIPU_ALERT_MIN_VERDICTS`` (:class:`khipu.config.AlertSection`)."""
+        section = load(AlertSection, environ, ThresholdConfigError)
+        return cls(section.window_ms, section.min_verdicts)
 
 
 def window_start_ms(now_ms: int, window_ms: int) -> int:

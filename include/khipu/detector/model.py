@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from khipu.config import DetectorSection, default, load
 from khipu.errors import InvalidSetting
 from khipu.verdicts.model import Cause
 
@@ -21,12 +21,12 @@ class DetectorConfigError(InvalidSetting):
 class DetectorConfig:
     # after a group's commit is seen past a message, wait this long (read on the trace topic) for its trace: the
     # traced consumer flushes its traces before it commits, so a few seconds cover an emitter's delivery
-    grace_ms: int = 3_000
-    max_wait_ms: int = 900_000  # undecided this long after the first trace: PENDING, state dropped
-    recheck_ms: int = 2_000  # how often an undecided message looks at committed offsets again
+    grace_ms: int = default(DetectorSection, "grace_ms")
+    max_wait_ms: int = default(DetectorSection, "max_wait_ms")  # undecided this long after the first trace: PENDING
+    recheck_ms: int = default(DetectorSection, "recheck_ms")  # how often an undecided message looks at offsets again
     # a hop waiting on a transaction Kafka has not decided waits this much longer than max_wait_ms before PENDING:
     # the broker's default transaction.max.timeout.ms (raise it with the broker's, e.g. for Flink's 1 h transactions)
-    open_transaction_wait_ms: int = 900_000
+    open_transaction_wait_ms: int = default(DetectorSection, "open_transaction_wait_ms")
 
     def __post_init__(self) -> None:
         for name in ("grace_ms", "max_wait_ms", "recheck_ms", "open_transaction_wait_ms"):
@@ -38,18 +38,10 @@ class DetectorConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> DetectorConfig:
-        """``KHIPU_DETECTOR_GRACE_MS``, ``KHIPU_DETECTOR_MAX_WAIT_MS``, ``KHIPU_DETECTOR_RECHECK_MS``,
-        ``KHIPU_DETECTOR_OPEN_TRANSACTION_WAIT_MS`` (unset: the defaults above)."""
-        env = os.environ if environ is None else environ
-        values: dict[str, int] = {}
-        for name in ("grace_ms", "max_wait_ms", "recheck_ms", "open_transaction_wait_ms"):
-            variable = f"KHIPU_DETECTOR_{name.upper()}"
-            raw = env.get(variable)
-            if raw:
-                if not raw.isdigit():
-                    raise DetectorConfigError(variable, raw, "a duration in ms >= 0")
-                values[name] = int(raw)
-        return cls(**values)
+        """``KHIPU_DETECTOR_GRACE_MS``, ``_MAX_WAIT_MS``, ``_RECHECK_MS``, ``_OPEN_TRANSACTION_WAIT_MS``
+        (:class:`khipu.config.DetectorSection`)."""
+        section = load(DetectorSection, environ, DetectorConfigError)
+        return cls(section.grace_ms, section.max_wait_ms, section.recheck_ms, section.open_transaction_wait_ms)
 
 
 # committed(cluster, group, topic, partition) -> the group's committed offset (next to read), or None

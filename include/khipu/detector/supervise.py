@@ -21,11 +21,11 @@ HEALTHY again (:func:`khipu.alerting.decide.detector_alert`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from khipu.config import SupervisionSection, default, load
 from khipu.errors import InvalidSetting
 
 
@@ -52,8 +52,8 @@ class SupervisionConfigError(InvalidSetting):
 
 @dataclass(frozen=True, slots=True)
 class SupervisionConfig:
-    stale_after_ms: int = 120_000  # a heartbeat older than this: the detector is hung or down
-    startup_grace_ms: int = 300_000  # a fresh submission gets this long to report
+    stale_after_ms: int = round(default(SupervisionSection, "stale_after_s") * 1000)  # older: hung or down
+    startup_grace_ms: int = round(default(SupervisionSection, "startup_grace_s") * 1000)  # a fresh one's time
 
     def __post_init__(self) -> None:
         for name in ("stale_after_ms", "startup_grace_ms"):
@@ -63,20 +63,10 @@ class SupervisionConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> SupervisionConfig:
-        """``KHIPU_DETECTOR_STALE_AFTER_S`` and ``KHIPU_DETECTOR_STARTUP_GRACE_S`` (seconds)."""
-        env = os.environ if environ is None else environ
-        values: dict[str, int] = {}
-        for variable, name in (
-            ("KHIPU_DETECTOR_STALE_AFTER_S", "stale_after_ms"),
-            ("KHIPU_DETECTOR_STARTUP_GRACE_S", "startup_grace_ms"),
-        ):
-            raw = env.get(variable)
-            if raw:
-                try:
-                    values[name] = int(float(raw) * 1000)
-                except ValueError:
-                    raise SupervisionConfigError(variable, raw, "a number of seconds") from None
-        return cls(**values)
+        """``KHIPU_DETECTOR_STALE_AFTER_S`` and ``KHIPU_DETECTOR_STARTUP_GRACE_S`` (seconds;
+        :class:`khipu.config.SupervisionSection`)."""
+        section = load(SupervisionSection, environ, SupervisionConfigError)
+        return cls(round(section.stale_after_s * 1000), round(section.startup_grace_s * 1000))
 
 
 @dataclass(frozen=True, slots=True)

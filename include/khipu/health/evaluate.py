@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from khipu.config import HealthSection, default, load
 from khipu.errors import InvalidSetting
 from khipu.health.rules import Evaluation, OffsetObservation, PartitionStatus, evaluate_partition
 from khipu.health.windows import OffsetWindow, detect_windows, typical_advance
@@ -21,13 +21,14 @@ class HealthConfigError(InvalidSetting):
 class HealthConfig:
     """How partitions are judged. Snapshots come once a minute; durations are in ms."""
 
-    window_size: int = 10  # live observations per window (Burrow's "intervals")
+    window_size: int = default(HealthSection, "window")  # live observations per window (Burrow's "intervals")
     min_window: int = 3  # fewer and movement is not judged
     min_stop_ms: int = 120_000  # silence needed before STOP, whatever the window spans
     recent_log_ends: int = 3  # newest log-end offsets for Burrow's "recently caught up" exception
     skip_factor: float = 10.0  # a forward jump this many times the usual advance is a skip window...
     skip_min_records: int = 1000  # ...and at least this many records
-    expiry_margin_ms: int = 600_000  # EXPIRY_RISK when the oldest unconsumed record is this close to retention
+    # EXPIRY_RISK when the oldest unconsumed record is this close to retention
+    expiry_margin_ms: int = default(HealthSection, "expiry_margin_s") * 1000
 
     def __post_init__(self) -> None:
         for name in ("window_size", "min_window", "recent_log_ends", "skip_min_records"):
@@ -41,21 +42,10 @@ class HealthConfig:
 
 
 def health_config_from_env(environ: Mapping[str, str] | None = None) -> HealthConfig:
-    """``KHIPU_HEALTH_WINDOW`` (observations, default 10) and ``KHIPU_EXPIRY_MARGIN_S`` (how close to its
-    retention the oldest unconsumed record may come before EXPIRY_RISK; default 600)."""
-    env = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
-    for variable, name in (
-        ("KHIPU_HEALTH_WINDOW", "window_size"),
-        ("KHIPU_EXPIRY_MARGIN_S", "expiry_margin_ms"),
-    ):
-        raw = env.get(variable)
-        if raw:
-            try:
-                values[name] = int(raw) * (1000 if name.endswith("_ms") else 1)
-            except ValueError:
-                raise HealthConfigError(variable, raw, "an integer") from None
-    return HealthConfig(**values)
+    """``KHIPU_HEALTH_WINDOW`` (observations) and ``KHIPU_EXPIRY_MARGIN_S`` (how close to its retention the oldest
+    unconsumed record may come before EXPIRY_RISK; :class:`khipu.config.HealthSection`)."""
+    section = load(HealthSection, environ, HealthConfigError)
+    return HealthConfig(window_size=section.window, expiry_margin_ms=section.expiry_margin_s * 1000)
 
 
 @dataclass(frozen=True, slots=True)

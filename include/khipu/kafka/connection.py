@@ -10,16 +10,15 @@ two client builders reveal them.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from khipu.config import KafkaSecuritySection, KhipuSection, load
+from khipu.config.model import SASL_MECHANISMS, SECURITY_PROTOCOLS
 from khipu.errors import InvalidSetting
 from khipu.trace.names import NAME_PATTERN, NAME_RULE
 
-SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _LOGIN_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
@@ -167,25 +166,32 @@ class KafkaConnection:
         )
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, default_port: int = 9092) -> KafkaConnection:
-        """``KHIPU_BOOTSTRAP_SERVERS``, ``KHIPU_CLUSTER`` and, for a secured cluster,
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        bootstrap_servers: str | None = None,
+        cluster: str | None = None,
+    ) -> KafkaConnection:
+        """The trace cluster from ``KHIPU_BOOTSTRAP_SERVERS``, ``KHIPU_CLUSTER`` and, for a secured cluster,
         ``KHIPU_KAFKA_SECURITY_PROTOCOL``, ``KHIPU_KAFKA_SASL_MECHANISM``, ``KHIPU_KAFKA_SASL_USERNAME``,
-        ``KHIPU_KAFKA_SASL_PASSWORD``, ``KHIPU_KAFKA_SSL_CA_LOCATION``."""
-        env = os.environ if environ is None else environ
-        settings: dict[str, Any] = {
-            "bootstrap.servers": env.get("KHIPU_BOOTSTRAP_SERVERS", f"127.0.0.1:{default_port}")
+        ``KHIPU_KAFKA_SASL_PASSWORD``, ``KHIPU_KAFKA_SSL_CA_LOCATION`` (declared in :mod:`khipu.config.model`);
+        ``bootstrap_servers`` and ``cluster``, when given, stand in for the first two."""
+        khipu = load(KhipuSection, environ, KafkaConnectionError)
+        security = load(KafkaSecuritySection, environ, KafkaConnectionError)
+        settings: dict[str, Any] = {"bootstrap.servers": bootstrap_servers or khipu.bootstrap_servers}
+        given = {
+            "security.protocol": security.security_protocol,
+            "sasl.mechanism": security.sasl_mechanism,
+            "sasl.username": security.sasl_username,
+            "sasl.password": security.sasl_password,
+            "ssl.ca.location": security.ssl_ca_location,
         }
-        variables = {
-            "security.protocol": "KHIPU_KAFKA_SECURITY_PROTOCOL",
-            "sasl.mechanism": "KHIPU_KAFKA_SASL_MECHANISM",
-            "sasl.username": "KHIPU_KAFKA_SASL_USERNAME",
-            "sasl.password": "KHIPU_KAFKA_SASL_PASSWORD",
-            "ssl.ca.location": "KHIPU_KAFKA_SSL_CA_LOCATION",
-        }
-        settings.update({key: env[variable] for key, variable in variables.items() if env.get(variable)})
+        settings.update({key: value for key, value in given.items() if value})
         try:
-            return cls.from_settings(settings, cluster=env.get("KHIPU_CLUSTER", "local"))
+            return cls.from_settings(settings, cluster=cluster or khipu.cluster)
         except KafkaConnectionError as exc:  # name what the user set: the environment variable
+            variables = {key: f"KHIPU_KAFKA_{key.replace('.', '_').upper()}" for key in given}
             named = " / ".join(variables.get(part, part) for part in exc.setting.split("/"))
             raise KafkaConnectionError(named, exc.value, exc.expected) from None
 

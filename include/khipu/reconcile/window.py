@@ -14,12 +14,12 @@ group pass the message (or not), so the grace is long over.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
+from khipu.config import ReconcileSection, default, load
 from khipu.detector.decide import Lookups, decide
 from khipu.detector.model import DetectorConfig
 from khipu.errors import InvalidSetting
@@ -29,7 +29,7 @@ from khipu.trace.model import Trace
 from khipu.verdicts.model import Verdict, VerdictKind
 from khipu.verdicts.settle import Change, Judge, settle
 
-DEFAULT_HORIZON_MS = 2 * HOUR_MS
+DEFAULT_HORIZON_MS: int = default(ReconcileSection, "horizon_ms")
 
 
 class ReconcileError(InvalidSetting):
@@ -109,14 +109,8 @@ def hourly_window(interval_start_ms: int, interval_end_ms: int, horizon_ms: int)
 
 
 def horizon_from_env(environ: Mapping[str, str] | None = None) -> int:
-    """``KHIPU_RECONCILE_HORIZON_MS`` (default two hours; tests use minutes)."""
-    env = os.environ if environ is None else environ
-    raw = env.get("KHIPU_RECONCILE_HORIZON_MS", "")
-    if not raw:
-        return DEFAULT_HORIZON_MS
-    if not raw.isdigit():
-        raise ReconcileError("KHIPU_RECONCILE_HORIZON_MS", raw, "a duration in ms >= 0")
-    return int(raw)
+    """``KHIPU_RECONCILE_HORIZON_MS`` (:class:`khipu.config.ReconcileSection`; tests use minutes)."""
+    return int(load(ReconcileSection, environ, ReconcileError).horizon_ms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,15 +20,12 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-import os
-import re
 import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from socketserver import ThreadingMixIn
 from types import FrameType
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -36,6 +33,7 @@ from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from prometheus_client import make_wsgi_app
 from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from khipu.alerting.decide import DETECTOR_ALERT_KIND
@@ -47,6 +45,7 @@ from khipu.alerting.thresholds import (
     window_start_ms,
 )
 from khipu.clock import now_ms
+from khipu.config import ExporterSection, default, load
 from khipu.detector.model import DETECTOR_QUERY
 from khipu.errors import InvalidSetting
 from khipu.health.rules import PartitionStatus
@@ -60,8 +59,8 @@ from khipu.verdicts.model import VerdictKind
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 9477
+DEFAULT_HOST: str = default(ExporterSection, "host")
+DEFAULT_PORT: int = default(ExporterSection, "port")
 METRICS_PATH = "/metrics"
 MINUTE_MS = 60_000
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -94,37 +93,16 @@ class ExporterConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ExporterConfig:
-        """``KHIPU_EXPORTER_HOST`` (127.0.0.1), ``KHIPU_EXPORTER_PORT`` (9477), ``KHIPU_EXPORTER_TOKEN``
-        (unset or empty: none), and the alert window of :class:`ThresholdConfig` (``KHIPU_ALERT_WINDOW_MS``)."""
-        env = os.environ if environ is None else environ
+        """``KHIPU_EXPORTER_HOST``, ``KHIPU_EXPORTER_PORT``, ``KHIPU_EXPORTER_TOKEN`` (unset or empty: none;
+        :class:`khipu.config.ExporterSection`), and the alert window of :class:`ThresholdConfig`
+        (``KHIPU_ALERT_WINDOW_MS``)."""
+        section = load(ExporterSection, environ, ExporterConfigError)
         return cls(
-            host=_host_setting(env.get("KHIPU_EXPORTER_HOST", DEFAULT_HOST)),
-            port=_port_setting(env.get("KHIPU_EXPORTER_PORT", str(DEFAULT_PORT))),
-            token=_token_setting(env.get("KHIPU_EXPORTER_TOKEN", "")),
-            alert_window_ms=ThresholdConfig.from_env(env).window_ms,
+            host=section.host,
+            port=section.port,
+            token=section.token,
+            alert_window_ms=ThresholdConfig.from_env(environ).window_ms,
         )
-
-
-def _host_setting(raw: str) -> str:
-    expected = "a host name or IP address to listen on, without a port or scheme (e.g. 127.0.0.1, 0.0.0.0, ::)"
-    if not re.fullmatch(r"[A-Za-z0-9._:-]+", raw) or raw.count(":") == 1:
-        raise ExporterConfigError("KHIPU_EXPORTER_HOST", raw, expected)
-    return raw
-
-
-def _port_setting(raw: str) -> int:
-    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
-        raise ExporterConfigError("KHIPU_EXPORTER_PORT", raw, "a TCP port number in [1, 65535]")
-    return int(raw)
-
-
-def _token_setting(raw: str) -> str | None:
-    if not raw:
-        return None
-    if not all("!" <= char <= "~" for char in raw):
-        shown = f"<{len(raw)} characters, not shown>"  # a secret: never echoed
-        raise ExporterConfigError("KHIPU_EXPORTER_TOKEN", shown, "visible ASCII characters without spaces")
-    return raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,15 +455,9 @@ class KhipuCollector:
         return None
 
 
-class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a hung scrape never keeps the process alive
+class _QuietHandler(WSGIRequestHandler):
+    """wsgiref's handler, its request lines sent to the debug log rather than stderr."""
 
-
-class _ThreadingWSGIServerV6(_ThreadingWSGIServer):
-    address_family = socket.AF_INET6
-
-
-class _LoggingHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("khipu exporter: %s " + format, self.address_string(), *args)
 
@@ -552,13 +524,16 @@ def _answer(
 def serve_metrics(
     collector_registry: Collector, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, token: str | None = None
 ) -> MetricsServer:
-    """Serve the registry on ``http://host:port/metrics`` in a background thread (a thread per request)."""
+    """Serve the registry on ``http://host:port/metrics`` in a background thread, with ``prometheus_client``'s own
+    thread-per-request server (as its ``start_http_server``) and :func:`metrics_app` in front of its WSGI app, so
+    that the token is checked before any request is answered."""
+
+    class Server(ThreadingWSGIServer):  # prometheus_client's server, in the address family of ``host``
+        pass
+
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        server_class = _ThreadingWSGIServerV6 if family == socket.AF_INET6 else _ThreadingWSGIServer
-        server = make_server(
-            host, port, metrics_app(collector_registry, token), server_class, handler_class=_LoggingHandler
-        )
+        Server.address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        server = make_server(host, port, metrics_app(collector_registry, token), Server, handler_class=_QuietHandler)
     except OSError as exc:
         raise ExporterError(f"the exporter cannot listen on {host} port {port}: {exc.strerror or exc}") from None
     thread = threading.Thread(target=server.serve_forever, name="khipu-exporter", daemon=True)

@@ -37,6 +37,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from khipu.alerting.model import Alert, AlertState, Severity
+from khipu.config import ResendSection, default, load
 from khipu.errors import InvalidSetting
 from khipu.kafka.admin import KafkaAdmin
 from khipu.kafka.connection import KafkaConnection, KafkaUnavailable
@@ -64,7 +65,7 @@ from khipu.verdicts.settle import Judge, settle
 
 log = logging.getLogger(__name__)
 
-WAIT_MS = 600_000  # a produced attempt has this long to arrive before the next attempt
+WAIT_MS: int = default(ResendSection, "wait_ms")  # a produced attempt has this long to arrive before the next attempt
 MAX_LOSSES_PER_RUN = 10_000
 
 Hook = Callable[[str, Mapping[str, str]], bytes | str]
@@ -87,13 +88,9 @@ class SourceGone(RuntimeError):
 
 
 def wait_from_env(environ: Mapping[str, str] | None = None) -> int:
-    """``KHIPU_RESEND_WAIT_MS``: how long a produced attempt has to arrive before the next one (default 10 min)."""
-    raw = (os.environ if environ is None else environ).get("KHIPU_RESEND_WAIT_MS")
-    if not raw:
-        return WAIT_MS
-    if not raw.isdigit():
-        raise ResendSettingError("KHIPU_RESEND_WAIT_MS", raw, "a duration in ms >= 0")
-    return int(raw)
+    """``KHIPU_RESEND_WAIT_MS``: how long a produced attempt has to arrive before the next one
+    (:class:`khipu.config.ResendSection`)."""
+    return int(load(ResendSection, environ, ResendSettingError).wait_ms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,3 +8,4 @@ import re
 MAX_NAME_CHARS = 249  # Kafka's own limit for topic names
 NAME_PATTERN = re.compile(rf"^[A-Za-z0-9._-]{{1,{MAX_NAME_CHARS}}}$")
 NAME_RULE = f"1-{MAX_NAME_CHARS} characters of letters, digits, '.', '_' or '-'"
+DEFAULT_TRACE_TOPIC = "khipu.traces"  # where traces go unless KHIPU_TRACE_TOPIC (or a connection) says otherwise

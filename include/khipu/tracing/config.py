@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from khipu.errors import InvalidSetting
-from khipu.trace.names import NAME_PATTERN, NAME_RULE
-
-DEFAULT_TRACE_TOPIC = "khipu.traces"
+from khipu.trace.names import DEFAULT_TRACE_TOPIC, NAME_PATTERN, NAME_RULE
 
 
 class TracingConfigError(InvalidSetting):
@@ -80,17 +77,22 @@ class TraceEmitterConfig:
 
     @classmethod
     def from_env(cls, location: str, environ: Mapping[str, str] | None = None) -> TraceEmitterConfig:
-        """Build from ``KHIPU_TRACE_BOOTSTRAP_SERVERS`` (or ``KHIPU_BOOTSTRAP_SERVERS``),
-        ``KHIPU_CLUSTER`` and ``KHIPU_TRACE_TOPIC``."""
-        env = os.environ if environ is None else environ
-        bootstrap = env.get("KHIPU_TRACE_BOOTSTRAP_SERVERS") or env.get("KHIPU_BOOTSTRAP_SERVERS", "")
+        """An emitter at ``location`` sending to ``KHIPU_TRACE_BOOTSTRAP_SERVERS`` (or ``KHIPU_BOOTSTRAP_SERVERS``:
+        one of them must be set, the trace cluster is never guessed), ``KHIPU_CLUSTER`` and ``KHIPU_TRACE_TOPIC``,
+        from the environment (``os.environ`` unless given) and the settings file. The variables are declared in
+        :mod:`khipu.config.model`; pydantic is loaded here, when an application asks, not on import."""
+        from khipu.config import KhipuSection, Source, TracingSection, load, load_with_sources
+
+        tracing = load(TracingSection, environ, TracingConfigError)
+        khipu, sources = load_with_sources(KhipuSection, environ, TracingConfigError)
+        bootstrap = tracing.bootstrap_servers
+        if bootstrap is None and sources["KHIPU_BOOTSTRAP_SERVERS"] is not Source.DEFAULT:
+            bootstrap = khipu.bootstrap_servers
         if not bootstrap:
             raise TracingConfigError(
                 "KHIPU_TRACE_BOOTSTRAP_SERVERS", None, "the trace cluster's 'host:port' in the environment"
             )
-        return cls(
-            bootstrap_servers=bootstrap,
-            location=location,
-            cluster=env.get("KHIPU_CLUSTER", "local"),
-            topic=env.get("KHIPU_TRACE_TOPIC", DEFAULT_TRACE_TOPIC),
-        )
+        return cls(bootstrap_servers=bootstrap, location=location, cluster=khipu.cluster, topic=khipu.trace_topic)
+
+
+__all__ = ["DEFAULT_TRACE_TOPIC", "TraceEmitterConfig", "TracingConfigError"]

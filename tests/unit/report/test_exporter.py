@@ -353,7 +353,7 @@ def test_exporter_config_reads_its_environment() -> None:
         ("KHIPU_EXPORTER_PORT", "0", "TCP port number"),  # 1. not a port one can scrape
         ("KHIPU_EXPORTER_PORT", "65536", "TCP port number"),  # 2. above the range
         ("KHIPU_EXPORTER_PORT", "http", "TCP port number"),  # 3. not a number
-        ("KHIPU_EXPORTER_HOST", "", "host name or IP address"),  # 4. empty
+        ("KHIPU_EXPORTER_HOST", "local host", "host name or IP address"),  # 4. a space (empty is unset)
         ("KHIPU_EXPORTER_HOST", "0.0.0.0:9477", "without a port"),  # 5. the port belongs in KHIPU_EXPORTER_PORT
         ("KHIPU_EXPORTER_HOST", "http://localhost", "without a port or scheme"),  # 6. a URL, not a host
     ],
