@@ -190,6 +190,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     exporter.set_defaults(handler=_exporter)
 
+    shown = commands.add_parser(
+        "settings",
+        help="every KHIPU_* setting in effect, with its source (default, environment, file); secrets masked",
+        description="Print every setting in effect and where it came from: the environment, the settings file "
+        "$KHIPU_SETTINGS_FILE names, or the default. Secrets are masked.",
+    )
+    shown.add_argument("--markdown", action="store_true", help="print docs/settings.md's table of every variable")
+    shown.add_argument("--json", action="store_true", help="print JSON instead of text")
+    shown.set_defaults(handler=_settings)
+
     topics = commands.add_parser("topics", help="Khipu's own topics").add_subparsers(metavar="ACTION")
     ensure = topics.add_parser("ensure", help="create the trace topic and the lost-messages topic if missing")
     ensure.add_argument("--partitions", type=int, default=4, help="of the trace topic (default 4)")
@@ -542,6 +552,30 @@ def _exporter(_args: argparse.Namespace, settings: KhipuSettings) -> int:
     from khipu.report.exporter import ExporterConfig, run_exporter
 
     run_exporter(settings, ExporterConfig.from_env())
+    return 0
+
+
+def _settings(args: argparse.Namespace, _settings: KhipuSettings) -> int:
+    from dataclasses import asdict
+
+    from khipu.config import effective_settings, markdown_table, settings_file, unknown_variables
+
+    if args.markdown:
+        print(markdown_table(), end="")
+        return 0
+    rows = effective_settings()
+    if args.json:
+        return _print_json([asdict(row) for row in rows])
+    path = settings_file()
+    print(f"settings file: {path if path is not None else 'none (KHIPU_SETTINGS_FILE is not set)'}")
+    section = None
+    for row in rows:
+        if row.section != section:
+            section = row.section
+            print(f"\n{section}")
+        print(f"  {row.variable:40} {row.value or '(unset)':40} {row.source}")
+    for name in unknown_variables():
+        print(f"khipu: {name} is set but is no Khipu setting (a typo?)", file=sys.stderr)
     return 0
 
 

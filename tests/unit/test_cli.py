@@ -246,3 +246,22 @@ def test_demo_faults_steers_the_running_demos_rates_and_refuses_unknown_ones(
     assert "a probability in [0, 1]" in capsys.readouterr().err
     assert main(["demo", "faults", "--reset"]) == 0
     assert control.fault_overrides() == {}
+
+
+def test_settings_prints_each_setting_with_its_source_and_masks_secrets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    file = tmp_path / "khipu.env"
+    file.write_text("KHIPU_EXPORTER_TOKEN=t0ken-in-file\nKHIPU_HEALTH_WINDOW=7\n")
+    monkeypatch.setenv("KHIPU_SETTINGS_FILE", str(file))
+    monkeypatch.setenv("KHIPU_STORE_URL", "postgresql://khipu:hunter2@db/khipu")
+    monkeypatch.setenv("KHIPU_HEALTH_WINDOW", "3")  # the environment wins over the file
+    assert main(["settings", "--json"]) == 0
+    rows = {row["variable"]: row for row in json.loads(capsys.readouterr().out)}
+    assert (rows["KHIPU_HEALTH_WINDOW"]["value"], rows["KHIPU_HEALTH_WINDOW"]["source"]) == ("3", "environment")
+    assert (rows["KHIPU_EXPORTER_TOKEN"]["value"], rows["KHIPU_EXPORTER_TOKEN"]["source"]) == ("***", "file")
+    assert rows["KHIPU_STORE_URL"]["value"] == "postgresql://khipu:***@db/khipu"
+    assert rows["KHIPU_EXPORTER_PORT"]["source"] == "default"
+    assert main(["settings"]) == 0
+    out = capsys.readouterr().out
+    assert f"settings file: {file}" in out and "hunter2" not in out and "t0ken-in-file" not in out
