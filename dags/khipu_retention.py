@@ -1,8 +1,9 @@
 """
 ### Khipu retention: remove what is older than its kind's age limit
 
-Once a day, removes by age, each kind with its own limit (the Params below; defaults in
-[docs/retention.md](docs/retention.md)):
+Once a day, removes by age, each kind with its own limit: the `KHIPU_RETENTION_*` settings
+(`khipu settings` shows them; defaults in [docs/retention.md](docs/retention.md)), or a Param of a
+manual run:
 
 - **trace archive** hours (`<state>/archive`, raw traces: reconciliation's and backfill's input);
 - **verdict archive** hours (`<state>/verdicts`, plain DELIVERED verdicts) and their index rows;
@@ -32,15 +33,15 @@ from typing import Any
 import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
-from khipu.retention.policy import RetentionPolicy
 from khipu_airflow.notifiers import notify_failure
 
 STORE = "khipu_store"
-DEFAULTS = RetentionPolicy()
 
 
-def _limit(value: int, description: str) -> Param:
-    return Param(value, type="integer", minimum=1, description=description)
+def _limit(unit: str, description: str) -> Param:
+    return Param(
+        None, type=["null", "integer"], minimum=1, description=f"{description}, in {unit} (empty: the setting)"
+    )
 
 
 @dag(
@@ -59,14 +60,14 @@ def _limit(value: int, description: str) -> Param:
         "on_failure_callback": notify_failure,
     },
     params={
-        "trace_archive_hours": _limit(DEFAULTS.trace_archive_hours, "raw-trace archive hours kept"),
-        "verdict_archive_hours": _limit(DEFAULTS.verdict_archive_hours, "verdict archive hours kept"),
-        "verdict_days": _limit(DEFAULTS.verdict_days, "days the store keeps settled verdicts and their history"),
-        "quarantine_days": _limit(DEFAULTS.quarantine_days, "days quarantined records are kept"),
-        "heartbeat_days": _limit(DEFAULTS.heartbeat_days, "days detector heartbeats are kept"),
-        "minute_metrics_days": _limit(DEFAULTS.minute_metrics_days, "days per-minute metrics are kept as minutes"),
-        "metrics_days": _limit(DEFAULTS.metrics_days, "days the hourly metrics are kept"),
-        "backfill_hours": _limit(DEFAULTS.backfill_hours, "how far back beyond the horizon a backfill may reach"),
+        "trace_archive_hours": _limit("hours", "raw-trace archive kept (KHIPU_RETENTION_TRACE_ARCHIVE_HOURS)"),
+        "verdict_archive_hours": _limit("hours", "verdict archive kept (KHIPU_RETENTION_VERDICT_ARCHIVE_HOURS)"),
+        "verdict_days": _limit("days", "settled store verdicts and their history kept (KHIPU_RETENTION_VERDICT_DAYS)"),
+        "quarantine_days": _limit("days", "quarantined records kept (KHIPU_RETENTION_QUARANTINE_DAYS)"),
+        "heartbeat_days": _limit("days", "detector heartbeats kept (KHIPU_RETENTION_HEARTBEAT_DAYS)"),
+        "minute_metrics_days": _limit("days", "metrics kept per minute (KHIPU_RETENTION_MINUTE_METRICS_DAYS)"),
+        "metrics_days": _limit("days", "hourly metrics kept (KHIPU_RETENTION_METRICS_DAYS)"),
+        "backfill_hours": _limit("hours", "backfill reach beyond the horizon (KHIPU_RETENTION_BACKFILL_HOURS)"),
         "dry_run": Param(False, type="boolean", description="say what would be removed, remove nothing"),
     },
 )

@@ -10,7 +10,8 @@ expired ranges are recorded as windows, and transitions raise alerts through the
 notifiers (task log; webhook connection `khipu_alert_webhook`; `KHIPU_NOTIFIERS`). Each stream's
 registry thresholds (`alerts.loss_rate`, `duplicate_rate`, `latency_p99_ms`) are checked against
 the verdict metrics of the last `KHIPU_ALERT_WINDOW_MS` (5 min): one alert when a hop crosses one,
-one resolve when it falls back. Snapshots older than `keep_days` are pruned.
+one resolve when it falls back. The disk holding Khipu's state folder raises an alert when less than
+the retention's `disk_free_min_percent` (10 %) of it is free. Snapshots older than `keep_days` are pruned.
 
 Missed minutes are not back-filled (no catch-up): the snapshot history shows the gap.
 
@@ -78,7 +79,13 @@ def khipu_snapshot_offsets() -> None:
         return offsets.check_verdict_thresholds(STORE)
 
     @task
-    def send_alerts(thresholds: dict[str, Any]) -> dict[str, Any]:
+    def check_state_disk() -> dict[str, Any]:
+        from khipu_airflow import offsets
+
+        return offsets.check_state_disk(STORE)
+
+    @task(trigger_rule="all_done")  # the alerts raised go out whatever a check did
+    def send_alerts() -> dict[str, Any]:
         from khipu_airflow import offsets
 
         return offsets.send_alerts(STORE)
@@ -90,7 +97,7 @@ def khipu_snapshot_offsets() -> None:
         return offsets.prune_snapshots(STORE, float(get_current_context()["params"]["keep_days"]))
 
     evaluation = evaluate_health(snapshot_offsets())
-    send_alerts(check_verdict_thresholds(evaluation))
+    [check_verdict_thresholds(evaluation), check_state_disk()] >> send_alerts()
     prune_snapshots(evaluation)
 
 

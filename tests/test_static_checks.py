@@ -41,6 +41,7 @@ LAYERS = (
     "offsets",
     "store",
     "verdicts",
+    "retention",
     "health",
     "detector",
     "alerting",

@@ -8,7 +8,9 @@ from dataclasses import asdict
 from typing import Any
 
 from khipu.alerting.cluster import evaluate_cluster
+from khipu.alerting.disk import DISK_ALERT_KIND, disk_alert
 from khipu.alerting.dispatch import dispatch_pending
+from khipu.alerting.model import AlertState, alert_from
 from khipu.alerting.thresholds import (
     VERDICT_ALERT_KIND,
     ThresholdConfig,
@@ -20,6 +22,8 @@ from khipu.alerting.thresholds import (
 from khipu.health.evaluate import health_config_from_env
 from khipu.offsets.collect import SnapshotError, collect_snapshot, groups_to_watch
 from khipu.registry.loader import load_registry
+from khipu.retention.policy import RetentionPolicy
+from khipu.retention.usage import disk_usage
 from khipu.settings import KhipuSettings
 from khipu_airflow.hooks import KafkaConnectionError, KhipuKafkaHook, KhipuStoreHook
 from khipu_airflow.notifiers import configured_notifiers
@@ -127,6 +131,25 @@ def check_verdict_thresholds(store_conn_id: str) -> dict[str, Any]:
         added,
     )
     return {"hops": len(figures), "breaches": sorted(found), "alerts": added}
+
+
+def check_state_disk(store_conn_id: str, min_free_percent: float | None = None) -> dict[str, Any]:
+    """The state folder's disk against ``KHIPU_DISK_FREE_MIN_PERCENT`` (or ``min_free_percent``): one alert when
+    it falls below, one resolve when it is back."""
+    settings = KhipuSettings.from_env()
+    limit = RetentionPolicy.from_env().disk_free_min_percent if min_free_percent is None else min_free_percent
+    disk = disk_usage(settings.state_dir)
+    store = KhipuStoreHook(store_conn_id).store()
+    try:
+        last = store.alerts.latest(DISK_ALERT_KIND)
+        firing = last is not None and alert_from(last).state is AlertState.FIRING
+        alert = disk_alert(disk, limit, firing, now_ms())
+        raised = alert is not None and store.alerts.add(alert)
+    finally:
+        store.close()
+    log.info("state disk %s: %.1f %% free (alert below %g %%)%s", disk.path, disk.free_percent, limit,
+             f"; {alert.title}" if raised and alert else "")  # fmt: skip
+    return {"free_percent": round(disk.free_percent, 2), "min_free_percent": limit, "alert": bool(raised)}
 
 
 def send_alerts(store_conn_id: str) -> dict[str, Any]:

@@ -30,8 +30,9 @@ POLICY_PARAMS = (
 
 
 def policy_of(params: Mapping[str, Any]) -> RetentionPolicy:
-    """The run's policy: the DAG's Params (validated again here: RetentionError names a bad one)."""
-    return RetentionPolicy(**{name: params[name] for name in POLICY_PARAMS if name in params})
+    """The run's policy: the settings in force (KHIPU_RETENTION_*), with the limits a run's Params set instead
+    (validated again here: RetentionError names a bad one)."""
+    return RetentionPolicy.from_env().overridden({name: params.get(name) for name in POLICY_PARAMS})
 
 
 def apply_retention(store_conn_id: str, params: Mapping[str, Any], now_ms: int | None = None) -> dict[str, Any]:

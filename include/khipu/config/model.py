@@ -326,6 +326,43 @@ class SparkSection(Section):
     )
 
 
+Hours = Annotated[int, Field(ge=1), Expect("a whole number of hours >= 1")]
+Days = Annotated[int, Field(ge=1), Expect("a whole number of days >= 1")]
+
+
+class RetentionSection(Section):
+    title = "Retention"
+    doc = "docs/retention.md"
+
+    trace_archive_hours: Hours = setting(
+        "KHIPU_RETENTION_TRACE_ARCHIVE_HOURS", 168, "Hours of raw traces kept (reconciliation's and backfill's input)."
+    )
+    verdict_archive_hours: Hours = setting(
+        "KHIPU_RETENTION_VERDICT_ARCHIVE_HOURS", 720, "Hours of archived plain DELIVERED verdicts kept."
+    )
+    verdict_days: Days = setting(
+        "KHIPU_RETENTION_VERDICT_DAYS", 90, "Days the store keeps settled verdicts and their history."
+    )
+    quarantine_days: Days = setting(
+        "KHIPU_RETENTION_QUARANTINE_DAYS", 14, "Days quarantined trace records and emitter sequence gaps are kept."
+    )
+    heartbeat_days: Days = setting(
+        "KHIPU_RETENTION_HEARTBEAT_DAYS", 7, "Days detector heartbeats are kept (each query's newest always is)."
+    )
+    minute_metrics_days: Days = setting(
+        "KHIPU_RETENTION_MINUTE_METRICS_DAYS", 2, "Days metrics are kept per minute; older ones are rolled into hours."
+    )
+    metrics_days: Days = setting("KHIPU_RETENTION_METRICS_DAYS", 400, "Days the hourly metrics are kept.")
+    backfill_hours: Hours = setting(
+        "KHIPU_RETENTION_BACKFILL_HOURS",
+        72,
+        "How far back, beyond reconciliation's own reach, a backfill may go: the trace archive keeps at least this.",
+    )
+    disk_free_min_percent: Annotated[float, Field(ge=0, lt=100), Expect("a percentage in [0, 100)")] = setting(
+        "KHIPU_DISK_FREE_MIN_PERCENT", 10.0, "An alert fires when the state folder's disk has less free than this."
+    )
+
+
 def _exporter_host_expected() -> str:
     return "a host name or IP address to listen on, without a port or scheme (e.g. 127.0.0.1, 0.0.0.0, ::)"
 
@@ -357,6 +394,7 @@ SECTIONS: tuple[type[Section], ...] = (
     ResendSection,
     SparkSection,
     ExporterSection,
+    RetentionSection,
 )
 
 

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -51,6 +52,8 @@ from khipu.errors import InvalidSetting
 from khipu.health.rules import PartitionStatus
 from khipu.registry.loader import load_registry
 from khipu.registry.model import AlertThresholds
+from khipu.report.storage import storage_families, storage_health
+from khipu.retention.policy import RetentionPolicy
 from khipu.settings import KhipuSettings
 from khipu.store import Store, StoreError
 from khipu.trace.archive import HOUR_MS
@@ -411,6 +414,8 @@ class KhipuCollector:
         queries: Sequence[str] = (DETECTOR_QUERY,),
         elapsed_s: Callable[[], float] = time.perf_counter,
         thresholds: Mapping[str, AlertThresholds] | None = None,  # each stream's, from the registry
+        archives: Mapping[str, Path] | None = None,  # name -> folder: their disk use is served too
+        policy: RetentionPolicy | None = None,  # the disk threshold the khipu_state_disk_low gauge compares with
     ) -> None:
         self._open_store = open_store
         self._cluster = cluster
@@ -420,6 +425,8 @@ class KhipuCollector:
         self._queries = tuple(queries)
         self._elapsed_s = elapsed_s
         self._thresholds = dict(thresholds or {})
+        self._archives = dict(archives or {})
+        self._policy = policy or RetentionPolicy()
 
     def describe(self) -> Iterable[Metric]:
         """The families served, without reading the store (the registry checks names with it)."""
@@ -436,9 +443,26 @@ class KhipuCollector:
         families = [] if reading is None else metric_families(reading, now_ms, self._windows)
         return [
             *families,
+            *self._storage(),
             threshold_family(self._thresholds),
             *exporter_families(self._elapsed_s() - started_s, reading is None),
         ]
+
+    def _storage(self) -> list[Metric]:
+        """The archives' and the state disk's gauges (none without archives); the store's size when it answers."""
+        if not self._archives:
+            return []
+        size = None
+        try:
+            store = self._open_store()
+            try:
+                size = store.engine.size_bytes()
+            finally:
+                store.close()
+        except StoreError:
+            pass  # the scrape error gauge already says the store could not be read
+        state_dir = next(iter(self._archives.values())).parent
+        return storage_families(storage_health(self._archives, state_dir, self._policy, size))
 
     def _read(self, now_ms: int) -> StoreReading | None:
         """The store's reading, or None when it could not be read (logged)."""
@@ -555,6 +579,8 @@ def run_exporter(settings: KhipuSettings, config: ExporterConfig, say: Callable[
             ExportWindows(verdict_window_ms=config.verdict_window_ms, alert_window_ms=config.alert_window_ms),
             store_name=store_name,
             thresholds={name: stream.alerts for name, stream in load_registry(settings.registry_path).streams.items()},
+            archives={"trace archive": settings.archive_dir, "verdict archive": settings.verdict_archive_dir},
+            policy=RetentionPolicy.from_env(),
         )
     )
     stop = threading.Event()

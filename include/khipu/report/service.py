@@ -13,7 +13,7 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,8 @@ from khipu.reconcile.window import horizon_from_env
 from khipu.registry.model import Registry, UnknownStreamError
 from khipu.report.message import MessageReport, lay_out
 from khipu.report.overview import DAY_MS, StreamOverview, streams_overview
+from khipu.report.storage import StorageHealth, storage_health
+from khipu.retention.policy import RetentionPolicy
 from khipu.store import Store
 from khipu.trace.archive import HOUR_MS, hours_between, read_traces, read_traces_in_hours
 from khipu.verdicts.archive import VerdictArchive
@@ -366,6 +368,7 @@ class KhipuHealth:
     emitters_with_gaps: list[dict[str, Any]]  # per emitter: gaps open, sequence numbers missing
     clock_skew: list[SkewLine] = field(default_factory=list)  # per hop, worst first
     skew_by_emitter: dict[str, int] = field(default_factory=dict)  # location -> impossible latencies it took part in
+    storage: StorageHealth | None = None  # the archives, the store and the state folder's disk (when they are known)
 
 
 def clock_skew(registry: Registry, metric_rows: Sequence[dict[str, Any]]) -> list[SkewLine]:
@@ -397,6 +400,8 @@ def khipu_health(
     queries: Collection[str] = (DETECTOR_QUERY,),
     stale_after_ms: int | None = None,
     registry: Registry | None = None,
+    archives: Mapping[str, Path] | None = None,
+    policy: RetentionPolicy | None = None,
 ) -> KhipuHealth:
     """Khipu's own health: the detector's heartbeat and rates, the trace channel's gaps and quarantine, and (with
     the registry) the emitters whose clocks disagree over the last day. A heartbeat older than ``stale_after_ms``
@@ -433,7 +438,15 @@ def khipu_health(
     for line in skew:
         for location in {*line.earlier.split(", "), line.later}:
             by_emitter[location] = by_emitter.get(location, 0) + line.impossible
-    return KhipuHealth(beats, total, newest, store.channel.gap_summary(), skew, dict(sorted(by_emitter.items())))
+    storage = None
+    if archives:
+        state_dir = next(iter(archives.values())).parent
+        storage = storage_health(
+            archives, state_dir, policy or RetentionPolicy(), store.engine.size_bytes(), store.verdicts.oldest_minute()
+        )
+    return KhipuHealth(
+        beats, total, newest, store.channel.gap_summary(), skew, dict(sorted(by_emitter.items())), storage
+    )
 
 
 def alerts_report(store: Store, since_ms: int) -> list[dict[str, Any]]:

@@ -20,8 +20,11 @@ rolled up into whole hours.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
+from khipu.config import RetentionSection, default, load
 from khipu.errors import InvalidSetting
 from khipu.trace.archive import HOUR_MS, hour_of
 from khipu.verdicts.model import FINAL_KINDS, RECEIPT_KINDS, VerdictKind
@@ -36,6 +39,10 @@ REMOVABLE_VERDICTS = frozenset({*RECEIPT_KINDS, *FINAL_KINDS})
 UNSETTLED_VERDICTS = frozenset(VerdictKind) - REMOVABLE_VERDICTS
 
 
+def _default(name: str) -> Any:
+    return default(RetentionSection, name)
+
+
 class RetentionError(InvalidSetting):
     """A retention setting that is out of range, or that would remove what reconciliation or a resend needs."""
 
@@ -48,15 +55,27 @@ class RetentionPolicy:
     traces/s, docs/retention.md), a month of archived DELIVERED verdicts and three months of the store's
     exceptions."""
 
-    trace_archive_hours: int = 7 * DAY_HOURS  # raw traces (<state>/archive): reconciliation's and backfill's input
-    verdict_archive_hours: int = 30 * DAY_HOURS  # plain DELIVERED verdicts (<state>/verdicts)
-    verdict_days: int = 90  # the store's verdicts (every exception: losses, duplicates, ...) and their history
-    quarantine_days: int = 14  # malformed trace records kept for a look, and the emitter sequence gaps
-    heartbeat_days: int = 7  # the detector's per-batch heartbeats (the newest of each query is always kept)
-    minute_metrics_days: int = 2  # per-minute metrics; older minutes are rolled up into whole hours
-    metrics_days: int = 400  # the hourly metrics the minutes were rolled into
-    backfill_hours: int = 3 * DAY_HOURS  # how far back (beyond reconciliation's own reach) a backfill may go
-    disk_free_min_percent: float = 10.0  # the state folder's disk: an alert fires below this much free
+    # the defaults are RetentionSection's (khipu.config): KHIPU_RETENTION_* and KHIPU_DISK_FREE_MIN_PERCENT
+    trace_archive_hours: int = _default("trace_archive_hours")  # raw traces (<state>/archive)
+    verdict_archive_hours: int = _default("verdict_archive_hours")  # plain DELIVERED verdicts (<state>/verdicts)
+    verdict_days: int = _default("verdict_days")  # the store's verdicts (every exception) and their history
+    quarantine_days: int = _default("quarantine_days")  # malformed trace records, and emitter sequence gaps
+    heartbeat_days: int = _default("heartbeat_days")  # the detector's heartbeats (each query's newest stays)
+    minute_metrics_days: int = _default("minute_metrics_days")  # per-minute metrics; older: rolled into hours
+    metrics_days: int = _default("metrics_days")  # the hourly metrics the minutes were rolled into
+    backfill_hours: int = _default("backfill_hours")  # how far back (beyond reconciliation's reach) a backfill goes
+    disk_free_min_percent: float = _default("disk_free_min_percent")  # an alert fires below this much free
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RetentionPolicy:
+        """The limits in force: ``KHIPU_RETENTION_*`` and ``KHIPU_DISK_FREE_MIN_PERCENT`` (khipu settings shows
+        them), from the environment and the settings file."""
+        section = load(RetentionSection, environ, RetentionError)
+        return cls(**{item.name: getattr(section, item.name) for item in fields(cls)})
+
+    def overridden(self, changes: Mapping[str, Any]) -> RetentionPolicy:
+        """These limits with some replaced (a manual run's Params; None leaves a limit as it is)."""
+        return replace(self, **{name: value for name, value in changes.items() if value is not None})
 
     def __post_init__(self) -> None:
         for item in fields(self):

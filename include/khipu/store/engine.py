@@ -14,7 +14,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, Table, create_engine, event
+from sqlalchemy import Connection, Engine, Table, create_engine, event, text
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
@@ -27,6 +27,11 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 
 class StoreError(RuntimeError):
     """The store could not be reached or used; the message names the store without its password."""
+
+
+class StoreUnavailable(StoreError):
+    """The store did not answer (down, restarting, unreachable, locked): asking again later may succeed, unlike a
+    store that lacks its schema."""
 
 
 class StoreEngine:
@@ -76,7 +81,21 @@ class StoreEngine:
                     finally:
                         transaction.rollback()
         except (OperationalError, ProgrammingError) as exc:
-            raise StoreError(self._explain(exc)) from None
+            explained = self._explain(exc)
+            lacking = isinstance(exc, ProgrammingError) or explained.startswith(f"the store at {self.safe_url} lacks")
+            raise (StoreError if lacking else StoreUnavailable)(explained) from None
+
+    def size_bytes(self) -> int | None:
+        """The bytes the database takes: SQLite's file with its write-ahead log, PostgreSQL's database size; None
+        for an in-memory database."""
+        if self.sql.dialect.name == "sqlite":
+            database = make_url(self.url).database
+            if not database or database == ":memory:":
+                return None
+            files = [Path(database + suffix) for suffix in ("", "-wal", "-shm")]
+            return sum(f.stat().st_size for f in files if f.exists())
+        with self.begin() as tx:
+            return int(tx.execute(text("SELECT pg_database_size(current_database())")).scalar() or 0)
 
     def _explain(self, exc: OperationalError | ProgrammingError) -> str:
         detail = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)

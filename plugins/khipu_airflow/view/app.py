@@ -120,6 +120,11 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     def store() -> Iterator[Store]:
         yield sources.store()  # shared by every request: one engine, one connection pool
 
+    def archives() -> dict[str, Path]:
+        """The archives whose disk use the health page shows (those the view was given)."""
+        named = {"trace archive": sources.archive_dir, "verdict archive": sources.verdict_archive_dir}
+        return {name: path for name, path in named.items() if path is not None}
+
     def render(request: Request, template: str, **values: Any) -> HTMLResponse:
         base = str(request.scope.get("root_path", "")).rstrip("/")
         html = pages.get_template(template).render(base=base, now_ms=sources.now_ms(), page=template, **values)
@@ -199,7 +204,9 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     )
     def api_khipu(_user: ApiUser) -> Any:
         with store() as s:
-            return plain(service.khipu_health(s, sources.now_ms(), registry=sources.load_registry()))
+            return plain(
+                service.khipu_health(s, sources.now_ms(), registry=sources.load_registry(), archives=archives())
+            )
 
     @app.get(f"{API}/alerts", summary="Alerts fired and resolved, newest first, with each notifier's outcome")
     def api_alerts(_user: ApiUser, minutes: float = 24 * 60) -> list[dict[str, Any]]:
@@ -281,7 +288,7 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     @app.get("/self", response_class=HTMLResponse, include_in_schema=False)
     def self_page(request: Request, _user: PageUser) -> HTMLResponse:
         with store() as s:
-            health = service.khipu_health(s, sources.now_ms(), registry=sources.load_registry())
+            health = service.khipu_health(s, sources.now_ms(), registry=sources.load_registry(), archives=archives())
         return render(request, "self.html", health=health)
 
     @app.get("/alerts", response_class=HTMLResponse, include_in_schema=False)

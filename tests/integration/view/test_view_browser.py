@@ -205,6 +205,14 @@ def test_a_viewer_logs_in_and_each_page_shows_what_the_store_holds(
         assert page.locator('tr[data-query="khipu_detector"] [data-field="state_rows"]').inner_text() == str(
             beat["state_rows"]
         )
+        archive = Path(server.store_url.removeprefix("sqlite:///")).parent / "state" / "archive"
+        hours = sorted(p.name.removeprefix("hour=") for p in archive.iterdir() if p.name.startswith("hour="))
+        on_disk = sum(p.stat().st_size for p in archive.rglob("*") if p.is_file())
+        shown = page.locator('tr[data-archive="trace archive"]')
+        assert shown.locator('[data-field="hours"]').inner_text() == str(len(hours)) and hours
+        assert shown.locator('[data-field="oldest"]').inner_text() == hours[0]
+        assert shown.locator('[data-field="bytes"]').inner_text() == f"{on_disk:,}"
+        assert page.locator('[data-testid=disk] [data-field="free"]').inner_text().endswith("% free")
         page.screenshot(path=str(shots / "khipu-health.png"), full_page=True)
 
         # alerts, with how each notifier fared

@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from khipu.report.exporter import (
     KhipuCollector,
     run_exporter,
 )
+from khipu.retention.policy import RetentionPolicy
 from khipu.settings import KhipuSettings
 from khipu.store import Store, schema
 from khipu.verdicts.metrics import counts_by_minute, metrics_of
@@ -429,3 +431,29 @@ def test_each_streams_registry_thresholds_are_served_for_dashboards(
         if stream.alerts.latency_p99_ms is not None:
             expected[labels_of({"stream": name, "metric": "latency_p99_seconds"})] = stream.alerts.latency_p99_ms / 1000
     assert served == expected and expected
+
+
+def test_the_archives_disk_use_and_oldest_hour_are_served(seeded: SeededStore, tmp_path: Path) -> None:
+    traces, verdicts = tmp_path / "state" / "archive", tmp_path / "state" / "verdicts"
+    for hour, size in (("2026-11-20-07", 1_000), ("2026-11-24-10", 2_500)):
+        (traces / f"hour={hour}" / "batch_id=1").mkdir(parents=True)
+        (traces / f"hour={hour}" / "batch_id=1" / "part-0.parquet").write_bytes(b"x" * size)
+    collector = KhipuCollector(
+        lambda: Store(seeded.url), CLUSTER, lambda: NOW_MS,
+        archives={"trace archive": traces, "verdict archive": verdicts},
+        policy=RetentionPolicy(disk_free_min_percent=99.99),
+    )  # fmt: skip
+    found = {(f.name, tuple(s.labels.values())): s.value for f in collector.collect() for s in f.samples}
+    assert found[("khipu_archive_bytes", ("trace_archive",))] == 3_500
+    assert found[("khipu_archive_hours", ("trace_archive",))] == 2
+    assert (
+        found[("khipu_archive_oldest_hour_seconds", ("trace_archive",))]
+        == datetime(2026, 11, 20, 7, tzinfo=UTC).timestamp()
+    )
+    assert found[("khipu_archive_hours", ("verdict_archive",))] == 0  # not there yet: empty, not an error
+    disk = os.statvfs(tmp_path)
+    assert found[("khipu_state_disk_size_bytes", ())] == disk.f_blocks * disk.f_frsize
+    assert found[("khipu_state_disk_low", ())] == 1  # this disk is not 99.99 % free
+    database = seeded.url.removeprefix("sqlite:///")
+    files = [Path(database + suffix) for suffix in ("", "-wal", "-shm")]
+    assert found[("khipu_store_bytes", ())] == sum(f.stat().st_size for f in files if f.exists())
