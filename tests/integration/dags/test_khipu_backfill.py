@@ -241,3 +241,36 @@ def test_an_archive_still_behind_the_window_is_retried_when_scheduled_and_refuse
         check_window(recent, "khipu_store", now, scheduled=True, wait_s=0)
     with pytest.raises(AirflowFailException, match="has archived the trace topic up to"):
         check_window(recent, "khipu_store", now, scheduled=False)
+
+
+def test_after_retention_the_kept_window_still_backfills_and_a_removed_one_is_refused(
+    backfill_env: dict[str, Any], spark: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The shortest limits the 1-minute horizon allows (3 h of reconciliation reach + 1 backfill hour) remove an
+    archive hour 30 h old and keep the window's, which then backfills exactly as without retention."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.utils.state import DagRunState
+
+    store: Store = backfill_env["store"]
+    state = Path(os.environ["KHIPU_STATE_DIR"])
+    old_at = backfill_env["t0"] - 30 * HOUR_MS
+    old_hour = time.strftime("%Y-%m-%d-%H", time.gmtime(old_at / 1000))
+    old = [("m-old", "orders", "p", "local", "SENT", old_at, "t", 0, 9, None, "p-e", 9, 100.0, None, None)]
+    spark.createDataFrame(old, COLUMNS).write.parquet(str(state / "archive" / f"hour={old_hour}" / "batch_id=1"))
+    limits = {"trace_archive_hours": 4, "backfill_hours": 1, "verdict_archive_hours": 4, "verdict_days": 1}
+
+    retention = DagBag(dag_folder=str(DAGS)).get_dag("khipu_retention").test(run_conf=limits)
+    assert retention.state == DagRunState.SUCCESS
+    hours = sorted(p.name.removeprefix("hour=") for p in (state / "archive").glob("hour=*"))
+    assert hours == [backfill_env["hour"]]  # the window's hour stays, the 30-hour-old one went
+
+    run = run_backfill({"start": backfill_env["start"], "end": backfill_env["end"]})
+    assert run.state == DagRunState.SUCCESS, states(run)
+    assert verdicts(store)["m-gone"] == ("CONFIRMED_LOST", "LOST")
+    assert verdicts(store)["m-late"] == ("RETRACTED", "DELIVERED")
+
+    capfd.readouterr()
+    gone = run_backfill({"start": iso(old_at - 60_000), "end": iso(old_at + 60_000)})
+    assert gone.state == DagRunState.FAILED
+    out, err = capfd.readouterr()
+    assert f"missing hours {old_hour}" in out + err
