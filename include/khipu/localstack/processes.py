@@ -11,12 +11,15 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from khipu.localstack.keeper import exits_path
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -136,9 +139,22 @@ class ProcessTable:
         return True
 
     def spawn(
-        self, name: str, argv: list[str], env: Mapping[str, str], log_path: Path, detail: str, cwd: Path | None = None
+        self,
+        name: str,
+        argv: list[str],
+        env: Mapping[str, str],
+        log_path: Path,
+        detail: str,
+        cwd: Path | None = None,
+        keep: bool = False,
     ) -> Started:
-        """Start ``argv`` in a new process group, logging to ``log_path``, and record it."""
+        """Start ``argv`` in a new process group, logging to ``log_path``, and record it. ``keep``: under
+        :mod:`khipu.localstack.keeper`, which starts it again when it exits on its own and records why."""
+        if keep:
+            state_dir = self.directory.parent
+            argv = [sys.executable, "-m", "khipu.localstack.keeper", "--name", name, "--state", str(state_dir), "--",
+                    *argv]  # fmt: skip
+            exits_path(state_dir, name).unlink(missing_ok=True)  # a new start: earlier restarts are history
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log_file:
             process = subprocess.Popen(

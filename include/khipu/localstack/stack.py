@@ -19,6 +19,7 @@ from khipu.detector.model import DETECTOR_QUERY
 from khipu.kafka import KafkaAdmin, KafkaUnavailable
 from khipu.localstack.airflow import admin_password, airflow_env, airflow_healthy, prepare_airflow
 from khipu.localstack.broker import BrokerError, BrokerSpec, start_broker
+from khipu.localstack.keeper import read_exits
 from khipu.localstack.processes import ProcessTable, child_env, port_open
 from khipu.registry.loader import load_registry
 from khipu.report.exporter import ExporterConfig
@@ -140,6 +141,7 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
             paths["logs"] / "demo.log",
             f"{DEMO_STREAM} at {DEMO_RATE_PER_S:g} msg/s with faults",
             cwd=project_root(),
+            keep=True,
         )
         say(f"demo: started the demo pipeline (pid {started.pid}), {DEMO_RATE_PER_S:g} msg/s, ledger {paths['ledger']}")
 
@@ -155,6 +157,7 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
             paths["logs"] / "exporter.log",
             f"Prometheus metrics on {_metrics_url(exporter_config)}",
             cwd=project_root(),
+            keep=True,
         )
         say(f"exporter: started (pid {started.pid}), {_metrics_url(exporter_config)}")
     say("")
@@ -171,6 +174,16 @@ def _metrics_url(config: ExporterConfig) -> str:
     return f"http://{host}:{config.port}/metrics" + (" (bearer token: $KHIPU_EXPORTER_TOKEN)" if config.token else "")
 
 
+def restarts_note(state_dir: Path, name: str) -> str:
+    """For a component the keeper restarted: how often, and why it last ended (its own words); else ''."""
+    exits = read_exits(state_dir, name)
+    if not exits or not exits.get("restarts"):
+        return ""
+    last = exits.get("last") or {}
+    at = time.strftime("%H:%M:%S", time.gmtime(float(last.get("at_s") or 0)))
+    return f"\n{'':8} restarted {exits['restarts']}x; last ended {at} UTC, {last.get('reason', 'for no known reason')}"
+
+
 def _detector_line(settings: KhipuSettings, table: ProcessTable) -> str:
     """The detector: whether its driver runs here, and its newest heartbeat (Airflow starts it, not `up`)."""
     started = table.running(DETECTOR)
@@ -184,7 +197,11 @@ def _detector_line(settings: KhipuSettings, table: ProcessTable) -> str:
         beat = None
     heard = "no heartbeat yet"
     if beat is not None:
-        heard = f"last heartbeat {(time.time_ns() // 1_000_000 - int(beat['at_ms'])) / 1000:.0f}s ago"
+        now_ms = time.time_ns() // 1_000_000
+        heard = f"last heartbeat {(now_ms - int(beat['at_ms'])) / 1000:.0f}s ago"
+        if beat.get("waiting"):  # the detector waits out an outage (khipu.detector.outage)
+            since = int(beat.get("waiting_since_ms") or beat["at_ms"])
+            heard += f", {(now_ms - since) / 1000:.0f}s {beat['waiting']} ({beat.get('retries') or 0} tries)"
     if started is None:
         return f"{DETECTOR:8} {'stopped':8} {heard}; the DAG khipu_detector (every 2 min) starts it"
     return f"{DETECTOR:8} {'running':8} pid {started.pid}  {started.detail}; {heard}"
@@ -222,7 +239,7 @@ def status(settings: KhipuSettings, say: Callable[[str], None] = print) -> bool:
         all_up &= started is not None
         say(
             f"{name:8} {'running' if started else 'stopped':8} "
-            f"{f'pid {started.pid}  {started.detail}' if started else ''}"
+            f"{f'pid {started.pid}  {started.detail}' if started else ''}{restarts_note(settings.state_dir, name)}"
         )
     say(_detector_line(settings, table))
     if table.running(AIRFLOW) is not None:
