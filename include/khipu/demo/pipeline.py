@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.05
 _COMMIT_INTERVAL_S = 0.2
 _BATCH_MAX_AGE_S = 0.1
+# the demo's writes are never given up by the client (librdkafka's message.timeout.ms 0: no limit): through an
+# outage of the broker they wait, as the applications do, and the ledger records each once it is acknowledged
+_NEVER_GIVE_UP = {"message.timeout.ms": 0}
+_AFTER_STOP_S = 30.0  # once the demo is stopping, how long it still waits for the broker to acknowledge writes
 
 
 class DemoError(RuntimeError):
@@ -74,6 +78,10 @@ class DemoConfig:
     session_timeout_ms: int = 6000
     max_poll_interval_ms: int = 3_600_000  # a paused (stalled) demo consumer stays in its group for an hour
     trace_producer_config: Mapping[str, str] = field(default_factory=dict)  # extra librdkafka settings for emitters
+    trace_bootstrap_servers: str | None = None  # the trace topic's cluster when not the demo's own
+    # the emitters keep a trace this long through an outage of the trace cluster before counting it failed (the
+    # ledger takes every trace not dropped on purpose to reach the channel)
+    trace_delivery_timeout_ms: int = 900_000
     settle_timeout_s: float = 120.0
     progress_interval_s: float = 5.0
 
@@ -177,6 +185,7 @@ class _WriteLog:
         self._lock = threading.Lock()
         self._count = 0
         self._end_offsets: dict[int, int] = {}
+        self.failures: list[str] = []  # writes the broker refused for good (never a timeout: writes never time out)
 
     def recorder(self, message_id: str, **ledger_fields: Any) -> Callable[[KafkaError | None, Message], None]:
         """A delivery callback recording the write of ``message_id`` once the broker acknowledged it."""
@@ -184,6 +193,8 @@ class _WriteLog:
         def record(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
                 log.warning("%s: write of %s failed: %s", self._who, message_id, err.str())
+                with self._lock:
+                    self.failures.append(f"write of {message_id} failed: {err.str()}")
                 return
             topic, partition, offset = _position(msg)
             with self._lock:
@@ -205,6 +216,29 @@ class _WriteLog:
         """(acknowledged writes, end offset + 1 per partition written)."""
         with self._lock:
             return self._count, dict(self._end_offsets)
+
+
+def await_acknowledgements(producer: Any, who: str, stop: threading.Event, after_stop_s: float = _AFTER_STOP_S) -> None:
+    """Wait until the broker acknowledged every record ``producer`` holds. Through an outage of the broker this
+    waits as long as the outage lasts while the demo runs (logged after 5 s, then each time the wait doubles, at
+    least once a minute); once the demo is stopping, at most ``after_stop_s`` more, then it fails naming what
+    is left (those records are not in the ledger: nothing acknowledged them)."""
+    started = time.monotonic()
+    note_at, stopping_since = 5.0, None
+    while True:
+        remaining = int(producer.flush(1.0))
+        waited = time.monotonic() - started
+        if not remaining:
+            if waited >= 5.0:
+                log.warning("%s: the broker acknowledged every write after %.0f s of waiting", who, waited)
+            return
+        if waited >= note_at:
+            log.warning("%s: %d writes not acknowledged for %.0f s: waiting for the broker", who, remaining, waited)
+            note_at = min(2 * note_at, waited + 60.0)
+        if stop.is_set():
+            stopping_since = stopping_since if stopping_since is not None else time.monotonic()
+            if time.monotonic() - stopping_since >= after_stop_s:
+                raise DemoError(f"{who}: {remaining} writes unacknowledged after {waited:.0f}s, and the demo stops")
 
 
 class _Component(threading.Thread):
@@ -242,7 +276,7 @@ class _Source(_Component):
         self.writes = _WriteLog(demo.ledger, self.hop, "source")
         self.finished = threading.Event()
         self.producer = TracedProducer(
-            demo.client_config({"enable.idempotence": True, "linger.ms": 5}),
+            demo.client_config({"enable.idempotence": True, "linger.ms": 5, **_NEVER_GIVE_UP}),
             emitter=self.emitter,
             stream=topology.stream.name,
             sampling_percent=self.sampling,
@@ -268,9 +302,7 @@ class _Source(_Component):
                 self._send(message_id, number, fault=Fault.PRODUCER_RETRY.value)
             number += 1
             self.producer.poll(0)
-        remaining = self.producer.flush(30)
-        if remaining:
-            raise DemoError(f"source: {remaining} records still unacknowledged after 30s")
+        await_acknowledgements(self.producer, "source", self.demo.stop)
         self.finished.set()
 
     def _send(self, message_id: str, number: int, fault: str | None) -> None:
@@ -412,7 +444,7 @@ class _Processor(_ConsumerComponent):
         self.write_hop = topology.processor_write_hop
         self.output_topic = topology.output_topic.topic
         self.producer = TracedProducer(
-            demo.client_config({"enable.idempotence": True, "linger.ms": 5}), emitter=self.emitter
+            demo.client_config({"enable.idempotence": True, "linger.ms": 5, **_NEVER_GIVE_UP}), emitter=self.emitter
         )
         self.batch: list[_Record] = []
         self.held: list[_Held] = []
@@ -437,7 +469,7 @@ class _Processor(_ConsumerComponent):
             self.commit()
         self.write_batch()
         self.close()
-        self.producer.flush(30)
+        await_acknowledgements(self.producer, "processor", self.demo.stop)
 
     def handle(self, record: _Record) -> None:
         plan, config, message_id = self.demo.plan, self.demo.config, record.message_id
@@ -490,9 +522,10 @@ class _Processor(_ConsumerComponent):
                 headers=carry_trace_headers(record.msg.headers()),
                 on_delivery=self.writes.recorder(record.message_id, source=False),
             )
-        remaining = self.producer.flush(30)
-        if remaining:
-            raise DemoError(f"processor: {remaining} records unacknowledged after 30s")
+        # an at-least-once processor: its input is committed only past what the broker acknowledged, so it waits
+        await_acknowledgements(self.producer, "processor", self.demo.stop)
+        if self.writes.failures:  # refused for good: stop before committing past it (the ledger has no write)
+            raise DemoError(f"processor: {len(self.writes.failures)} writes refused: {self.writes.failures[0]}")
         self.batch = []
 
     def committable(self) -> dict[int, int]:
@@ -516,7 +549,17 @@ class _Processor(_ConsumerComponent):
         self.subscribe()
 
     def on_revoke(self, _consumer: Any, _partitions: list[TopicPartition]) -> None:
-        self.discard_unwritten(Fault.REBALANCE_DROP)
+        """A real rebalance (the injected one has emptied the buffer already): nothing in memory was committed (the
+        commit stops at the oldest record not written on), so the group reads it again and nothing is dropped. A
+        broker outage longer than the session timeout ends in one."""
+        unwritten = [*self.batch, *(held.record for held in self.held)]
+        if unwritten:
+            log.warning("processor: partitions revoked with %d records in memory; they are read again",
+                        len(unwritten))  # fmt: skip
+        with self._lock:  # its position goes back to them: nothing commits past a record it never wrote on
+            for record in unwritten:
+                self.next_offsets[record.partition] = min(self.next_offsets[record.partition], record.offset)
+        self.batch, self.held = [], []
 
     def discard_unwritten(self, fault: Fault) -> None:
         for record in [*self.batch, *(held.record for held in self.held)]:
@@ -611,7 +654,8 @@ class _Demo:
 
     def new_emitter(self, location: str) -> TraceEmitter:
         emitter_config = TraceEmitterConfig(
-            bootstrap_servers=self.config.bootstrap_servers,
+            bootstrap_servers=self.config.trace_bootstrap_servers or self.config.bootstrap_servers,
+            delivery_timeout_ms=self.config.trace_delivery_timeout_ms,
             location=location,
             cluster=self.topology.source_topic.cluster,
             topic=self.config.trace_topic,
@@ -629,8 +673,11 @@ class _Demo:
 def prepare_topics(config: DemoConfig, topology: DemoTopology, timeout_s: float = 10.0) -> list[str]:
     """Fail fast, and clearly, when the broker cannot be reached; create the demo's topics if missing."""
     admin = KafkaAdmin(KafkaConnection(config.bootstrap_servers, cluster=topology.source_topic.cluster), timeout_s)
+    traces = admin
+    if config.trace_bootstrap_servers:
+        traces = KafkaAdmin(KafkaConnection(config.trace_bootstrap_servers, cluster="traces"), timeout_s)
     try:
-        admin.ensure_trace_topic(config.trace_topic, config.trace_partitions)
+        traces.ensure_trace_topic(config.trace_topic, config.trace_partitions)
         return admin.ensure_topics(
             {topology.source_topic.topic: config.partitions, topology.output_topic.topic: config.partitions}
         )
