@@ -51,7 +51,7 @@ class RetentionError(InvalidSetting):
 
 @dataclass(frozen=True, slots=True)
 class RetentionPolicy:
-    """Age limits, one per kind of data. The defaults keep a week of raw traces (about 1.1 TB at 25,000
+    """Age limits, one per kind of data. The defaults keep a week of raw traces (about 0.3 TB at 25,000
     traces/s, docs/retention.md), a month of archived DELIVERED verdicts and three months of the store's
     exceptions."""
 
