@@ -39,7 +39,7 @@ from khipu.kafka.connection import KafkaConnection
 from khipu.kafka.records import record_headers
 from khipu.reconcile.window import ReconcileWindow, changes_for, judge_lead, rejudge
 from khipu.registry.model import Registry
-from khipu.trace.archive import ARRIVED
+from khipu.trace.archive import ARRIVED, hour_of
 from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
 from khipu.trace.archive import spark_schema as archive_spark_schema
 from khipu.trace.model import Trace, trace_from_columns
@@ -175,78 +175,86 @@ def reconcile(
         progress(f"no archived traces in hours {hours[0]} .. {hours[-1]}: nothing to reconcile")
         return ReconcileReport(window, dry_run, seconds=time.monotonic() - started)
     arrived = F.coalesce(*(F.col(name) for name in ARRIVED))  # the broker's time, never an application's
-    traces = (
-        spark.read.schema(archive_spark_schema())
-        .option("basePath", str(archive_dir))
-        .parquet(*[str(archive_dir / f"hour={h}") for h in existing])
-        .where(arrived < max(window.read_to_ms, now_ms))
+
+    def archived_traces(hours: Sequence[str], before_ms: int) -> Any:
+        """The traces archived in these hours that arrived before ``before_ms`` (of the window's streams)."""
+        frame = (
+            spark.read.schema(archive_spark_schema())
+            .option("basePath", str(archive_dir))
+            .parquet(*[str(archive_dir / f"hour={h}") for h in hours])
+            .where(arrived < before_ms)
+        )
+        return frame.where(F.col("stream").isin(list(window.streams))) if window.streams else frame
+
+    traces = archived_traces(existing, max(window.read_to_ms, now_ms))
+    until_end = [h for h in existing if h <= hour_of(window.end_ms - 1)]  # an hour holds the traces that arrived in it
+    # Nothing of the hours read is cached whole: each question below reads only the columns it needs from Parquet,
+    # and per message only the window's ids are kept (in Spark). What comes to the driver is the few messages to
+    # re-decide (those without archived verdicts, and the open ones), their traces and verdicts, and the leads.
+    window_ids = (  # the window's messages: their first trace arrived in it (traces arriving after it cannot be first)
+        archived_traces(until_end or existing, window.end_ms)
+        .groupBy("message_id")
+        .agg(F.min(arrived).alias("first_ms"))
+        .where(F.col("first_ms") >= window.start_ms)
+        .select("message_id")
+        .persist()
     )
-    if window.streams:
-        traces = traces.where(F.col("stream").isin(list(window.streams)))
-    # one trace archived twice (a new detector checkpoint reading the topic again) is one trace, not a re-read:
-    # a re-read leaves a trace of its own (another emitter sequence number, another time)
-    traces = traces.dropDuplicates([name for name in ARCHIVED_TRACE.names if name != "prev_offsets"])
-    traces = traces.persist()
     try:
-        firsts = traces.groupBy("message_id").agg(F.min(arrived).alias("first_ms"))
-        in_window = firsts.where((F.col("first_ms") >= window.start_ms) & (F.col("first_ms") < window.end_ms))
-        window_ids = in_window.select("message_id")
+        window_count = window_ids.count()
+        traces_read = traces.count()  # rows read (a trace archived twice counts twice here; it is judged once)
         archived = _archived_verdicts(spark, verdict_archive_dir, hours)
-        traces_read = traces.count()
-        archived_open: list[str] = []  # messages with archived verdicts and an open SQL one
+        archived_open: list[str] = []  # window messages with an open SQL verdict
         if archived is None:
             unarchived: list[str] = [row.message_id for row in window_ids.collect()]
-            window_count = len(unarchived)
         else:  # settled by their archived DELIVERED verdicts, unless an SQL verdict of theirs is open
-            archived = archived.persist()
-            archived_ids = archived.select("message_id").distinct()
+            archived_ids = archived.select("message_id")
             unarchived = [row.message_id for row in window_ids.join(archived_ids, "message_id", "left_anti").collect()]
-            window_count = window_ids.count()
             # the open SQL verdicts of the window's messages were decided after its traces began (a verdict keeps
             # the time it was first decided): asked by time, they are few
             open_ids = book.open_messages(window.start_ms - window.horizon_ms)
             if open_ids:
                 wanted_open = spark.createDataFrame([(m,) for m in sorted(open_ids)], "message_id string")
-                in_archive = window_ids.join(archived_ids, "message_id", "left_semi")
                 archived_open = [
-                    row.message_id for row in in_archive.join(F.broadcast(wanted_open), "message_id").collect()
+                    row.message_id for row in window_ids.join(F.broadcast(wanted_open), "message_id").collect()
                 ]
-        progress(
-            f"read {traces_read} traces from {len(existing)} archive hour(s); {window_count} messages in the window"
-        )
-        settled = book.settled_messages(unarchived)  # Spark found no archived verdict of these in the hours read
-        candidates = sorted((set(unarchived) - settled) | set(archived_open))
-        progress(f"{window_count - len(candidates)} already final; re-deciding {len(candidates)}")
-        rows: list[Any] = []
-        pointed: set[tuple[str, str, str, int, int]] = set()
-        leads: list[Lead] = []
-        traced_named: set[str] = set()
-        if candidates:
-            wanted = spark.createDataFrame([(m,) for m in candidates], "message_id string")
-            mine = traces.join(F.broadcast(wanted), "message_id")
-            rows = mine.collect()
-            positions = mine.select("cluster", "topic", "partition", "offset").distinct()
-            pointers = _pointers(traces)
-            pointed = {
-                (r.location, r.cluster, r.topic, int(r.partition), int(r.offset))
-                for r in pointers.join(positions, ["cluster", "topic", "partition", "offset"]).collect()
-            }
-        leads = _leads(traces, window, name_record)
-        named = {lead.message_id for lead in leads if lead.message_id}
-        if named:
-            found = traces.where(F.col("message_id").isin(sorted(named))).select("message_id").collect()
-            traced_named = {row.message_id for row in found}
-        if leads:
-            progress(f"{len(leads)} lead(s): records received whose position no trace names")
-        archived_rows: list[dict[str, Any]] = []
-        judged_ids = set(candidates) | {m for m in named if m}
-        if archived is not None and judged_ids:
-            wanted = spark.createDataFrame([(m,) for m in sorted(judged_ids)], "message_id string")
-            archived_rows = [row.asDict() for row in archived.join(F.broadcast(wanted), "message_id").collect()]
     finally:
-        traces.unpersist()
-        if archived is not None:
-            archived.unpersist()
+        window_ids.unpersist()
+    progress(f"read {traces_read} traces from {len(existing)} archive hour(s); {window_count} messages in the window")
+    settled = book.settled_messages(unarchived)  # Spark found no archived verdict of these in the hours read
+    candidates = sorted((set(unarchived) - settled) | set(archived_open))
+    progress(f"{window_count - len(candidates)} already final; re-deciding {len(candidates)}")
+    # one trace archived twice (a new detector checkpoint reading the topic again) is one trace, not a re-read:
+    # a re-read leaves a trace of its own (another emitter sequence number, another time)
+    distinct_trace = [name for name in ARCHIVED_TRACE.names if name != "prev_offsets"]
+    rows: list[Any] = []
+    pointed: set[tuple[str, str, str, int, int]] = set()
+    traced_named: set[str] = set()
+    if candidates:
+        wanted = spark.createDataFrame([(m,) for m in candidates], "message_id string")
+        rows = traces.join(F.broadcast(wanted), "message_id").dropDuplicates(distinct_trace).collect()
+        positions = spark.createDataFrame(
+            sorted({(r.cluster, r.topic, int(r.partition), int(r.offset)) for r in rows if r.offset is not None}),
+            "cluster string, topic string, partition int, offset bigint",
+        )
+        at_positions = _pointers(traces).join(
+            F.broadcast(positions), ["cluster", "topic", "partition", "offset"], "left_semi"
+        )
+        pointed = {
+            (r.location, r.cluster, r.topic, int(r.partition), int(r.offset))
+            for r in at_positions.select("location", "cluster", "topic", "partition", "offset").distinct().collect()
+        }
+    leads = _leads(traces, window, name_record)
+    named = {lead.message_id for lead in leads if lead.message_id}
+    if named:
+        found = traces.where(F.col("message_id").isin(sorted(named))).select("message_id").distinct().collect()
+        traced_named = {row.message_id for row in found}
+    if leads:
+        progress(f"{len(leads)} lead(s): records received whose position no trace names")
+    archived_rows: list[dict[str, Any]] = []
+    judged_ids = set(candidates) | {m for m in named if m}
+    if archived is not None and judged_ids:
+        wanted = spark.createDataFrame([(m,) for m in sorted(judged_ids)], "message_id string")
+        archived_rows = [row.asDict() for row in archived.join(F.broadcast(wanted), "message_id").collect()]
 
     by_message: dict[str, list[Trace]] = {}
     for row in rows:
@@ -315,37 +323,36 @@ def _archived_verdicts(spark: Any, verdict_archive_dir: Path | None, hours: Sequ
 
 
 def _pointers(traces: Any) -> Any:
-    """(location, cluster, topic, partition, offset, seen_ms) an emitter's back-pointers say it received."""
+    """(location, cluster, topic, partition, offset, seen_ms): each back-pointer of an emitter's RECEIVED traces, a
+    position it says it received (one row per pointer: not aggregated)."""
     from pyspark.sql import functions as F
 
-    return (
-        traces.where("type = 'RECEIVED' AND prev_offsets IS NOT NULL")
-        .select(
-            "location",
-            "cluster",
-            "topic",
-            "partition",
-            F.explode("prev_offsets").alias("offset"),
-            F.col("timestamp_ms").alias("seen_ms"),
-        )
-        .groupBy("location", "cluster", "topic", "partition", "offset")
-        .agg(F.min("seen_ms").alias("seen_ms"))
+    return traces.where("type = 'RECEIVED' AND prev_offsets IS NOT NULL").select(
+        "location",
+        "cluster",
+        "topic",
+        "partition",
+        F.explode("prev_offsets").alias("offset"),
+        F.col("timestamp_ms").alias("seen_ms"),
     )
 
 
 def _leads(traces: Any, window: ReconcileWindow, name_record: RecordNamer | None) -> list[Lead]:
-    """Pointers made within the window at positions where no trace of any message lies, each named from
+    """Pointers first made within the window at positions where no trace of any message lies, each named from
     Kafka when possible (each window reports its own)."""
     from pyspark.sql import functions as F
 
-    positions = traces.select("cluster", "topic", "partition", "offset").distinct()
+    position = ["cluster", "topic", "partition", "offset"]
     orphans = (
         _pointers(traces)
-        .where((F.col("seen_ms") >= window.start_ms) & (F.col("seen_ms") < window.end_ms))
-        .join(positions, ["cluster", "topic", "partition", "offset"], "left_anti")
+        .where(F.col("seen_ms") < window.end_ms)  # a pointer first made before the window's end: its earliest is here
+        .groupBy("location", *position)
+        .agg(F.min("seen_ms").alias("seen_ms"))
+        .where(F.col("seen_ms") >= window.start_ms)
+        .join(traces.select(*position), position, "left_anti")
     )
     leads = []
-    for r in orphans.orderBy("cluster", "topic", "partition", "offset").collect():
+    for r in orphans.orderBy(*position).collect():
         lead = Lead(r.location, r.cluster, r.topic, int(r.partition), int(r.offset), int(r.seen_ms))
         named = name_record(lead) if name_record else (None, None, "no Kafka connection to read the record with")
         leads.append(dataclasses.replace(lead, message_id=named[0], stream=named[1], why_unknown=named[2]))
