@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from khipu.detector.clean import NONE, CleanGrid, delivered_cells, judge_clean
-from khipu.detector.decide import decide, memo_key, resend_of
+from khipu.detector.decide import LookupUnavailable, decide, memo_key, resend_of
 from khipu.detector.model import (
     CommittedLookup,
     DetectorConfig,
@@ -309,16 +309,24 @@ class BucketJudge:
         by_rules = np.nonzero(messages.judged & ~done & (touched | (messages.next_check_ms <= now_ms)))[0]
         if len(by_rules):
             by_message = _rows_by_message(traces, row_message, set(by_rules.tolist()))
+            waiting: list[str] = []
             for position in by_rules:
-                verdicts, finished, memo_text, wanted = self._decide(
-                    messages, int(position), by_message.get(int(position), []), now_ms, read_to, lookups
-                )
+                try:
+                    verdicts, finished, memo_text, wanted = self._decide(
+                        messages, int(position), by_message.get(int(position), []), now_ms, read_to, lookups
+                    )
+                except LookupUnavailable as exc:  # nobody answered: the message waits as it was, asked again soon
+                    waiting.append(str(exc))
+                    messages.next_check_ms[position] = now_ms + max(self.config.recheck_ms, 1)
+                    continue
                 if verdicts:
                     frames.append(_frame_of(verdicts, self._hop_number))
                     messages.emitted[position] |= self._bits(messages.stream[position], verdicts)
                 done[position] = finished
                 messages.passed_at[position] = memo_text
                 messages.next_check_ms[position] = wanted
+            if waiting:
+                log.warning("%d messages wait, a lookup could not ask: %s", len(waiting), waiting[-1])
 
         if expired.any():
             log.warning(

@@ -15,15 +15,68 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaException
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 
-from khipu.detector.decide import Lookups
+from khipu.detector.decide import Lookups, LookupUnavailable
 from khipu.detector.model import RecordFate, RecordState, Removal
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable, TopicRetention
 from khipu.kafka.records import Isolation, LogReader
 from khipu.store import RemovalEvidence, Store
+from khipu.store.engine import StoreUnavailable
 from khipu.trace import keys
 
 log = logging.getLogger(__name__)
+
+# what a store that is restarting or unreachable raises; anything else is a fault of ours and fails the batch
+STORE_UNAVAILABLE = (
+    StoreUnavailable,
+    OperationalError,
+    InterfaceError,
+    DisconnectionError,
+    TimeoutError,
+    ConnectionError,
+)
+# what a cluster that does not answer raises: the client's own errors, and a request that timed out
+CLUSTER_UNAVAILABLE = (KafkaUnavailable, KafkaException, TimeoutError, ConnectionError)
+FIRST_RETRY_MS, MOST_RETRY_MS = 1_000, 30_000  # the back-off's bounds
+
+
+class Backoff:
+    """Whom not to ask for a while: a source (a cluster, the store) that did not answer is asked again after
+    ``first_ms``, then twice as long after each further failure, never more than ``most_ms``; at once again
+    after it answers. Each failure and the recovery are logged with how long it has been and how many tries."""
+
+    def __init__(self, what: str, first_ms: int = FIRST_RETRY_MS, most_ms: int = MOST_RETRY_MS) -> None:
+        self.what, self.first_ms, self.most_ms = what, first_ms, most_ms
+        self._failing: dict[str, tuple[int, int, int, int, str]] = {}  # key -> since, last, delay, failures, why
+
+    def quiet(self, key: str, now_ms: int) -> str | None:
+        """Why ``key`` is not asked now (it failed less than its delay ago), or None: ask it."""
+        failing = self._failing.get(key)
+        if failing is None or now_ms - failing[1] >= failing[2]:
+            return None
+        since, _, _, failures, why = failing
+        return f"no answer for {(now_ms - since) / 1000:.0f} s ({failures} tries; asked again soon): {why}"
+
+    def failed(self, key: str, now_ms: int, why: str) -> None:
+        since, _, delay, failures, _ = self._failing.get(key, (now_ms, now_ms, 0, 0, why))
+        delay = min(self.most_ms, max(self.first_ms, 2 * delay))
+        self._failing[key] = (since, now_ms, delay, failures + 1, why)
+        log.warning("%s %s did not answer (try %d, %.0f s so far; next in %.0f s): %s; what it decides waits",
+                    self.what, key, failures + 1, (now_ms - since) / 1000, delay / 1000, why)  # fmt: skip
+
+    def answered(self, key: str, now_ms: int) -> None:
+        failing = self._failing.pop(key, None)
+        if failing is not None:
+            log.warning("%s %s answers again after %.0f s and %d failed tries", self.what, key,
+                        (now_ms - failing[0]) / 1000, failing[3])  # fmt: skip
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_failing": {}}
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class StreamReadProgress:
@@ -57,22 +110,34 @@ class StreamReadProgress:
 class PointedPositions:
     """``pointed_at(location, cluster, topic, partition, offset)``: whether an emitter at ``location`` said
     it received that record, from the pointers the archive query records (asked only for a would-be
-    LOST, so rarely). A store that cannot answer fails the batch (it is retried): answering "no"
-    would turn a lost trace into a false LOST."""
+    LOST, so rarely). A store that cannot answer raises :class:`LookupUnavailable` (the message waits and
+    is asked about again, the store with a bounded back-off): answering "no" would turn a lost trace into a
+    false LOST."""
 
     def __init__(self, store_url: str) -> None:
         self.store_url = store_url
         self._store: Store | None = None
+        self._backoff = Backoff("the store")
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_store=None)
+        state.update(_store=None, _backoff=Backoff("the store"))
         return state
 
     def __call__(self, location: str, cluster: str, topic: str, partition: int, offset: int) -> bool:
+        now = _now_ms()
+        quiet = self._backoff.quiet("(pointers)", now)
+        if quiet is not None:
+            raise LookupUnavailable(f"the store: {quiet}")
         if self._store is None:
             self._store = Store(self.store_url)
-        return self._store.channel.pointed_at(location, cluster, topic, partition, offset)
+        try:
+            found = self._store.channel.pointed_at(location, cluster, topic, partition, offset)
+        except STORE_UNAVAILABLE as exc:
+            self._backoff.failed("(pointers)", now, _reason(exc))
+            raise LookupUnavailable(f"the store did not answer: {_reason(exc)}") from exc
+        self._backoff.answered("(pointers)", now)
+        return found
 
 
 class ClusterClients:
@@ -113,7 +178,10 @@ class CommittedOffsets:
 
     Asked of the broker (OffsetFetch, cached ``cache_ms`` per group): a commit is seen within seconds, which is
     what LOST's latency rests on. When the broker cannot answer, the offset-snapshot store's newest snapshot
-    stands in if it is fresh (``store_fresh_ms``); otherwise the offsets are unknown and messages wait."""
+    stands in if it is fresh (``store_fresh_ms``); otherwise the offsets are unknown (None) and messages wait:
+    a lookup that fails is never read as "not committed". A cluster that does not answer (an error, a request
+    timing out) is asked again with a bounded back-off (:class:`Backoff`), so a frozen broker costs one timeout
+    per back-off, not one per group and batch."""
 
     def __init__(
         self, clients: ClusterClients, store_fresh_ms: int = 15_000, cache_ms: int = 2_000, clock_ms: Any = None
@@ -123,10 +191,11 @@ class CommittedOffsets:
         self.cache_ms = cache_ms
         self._clock_ms = clock_ms
         self._cache: dict[tuple[str, str], tuple[int, dict[tuple[str, int], int]]] = {}
+        self._backoff = Backoff("cluster")
 
     def __getstate__(self) -> dict[str, Any]:  # shipped to executors without live clients or stale answers
         state = dict(self.__dict__)
-        state.update(_cache={})
+        state.update(_cache={}, _backoff=Backoff("cluster"))
         return state
 
     def _now(self) -> int:
@@ -145,18 +214,28 @@ class CommittedOffsets:
 
     def _fetch(self, cluster: str, group: str, now: int) -> dict[tuple[str, int], int]:
         admin = self.clients.admin(cluster)
-        why = f"no connection for cluster {cluster!r}"
+        why: str | None = f"no connection for cluster {cluster!r}"
         if admin is not None:
-            try:
-                offsets = admin.committed_offsets(group)
-                return {position: offset for position, offset in offsets.items() if offset is not None}
-            except KafkaUnavailable as exc:
-                why = str(exc)
+            quiet = self._backoff.quiet(cluster, now)
+            if quiet is not None:
+                why = None  # said when it failed (Backoff): not again on every lookup meanwhile
+            else:
+                try:
+                    offsets = admin.committed_offsets(group)
+                except CLUSTER_UNAVAILABLE as exc:  # unknown, never "not committed"
+                    why = _reason(exc)
+                    self._backoff.failed(cluster, now, why)
+                else:
+                    self._backoff.answered(cluster, now)
+                    return {position: offset for position, offset in offsets.items() if offset is not None}
         from_store = self._from_store(cluster, group, now)
         if from_store is not None:
-            log.warning("committed offsets of %s from the snapshot store: the broker did not answer (%s)", group, why)
+            if why is not None:
+                log.warning("committed offsets of %s from the snapshot store: the broker did not answer (%s)", group,
+                            why)  # fmt: skip
             return from_store
-        log.warning("committed offsets of %s unknown (%s; no fresh snapshot either): its messages wait", group, why)
+        if why is not None:
+            log.warning("committed offsets of %s unknown (%s; no fresh snapshot either): its messages wait", group, why)
         return {}
 
     def _from_store(self, cluster: str, group: str, now: int) -> dict[tuple[str, int], int] | None:
@@ -165,7 +244,7 @@ class CommittedOffsets:
             return None
         try:
             latest = store.snapshots.latest_committed(cluster, group)
-        except Exception as exc:  # the store stands in for the broker; without either, unknown
+        except STORE_UNAVAILABLE as exc:  # the store stands in for the broker; without either, unknown
             log.warning("store unavailable for committed offsets (%s)", exc)
             return None
         if latest is None or now - latest[0] > self.store_fresh_ms:
@@ -224,7 +303,7 @@ class RecordRemovals:
         store = self.clients.store()
         try:
             latest = store.snapshots.latest_log_start(cluster, topic, partition) if store is not None else None
-        except Exception as exc:  # the store is a shortcut; the broker is the fallback
+        except STORE_UNAVAILABLE as exc:  # the store is a shortcut; the broker is the fallback
             log.warning("store unavailable for log starts (%s); asking the broker", exc)
             latest = None
         if latest is not None and now - latest[0] <= self.store_fresh_ms:
@@ -235,16 +314,21 @@ class RecordRemovals:
                 try:
                     found = admin.log_starts([(topic, partition)])
                     start = found.found.get((topic, partition))
-                except KafkaUnavailable as exc:
+                except CLUSTER_UNAVAILABLE as exc:
                     log.warning("log start of %s[%d] on %s unavailable: %s", topic, partition, cluster, exc)
         self._starts[(cluster, topic, partition)] = (now, start)
         return start
 
     def _evidence(self, cluster: str, group: str, topic: str, partition: int, offset: int) -> RemovalEvidence | None:
-        """The snapshot history of a removed record. A store that cannot answer fails the batch (it is
-        retried): answering "no history" could turn a skip into an expiry."""
+        """The snapshot history of a removed record. A store that cannot answer raises :class:`LookupUnavailable`
+        (the message waits and is asked about again): answering "no history" could turn a skip into an expiry."""
         store = self.clients.store()
-        return None if store is None else store.snapshots.removal_evidence(cluster, group, topic, partition, offset)
+        if store is None:
+            return None
+        try:
+            return store.snapshots.removal_evidence(cluster, group, topic, partition, offset)
+        except STORE_UNAVAILABLE as exc:
+            raise LookupUnavailable(f"the store did not answer: {_reason(exc)}") from exc
 
     def _broker_retention(self, cluster: str, topic: str) -> tuple[int | None, int | None]:
         """The topic's retention from the broker, remembered once known (a failure is asked again next time)."""
@@ -252,7 +336,7 @@ class RecordRemovals:
             admin = self.clients.admin(cluster)
             try:
                 kept = admin.retention([topic]).found.get(topic) if admin is not None else None
-            except KafkaUnavailable as exc:
+            except CLUSTER_UNAVAILABLE as exc:
                 log.warning("retention of %s on %s unavailable: %s", topic, cluster, exc)
                 kept = None
             if kept is None:
@@ -448,6 +532,10 @@ class RecordFates:
             index.end, read = records[-1].offset + 1, read + len(records)
         newest = index.newest.get(key_hash)
         return newest if newest is not None and newest >= after else None
+
+
+def _reason(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0] or type(exc).__name__
 
 
 def cluster_lookups(clients: ClusterClients, store_url: str) -> Lookups:

@@ -76,6 +76,12 @@ class Decision:
     next_check_ms: int | None = None
 
 
+class LookupUnavailable(RuntimeError):
+    """A lookup could not ask (its cluster or the store did not answer): the message waits and is looked at
+    again, never judged on an answer nobody gave. Raised by the pointer and removal lookups; a committed-offset
+    lookup that cannot ask answers None (not known: the hop waits), never "not committed"."""
+
+
 @dataclass(frozen=True, slots=True)
 class Lookups:
     """What the rules may ask of the world beyond the traces (all side-effect free)."""

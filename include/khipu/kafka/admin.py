@@ -281,6 +281,11 @@ class KafkaAdmin:
             )
         except KafkaException as exc:
             raise self._unavailable(f"fetch the committed offsets of group {group!r}", exc) from None
+        except TimeoutError:  # the future's own wait ran out first (a broker that holds the request, e.g. frozen)
+            raise KafkaUnavailable(
+                f"cannot fetch the committed offsets of group {group!r} on {self.connection.describe()}: "
+                f"no answer within {self.timeout_s:g} s{self._why()}"
+            ) from None
         return {
             (tp.topic, tp.partition): None if tp.offset == NO_OFFSET else tp.offset
             for tp in result.topic_partitions or []
