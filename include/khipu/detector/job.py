@@ -37,6 +37,7 @@ from khipu.detector.committed import (
 )
 from khipu.detector.launch import DetectorJobError
 from khipu.detector.model import DETECTOR_QUERY, DetectorConfig
+from khipu.detector.outage import SOURCE_OPTIONS, OutageWatch, WaitingReporter
 from khipu.detector.outputs import BatchFigures, BatchKeys, DetectorWriter, HeartbeatListener, ReadProgress
 from khipu.detector.parse import parse_traces
 from khipu.detector.processor import INPUT_SCHEMA, MALFORMED, MARK, OUTPUT_SCHEMA, TRACE, VerdictProcessor
@@ -127,6 +128,8 @@ class DetectorJob:
     shuffle_partitions: int = 4
     buckets: int = DEFAULT_BUCKETS  # messages' state is kept per hash bucket of their ids; fixed for a checkpoint
     detector: DetectorConfig = field(default_factory=DetectorConfig)
+    # a query quiet this long has its clusters and store asked whether they answer; what does not goes in the heartbeat
+    outage_quiet_after_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.trigger_seconds > 0:
@@ -167,6 +170,8 @@ def read_traces(spark: SparkSession, job: DetectorJob) -> DataFrame:
         .option("startingOffsets", job.starting_offsets)
         .option("failOnDataLoss", "false")
     )
+    for key, value in SOURCE_OPTIONS.items():  # through an outage of the trace cluster the source waits, then asks again
+        reader = reader.option(key, value)
     for key, value in job.trace_connection.spark_options().items():  # credentials stay in the driver
         reader = reader.option(key, value)
     if job.max_offsets_per_trigger:
@@ -228,6 +233,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
     spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     figures = BatchFigures()
     spark.streams.addListener(HeartbeatListener(job.store_url, figures))
+    reporter = WaitingReporter(job.store_url, DETECTOR_QUERY)
     warn_unless_stamped_by_the_broker(job)
     clients = ClusterClients(job.connections_by_cluster(sorted(registry.clusters)), job.store_url)
     removals = RecordRemovals(clients)
@@ -274,6 +280,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         hops=plans.described(),
         batch_keys=BatchKeys(epoch_s),
         figures=figures,
+        reporter=reporter,
         progress=ReadProgress(
             job.checkpoint_dir / DETECTOR_QUERY, DETECTOR_QUERY, job.trace_topic, job.trace_connection
         ),
@@ -286,4 +293,10 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         .trigger(processingTime=f"{job.trigger_seconds} seconds")
         .start()
     )
+    clusters = {**job.connections_by_cluster(sorted(registry.clusters)), "(traces)": job.trace_connection}
+    watch = OutageWatch(
+        reporter, clusters, lambda: figures.last_progress_ms, quiet_after_s=job.outage_quiet_after_s,
+        active=lambda: bool(query.isActive),
+    )  # fmt: skip
+    watch.start()
     return [query]

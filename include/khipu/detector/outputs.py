@@ -36,6 +36,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 from khipu.detector import records
 from khipu.detector.clock import read_to_ms, source_offsets
 from khipu.detector.gaps import record_emitter_sequences
+from khipu.detector.outage import WaitingReporter, write_with_retries
 from khipu.detector.parse import quarantine_reason
 from khipu.detector.processor import MALFORMED, MARK, STATS, TRACE, VERDICT
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
@@ -66,6 +67,7 @@ class BatchFigures:
         self._buckets: dict[int, tuple[int, int]] = {}
         self.newest_read_ms: dict[int, int] = {}
         self.read_to_ms: int | None = None  # the writer's newest figure of how far the topic is read
+        self.last_progress_ms = _now_ms()  # the query's newest sign of progress (a batch, an idle trigger, its start)
 
     def report(self, bucket: int, messages: int, state_bytes: int) -> None:
         self._buckets[bucket] = (messages, state_bytes)
@@ -155,6 +157,7 @@ class DetectorWriter:
         hops: Mapping[str, list[Any]] | None = None,
         figures: BatchFigures | None = None,
         progress: ReadProgress | None = None,
+        reporter: WaitingReporter | None = None,
         grace_ms: int = 0,
     ) -> None:
         self.store_url, self.archive_path, self.keep_pointers_ms = store_url, archive_path, keep_pointers_ms
@@ -164,6 +167,7 @@ class DetectorWriter:
         self.hops = hops or {}  # RoutePlans.described: what each hop number in a verdict row stands for
         self.figures = figures if figures is not None else BatchFigures()
         self.progress = progress  # how far the topic is read, recorded after each batch (None: not recorded)
+        self.reporter = reporter  # where a batch whose outputs wait for the store or a cluster says so
         self._store: Store | None = None
         self._verdict_archive: VerdictArchive | None = None
         self._producer: Producer | None = None
@@ -196,6 +200,10 @@ class DetectorWriter:
         # one Spark job per batch: the one collected table feeds every output, so nothing is cached
         collected = batch.select(*sorted({*DECIDED_COLUMNS, *records.COLUMNS, *archive.SCHEMA.names})).toArrow()
         lap("judge")
+        # every output is keyed by the batch: while the store or the lost topic does not take them, written again
+        write_with_retries(lambda: self._write(collected, batch_id, spent, lap), f"batch {batch_id}", self.reporter)
+
+    def _write(self, collected: pa.Table, batch_id: int, spent: dict[str, float], lap: Any) -> None:
         kinds = collected.column("kind")
         passed = collected.filter(pc.is_in(kinds, pa.array([TRACE, MARK, MALFORMED])))
         traces = int(pc.sum(pc.equal(passed.column("kind"), TRACE)).as_py() or 0)
@@ -366,8 +374,8 @@ class DetectorWriter:
         for row in lost:
             self._producer.produce(topic, key=row["message_id"].encode(), value=json.dumps(row, default=str).encode())
         remaining = self._producer.flush(30)
-        if remaining:
-            raise RuntimeError(f"{remaining} LOST verdicts not acknowledged by topic {topic!r}")
+        if remaining:  # written again with the batch (the topic is at-least-once)
+            raise KafkaUnavailable(f"{remaining} LOST verdicts not acknowledged by topic {topic!r} within 30 s")
 
 
 # the processor's output columns a verdict (or a bucket's stats) needs
@@ -435,6 +443,8 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
 
     def onQueryStarted(self, event: Any) -> None:
         self.names[str(event.id)] = event.name or "detector"
+        if self.figures is not None:
+            self.figures.last_progress_ms = _now_ms()
         log.info("query %s started (run %s)", event.name, event.runId)
 
     def onQueryProgress(self, event: Any) -> None:
@@ -488,6 +498,8 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
         log.info("query %s terminated%s", event.id, f": {event.exception}" if event.exception else "")
 
     def _record(self, beat: dict[str, Any]) -> None:
+        if self.figures is not None:
+            self.figures.last_progress_ms = _now_ms()
         try:
             self.store.heartbeat.record(beat)
         except Exception as exc:  # a heartbeat that cannot be stored must not stop the detector
