@@ -351,8 +351,8 @@ def _leads(traces: Any, window: ReconcileWindow, name_record: RecordNamer | None
         .where(F.col("seen_ms") >= window.start_ms)
         .join(traces.select(*position), position, "left_anti")
     )
-    leads = []
-    for r in orphans.orderBy(*position).collect():
+    leads = []  # few: sorted here (Spark's sort would sample, i.e. compute the whole join, once more first)
+    for r in sorted(orphans.collect(), key=lambda r: (r.cluster, r.topic, r.partition, r.offset, r.location)):
         lead = Lead(r.location, r.cluster, r.topic, int(r.partition), int(r.offset), int(r.seen_ms))
         named = name_record(lead) if name_record else (None, None, "no Kafka connection to read the record with")
         leads.append(dataclasses.replace(lead, message_id=named[0], stream=named[1], why_unknown=named[2]))
