@@ -8,7 +8,9 @@ The expected verdict is what the evidence that really reached the trace topic al
 - it happened once (or several times with only one trace arriving): DELIVERED;
 - two or more traces arrived: DUPLICATE, rewind/replay when two of them name one offset (it was
   re-read there: offset_rewind), producer retry otherwise (the id sits at several offsets; so too
-  when a rewound group's lost traces leave one per offset).
+  when a rewound group's lost traces leave one per offset). A processor's write is rewind/replay when
+  its input read shows one offset read twice (it read the record again, after a real rebalance, and
+  wrote it again: the detector's ``processor_reread_input``).
 
 Hops the message never reached (downstream of a loss) have no row, and expect no verdict; once Khipu
 resent it, a hop only the resent record reached once expects DELIVERED. A RESENT or UNRECOVERABLE loss
@@ -48,7 +50,7 @@ LOSS_CAUSES = {
 Expected = tuple[str, str | None]  # (verdict, cause)
 
 
-def expected_verdict(row: HopTruth) -> Expected:
+def expected_verdict(row: HopTruth, input_reread: bool = False) -> Expected:
     if row.count == 0:
         cause = next((LOSS_CAUSES[f] for f in sorted(row.faults) if f in LOSS_CAUSES), None)
         return "LOST", cause
@@ -59,7 +61,18 @@ def expected_verdict(row: HopTruth) -> Expected:
     # the cause the traces that arrived show: one offset read again, or the id read at several offsets (a rewound
     # group whose lost traces leave one per offset shows what a producer retry does)
     reread = row.reread_traced if row.reread_traced is not None else "offset_rewind" in row.faults
-    return "DUPLICATE", "rewind_replay" if reread else "producer_retry"
+    return "DUPLICATE", "rewind_replay" if reread or input_reread else "producer_retry"
+
+
+def input_reread(message: MessageTruth, row: HopTruth) -> bool:
+    """A processor's write whose input read shows one offset read twice (traces that arrived)."""
+    if row.kind is not HopKind.WRITE or row.source:
+        return False
+    writer = row.hop.partition(" -> ")[0]
+    return any(
+        r.kind is HopKind.READ and r.hop.endswith(f" -> {writer}") and bool(r.reread_traced)
+        for r in message.hops.values()
+    )
 
 
 def hop_topic(row: HopTruth) -> str:
@@ -97,7 +110,7 @@ def expected_verdicts(truth: GroundTruth) -> dict[tuple[str, str], Expected]:
         unseen = unseen_outputs(message)
         for row in message.hops.values():
             if hop_topic(row) not in unseen:
-                expected[(message_id, row.hop)] = expected_verdict(row)
+                expected[(message_id, row.hop)] = expected_verdict(row, input_reread(message, row))
             elif row.kind is HopKind.WRITE:  # got it, committed past it, nothing on its output: what a drop shows
                 expected[(message_id, row.hop)] = ("LOST", LOSS_CAUSES["processor_drop"])
     for (message_id, hop), receipts in truth.resent_receipts.items():

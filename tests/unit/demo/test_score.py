@@ -135,3 +135,21 @@ def test_a_duplicate_is_scored_by_the_offsets_its_arrived_traces_name() -> None:
     assert score(truth(False), said).exact
     assert not score(truth(True), said).exact  # one offset's two traces arrived: a rewind the traces show
     assert not score(truth(None), said).exact  # not known where the lost ones were: the fault says rewind
+
+
+def test_a_processor_that_read_its_input_again_and_wrote_it_again_is_a_replay_at_its_write() -> None:
+    """After a real rebalance (a broker outage longer than the session timeout) the processor reads again what it
+    had not committed and writes it again: its write shows the id at two offsets, and its input read one offset
+    read twice; the detector calls that write's duplicate a replay (``processor_reread_input``), not a retry."""
+    m = message("m", (SRC, W, 1, set(), 1), (READ, R, 2, set(), 2), (OUT, W, 2, set(), 2))
+    read = m.hops[READ]
+    hops = {**m.hops, READ: HopTruth(read.message_id, READ, R, 2, read.faults, 2, reread_traced=True)}
+    truth = GroundTruth({"m": MessageTruth("m", True, hops)})
+    said = [
+        verdict("m", SRC, "DELIVERED"),
+        verdict("m", READ, "DUPLICATE", "rewind_replay"),
+        verdict("m", OUT, "DUPLICATE", "rewind_replay"),
+    ]
+    result = score(truth, said)
+    assert result.exact, (result.wrong, result.missing, result.extra)
+    assert not score(truth, [*said[:2], verdict("m", OUT, "DUPLICATE", "producer_retry")]).exact
