@@ -67,6 +67,9 @@ class BatchFigures:
         self._buckets: dict[int, tuple[int, int]] = {}
         self.newest_read_ms: dict[int, int] = {}
         self.read_to_ms: int | None = None  # the writer's newest figure of how far the topic is read
+        # traces (and marks, and malformed lines) the last batch's trace records held: a record holds a batch of
+        # traces, so Spark's numInputRows counts records, not what the detector read
+        self.lines: int | None = None
         self.last_progress_ms = _now_ms()  # the query's newest sign of progress (a batch, an idle trigger, its start)
 
     def report(self, bucket: int, messages: int, state_bytes: int) -> None:
@@ -207,6 +210,7 @@ class DetectorWriter:
         kinds = collected.column("kind")
         passed = collected.filter(pc.is_in(kinds, pa.array([TRACE, MARK, MALFORMED])))
         traces = int(pc.sum(pc.equal(passed.column("kind"), TRACE)).as_py() or 0)
+        self.figures.lines = passed.num_rows
         key = self.batch_keys.key(batch_id)
         self._archive_traces(passed, key)
         lap("archive")
@@ -432,8 +436,9 @@ def _offsets(raw: Any) -> Any:
 
 
 class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
-    """Every query's progress into the store: last batch time, rates, duration, messages in flight and their
-    state's bytes (``state_rows`` / ``state_bytes``, from the processor's own count), and whether the batch
+    """Every query's progress into the store: last batch time, rates (of traces: the lines of the batch records
+    read, as the writer counted them), duration, messages in flight and their state's bytes (``state_rows`` /
+    ``state_bytes``, from the processor's own count), and whether the batch
     read everything its source held (what lets verdicts wait for a detector that is behind)."""
 
     def __init__(self, store_url: str, figures: BatchFigures | None = None) -> None:
@@ -454,15 +459,20 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
         caught_up = bool(sources) and all(
             s.latestOffset is not None and _offsets(s.endOffset) == _offsets(s.latestOffset) for s in sources
         )
+        records = int(progress.numInputRows)
+        lines = self.figures.lines if self.figures is not None and self.figures.lines is not None else records
+        per_record = lines / records if records else 1.0  # Spark's rates are of records: the same clocks, in traces
+        if self.figures is not None:
+            self.figures.lines = None  # a batch the writer did not see (it failed) reports its records
         self._record(
             {
                 "query_name": progress.name or "detector",
                 "run_id": str(progress.runId),
                 "batch_id": int(progress.batchId),
                 "at_ms": _ms(progress.timestamp),
-                "input_rows": int(progress.numInputRows),
-                "input_rows_per_s": float(progress.inputRowsPerSecond or 0.0),
-                "processed_rows_per_s": float(progress.processedRowsPerSecond or 0.0),
+                "input_rows": lines,
+                "input_rows_per_s": float(progress.inputRowsPerSecond or 0.0) * per_record,
+                "processed_rows_per_s": float(progress.processedRowsPerSecond or 0.0) * per_record,
                 "batch_duration_ms": int(progress.batchDuration or 0),
                 "state_rows": self.figures.messages
                 if self.figures is not None

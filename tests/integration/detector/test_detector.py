@@ -14,7 +14,7 @@ from subprocess import STDOUT
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from khipu.demo.faults import Fault
 from khipu.demo.score import observable_messages, score
@@ -76,6 +76,7 @@ def test_verdicts_equal_the_ground_truth_with_every_fault_and_malformed_traces_a
     quarantined = store.channel.quarantined()
     metrics = store.verdicts.read_metrics("demo.orders")
     beat = store.heartbeat.latest(DETECTOR_QUERY)
+    beats = store.heartbeat.series(DETECTOR_QUERY, since_ms=0)
     store.close()
     reasons = [q["reason"] for q in quarantined]
     assert len(reasons) == len(MALFORMED) + 1
@@ -100,6 +101,11 @@ def test_verdicts_equal_the_ground_truth_with_every_fault_and_malformed_traces_a
     assert archived.count() == len(traces_on_topic)  # every trace archived once (emitter marks are not traces)
     assert {"hour", "batch_id"} <= set(archived.columns)
     assert beat is not None and beat["input_rows"] >= 0
+    # the heartbeat counts what the detector read: every line of the batch records (traces, marks, malformed)
+    lines = read_trace_topic(broker.bootstrap_servers, demo.trace_topic)
+    records = _records_on(broker, demo.trace_topic)
+    assert records < len(lines) / 5  # the emitters batch their traces: counting records would say far less
+    assert sum(b["input_rows"] for b in beats if b["batch_id"] >= 0) == len(lines)
 
 
 def test_verdicts_are_exact_with_sampling_below_100_percent_and_traces_read_out_of_order(
@@ -209,3 +215,13 @@ def _a_valid_trace(broker: BrokerProcess, topic: str) -> str:
 
 def _record_count(broker: BrokerProcess, topic: str) -> int:
     return len(read_trace_topic(broker.bootstrap_servers, topic))
+
+
+def _records_on(broker: BrokerProcess, topic: str) -> int:
+    """Kafka records on the topic (its partitions' end offsets: nothing was deleted or aborted), not lines."""
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"count-{secrets.token_hex(3)}"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions)
+    finally:
+        consumer.close()
