@@ -134,7 +134,7 @@ class PointedPositions:
         try:
             found = self._store.channel.pointed_at(location, cluster, topic, partition, offset)
         except STORE_UNAVAILABLE as exc:
-            self._backoff.failed("(pointers)", now, _reason(exc))
+            self._backoff.failed("(pointers)", _now_ms(), _reason(exc))  # its delay runs from when the wait ended
             raise LookupUnavailable(f"the store did not answer: {_reason(exc)}") from exc
         self._backoff.answered("(pointers)", now)
         return found
@@ -224,7 +224,7 @@ class CommittedOffsets:
                     offsets = admin.committed_offsets(group)
                 except CLUSTER_UNAVAILABLE as exc:  # unknown, never "not committed"
                     why = _reason(exc)
-                    self._backoff.failed(cluster, now, why)
+                    self._backoff.failed(cluster, self._now(), why)  # its delay runs from when the wait ended
                 else:
                     self._backoff.answered(cluster, now)
                     return {position: offset for position, offset in offsets.items() if offset is not None}

@@ -30,6 +30,7 @@ from khipu.demo.ledger import GroundTruth, build_truth, read_ledger
 from khipu.demo.pipeline import DemoConfig, DemoReport, run_demo
 from khipu.demo.score import observable_messages, score
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
+from khipu.detector.committed import ClusterClients, CommittedOffsets
 from khipu.detector.job import DETECTOR_QUERY, start_detector
 from khipu.localstack.broker import BrokerProcess, BrokerSpec, start_broker
 from khipu.localstack.processes import free_port, stop_process_group
@@ -158,6 +159,38 @@ def longest_quiet_s(store_url: str, since_ms: int) -> float:
     finally:
         store.close()
     return max((b - a for a, b in itertools.pairwise(times)), default=0) / 1000
+
+
+def test_a_committed_offset_lookup_on_a_frozen_broker_is_not_known_and_never_an_error(
+    second_broker: BrokerProcess,
+) -> None:
+    """The lookup the issue saw fail, on a real frozen broker: the admin client's wait for the answer runs out
+    (before, a bare TimeoutError came out of it, failed the batch and ended the query; a race with the request's own
+    timeout, 4 of 4 asks here). Now the offsets are not known (the hop waits) and the frozen cluster is asked again
+    only after its back-off; once it answers, the commit is read."""
+    from confluent_kafka import Consumer as Committer
+
+    topic = f"committed-{secrets.token_hex(3)}"
+    second_broker.admin().ensure_topics({topic: 1})
+    committer = Committer({"bootstrap.servers": second_broker.bootstrap_servers, "group.id": "frozen-g"})
+    committer.commit(offsets=[TopicPartition(topic, 0, 5)], asynchronous=False)
+    committer.close()
+    lookup = CommittedOffsets(ClusterClients({"local": second_broker.connection()}, timeout_s=2.0), cache_ms=0)
+    assert lookup("local", "frozen-g", topic, 0) == 5
+    os.killpg(second_broker.pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        answers = [lookup("local", "frozen-g", topic, 0) for _ in range(3)]
+        asked_s = time.monotonic() - began
+    finally:
+        os.killpg(second_broker.pid, signal.SIGCONT)
+    assert answers == [None, None, None]  # not known: wait (never raised, never "not committed" as a verdict)
+    assert asked_s < 3.0  # one request's timeout (2 s), then its back-off (1 s from then): not asked again meanwhile
+    time.sleep(1.5)  # the first retry comes 1 s after the failure
+    deadline = time.monotonic() + 20
+    while lookup("local", "frozen-g", topic, 0) != 5:
+        assert time.monotonic() < deadline, "the commit was not read once the broker answered again"
+        time.sleep(0.5)
 
 
 def test_a_route_cluster_frozen_keeps_the_query_and_no_verdict_is_judged_on_a_lookup_that_failed(
