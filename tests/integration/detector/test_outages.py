@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
@@ -179,6 +180,11 @@ def test_a_committed_offset_lookup_on_a_frozen_broker_is_not_known_and_never_an_
     assert lookup("local", "frozen-g", topic, 0) == 5
     os.killpg(second_broker.pid, signal.SIGSTOP)
     try:
+        stopped = time.monotonic() + 10
+        while psutil.Process(second_broker.pid).status() != psutil.STATUS_STOPPED:  # every thread of it, for sure
+            assert time.monotonic() < stopped, "the broker did not stop"
+            time.sleep(0.05)
+        time.sleep(0.5)
         began = time.monotonic()
         answers = [lookup("local", "frozen-g", topic, 0) for _ in range(3)]
         asked_s = time.monotonic() - began
