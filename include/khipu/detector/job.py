@@ -170,7 +170,7 @@ def read_traces(spark: SparkSession, job: DetectorJob) -> DataFrame:
         .option("startingOffsets", job.starting_offsets)
         .option("failOnDataLoss", "false")
     )
-    for key, value in SOURCE_OPTIONS.items():  # through an outage of the trace cluster the source waits, then asks again
+    for key, value in SOURCE_OPTIONS.items():  # through an outage of the trace cluster: wait, then ask again
         reader = reader.option(key, value)
     for key, value in job.trace_connection.spark_options().items():  # credentials stay in the driver
         reader = reader.option(key, value)
