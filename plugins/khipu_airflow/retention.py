@@ -44,7 +44,8 @@ def apply_retention(store_conn_id: str, params: Mapping[str, Any], now_ms: int |
     registry = load_registry(settings.registry_path)
     store = KhipuStoreHook(store_conn_id).store()
     try:
-        store.migrate()
+        if not params.get("dry_run"):
+            store.migrate()  # a dry run changes nothing, the schema included
         report = run_retention(
             store,
             settings.archive_dir,

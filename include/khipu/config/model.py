@@ -350,7 +350,7 @@ class RetentionSection(Section):
         "KHIPU_RETENTION_HEARTBEAT_DAYS", 7, "Days detector heartbeats are kept (each query's newest always is)."
     )
     minute_metrics_days: Days = setting(
-        "KHIPU_RETENTION_MINUTE_METRICS_DAYS", 2, "Days metrics are kept per minute; older ones are rolled into hours."
+        "KHIPU_RETENTION_MINUTE_METRICS_DAYS", 7, "Days metrics are kept per minute; older ones are rolled into hours."
     )
     metrics_days: Days = setting("KHIPU_RETENTION_METRICS_DAYS", 400, "Days the hourly metrics are kept.")
     backfill_hours: Hours = setting(

@@ -9,7 +9,7 @@ Khipu still needs:
   further back. The trace archive is kept at least that long.
 - **what reconciliation compares against**: a window it re-decides must still have its verdicts, in the
   verdict archive and the store, or it would take them for first verdicts. Both are kept at least as
-  long as the trace archive.
+  long as the trace archive; so are the minutes of metrics (a change is counted in its own minute).
 - **resend**: a confirmed loss still waiting for its resend keeps its verdicts and its traces whatever
   their age (:mod:`khipu.retention.run` leaves them in place); this module only says which verdicts are
   settled enough to go.
@@ -111,6 +111,15 @@ class RetentionPolicy:
                 f">= trace_archive_hours ({self.trace_archive_hours}): reconciling a window the trace archive "
                 "keeps needs its archived verdicts, or it would take them for first verdicts",
             )
+        for name in ("minute_metrics_days", "metrics_days"):
+            if getattr(self, name) * DAY_HOURS < self.trace_archive_hours:
+                raise RetentionError(
+                    name,
+                    getattr(self, name),
+                    f">= {-(-self.trace_archive_hours // DAY_HOURS)} (trace_archive_hours {self.trace_archive_hours} "
+                    "in days): a window the trace archive keeps may be reconciled again, and the changes it makes "
+                    "are counted in its own minutes",
+                )
         if self.verdict_days * DAY_HOURS < self.trace_archive_hours:
             raise RetentionError(
                 "verdict_days",

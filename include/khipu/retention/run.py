@@ -8,8 +8,8 @@ traces (the recovery attributes a resend hook is given). For those messages, wha
 - the store's verdicts and history are not deleted;
 - a verdict-archive hour about to go first copies their archived verdicts into the store (where a row of the
   same message and hop wins anyway: :mod:`khipu.verdicts.read`);
-- a trace-archive hour about to go is rewritten to hold only their traces (``batch_id=-1``: no detector batch
-  has that key), rather than removed.
+- a trace-archive hour about to go is reduced to their traces (``batch_id=-1``: no detector batch has that
+  key), rather than removed.
 
 A dry run says all of it and changes nothing: store deletions run in transactions that are rolled back, so its
 counts are exact.
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
@@ -34,6 +35,7 @@ from khipu.retention.policy import REMOVABLE_VERDICTS, RetentionPlan
 from khipu.retention.usage import archive_hours, folder_bytes
 from khipu.store import Store
 from khipu.store.verdicts import Summarize
+from khipu.trace import archive
 from khipu.trace.archive import HOUR_MS, hour_of
 from khipu.verdicts.archive import VerdictArchive
 from khipu.verdicts.model import VerdictKind
@@ -50,6 +52,7 @@ class Pinned:
 
     message_ids: frozenset[str]
     hours: frozenset[str]  # the trace-archive hours their traces are in (as the resend reads them)
+    streams: frozenset[str]  # the streams whose confirmed losses a resend may still act on
 
     @property
     def described(self) -> str:
@@ -92,7 +95,7 @@ def pinned_for_resend(store: Store, registry: Registry) -> Pinned:
             (int(row["first_seen_ms"] or row["decided_ms"]) - HOUR_MS) // HOUR_MS, int(row["decided_ms"]) // HOUR_MS + 1
         )
     }
-    return Pinned(frozenset(row["message_id"] for row in losses), frozenset(hours))
+    return Pinned(frozenset(row["message_id"] for row in losses), frozenset(hours), frozenset(resendable))
 
 
 def run_retention(
@@ -138,7 +141,7 @@ def run_retention(
     )
 
     verdicts, history = store.verdicts.prune(
-        plan.verdicts_before_ms, sorted(REMOVABLE_VERDICTS), pinned.message_ids, dry_run=dry_run
+        plan.verdicts_before_ms, sorted(REMOVABLE_VERDICTS), keep_losses_of=pinned.streams, dry_run=dry_run
     )
     report.removed.update({"verdicts": verdicts, "verdict_history": history})
     report.say(
@@ -148,13 +151,13 @@ def run_retention(
     )
 
     quarantined = store.channel.prune_quarantine(plan.quarantine_before_ms, dry_run=dry_run)
-    gaps = store.channel.prune_gaps(plan.trace_archive_before_ms, dry_run=dry_run)
+    gaps = store.channel.prune_gaps(plan.quarantine_before_ms, dry_run=dry_run)
     beats = store.heartbeat.prune(plan.heartbeats_before_ms, dry_run=dry_run)
     report.removed.update({"quarantine": quarantined, "trace_gaps": gaps, "heartbeats": beats})
     report.say(
         progress,
         f"store: {would} {quarantined:,} quarantined record(s) before {hour_of(plan.quarantine_before_ms)}, "
-        f"{gaps:,} emitter sequence gap(s) before {hour_of(plan.trace_archive_before_ms)}, "
+        f"{gaps:,} emitter sequence gap(s) before {hour_of(plan.quarantine_before_ms)}, "
         f"{beats:,} heartbeat(s) before {hour_of(plan.heartbeats_before_ms)}",
     )
 
@@ -196,27 +199,35 @@ def _prune_trace_archive(root: Path, before_ms: int, pinned: Pinned, dry_run: bo
 
 
 def _kept_traces(folder: Path, message_ids: Collection[str], dry_run: bool) -> int | None:
-    """Rewrite an hour folder to the traces of these messages (one file, batch_id=-1) and return its new size in
-    bytes; None (left as it is) when it holds none of them. A dry run writes the file aside to measure it, then
-    removes it."""
-    files = sorted(str(p) for p in folder.glob("batch_id=*/*.parquet") if not p.name.startswith((".", "_")))
+    """Reduce an hour folder to the traces of these messages (one file, batch_id=-1) and return its new size in
+    bytes; None (left as it is) when it holds none of them. The kept file is written under a temporary name and
+    renamed into place before the other batches' folders go, so the traces are always there (for a moment
+    twice: readers drop a trace archived twice) and a run that stops half-way is finished by the next. A dry
+    run measures the file in memory and writes nothing."""
+    files = sorted(p for p in folder.glob("batch_id=*/*.parquet") if not p.name.startswith((".", "_")))
     if not files:
         return None
-    table = ds.dataset(files, format="parquet").to_table(filter=ds.field("message_id").isin(sorted(message_ids)))
+    dataset = ds.dataset([str(f) for f in files], format="parquet", schema=archive.SCHEMA)
+    table = dataset.to_table(filter=ds.field("message_id").isin(sorted(message_ids)))
     if not table.num_rows:
         return None
-    staging = folder.parent / f".{folder.name}.{uuid.uuid4().hex}"
-    (staging / KEPT_BATCH).mkdir(parents=True)
-    pq.write_table(table, staging / KEPT_BATCH / "part-0.parquet", compression="zstd")
-    size = folder_bytes(staging)
     if dry_run:
-        shutil.rmtree(staging)
-        return size
-    retired = folder.parent / f".{folder.name}.retired.{uuid.uuid4().hex}"
-    os.replace(folder, retired)  # readers skip "."-prefixed folders: never a moment with both or neither
-    os.replace(staging, folder)
-    shutil.rmtree(retired)
-    return size
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression="zstd")
+        return int(sink.tell())
+    kept = folder / KEPT_BATCH
+    if any(f.parent != kept for f in files):
+        kept.mkdir(exist_ok=True)
+        temporary = kept / f".part-0.{uuid.uuid4().hex}.tmp"
+        try:
+            pq.write_table(table, temporary, compression="zstd")
+            os.replace(temporary, kept / "part-0.parquet")
+        finally:
+            temporary.unlink(missing_ok=True)
+        for other in folder.glob("batch_id=*"):
+            if other.is_dir() and other.name != KEPT_BATCH:
+                shutil.rmtree(other)
+    return folder_bytes(folder)
 
 
 def _prune_verdict_archive(
@@ -229,8 +240,9 @@ def _prune_verdict_archive(
     if not going:
         return 0, 0, 0
     freed = sum(folder_bytes(root / f"hour={hour}") for hour in going)
-    with VerdictArchive(root) as archive:
-        kept = archive.read_messages(pinned.message_ids, hours=going) if pinned.message_ids else []
+    with VerdictArchive(root) as verdicts:
+        pinned_hours = [hour for hour in going if hour in pinned.hours]
+        kept = verdicts.read_messages(pinned.message_ids, hours=pinned_hours) if pinned_hours else []
         if dry_run:
             return len(going), freed, len(kept)
         if kept:
@@ -238,7 +250,7 @@ def _prune_verdict_archive(
                 (r["message_id"], r["hop"]) for r in store.verdicts.read_messages({r["message_id"] for r in kept})
             }
             store.verdicts.upsert([_as_row(r) for r in kept if (r["message_id"], r["hop"]) not in stored])
-        archive.prune(before_ms)
+        verdicts.prune(before_ms)
     return len(going), freed, len(kept)
 
 

@@ -455,25 +455,42 @@ class VerdictRepository:
             return [dict(row._mapping) for row in tx.execute(select(*columns).where(table.c.verdict == verdict))]
 
     def prune(
-        self, before_ms: int, verdicts: Collection[str], keep: Collection[str] = (), *, dry_run: bool = False
+        self,
+        before_ms: int,
+        verdicts: Collection[str],
+        keep_losses_of: Collection[str] = (),
+        *,
+        dry_run: bool = False,
     ) -> tuple[int, int]:
-        """Delete the verdicts of these kinds decided before ``before_ms``, except the messages ``keep`` names,
-        and the history of every (message, hop) left without a verdict row from before ``before_ms``; returns
-        (verdicts, history entries) deleted (a dry run counts, keeps them). The metrics stay as they are: they
-        count what was decided, whatever is kept of it."""
+        """Delete the verdicts of these kinds decided before ``before_ms``, except every row of a message with a
+        CONFIRMED_LOST on one of the streams ``keep_losses_of`` names (a resend may still need them), and the
+        history of every (message, hop) left without a verdict row from before ``before_ms``; returns (verdicts,
+        history entries) deleted (a dry run counts, keeps them). The metrics stay as they are: they count what
+        was decided, whatever is kept of it."""
         table, history = schema.verdicts, schema.verdict_history
-        spared = sorted(set(keep))
+        loss = table.alias("loss")
+
+        def pinned(message_id: Any) -> Any:
+            return (
+                select(loss.c.message_id)
+                .where(
+                    loss.c.message_id == message_id,
+                    loss.c.verdict == "CONFIRMED_LOST",
+                    loss.c.stream.in_(sorted(set(keep_losses_of))),
+                )
+                .exists()
+            )
+
         old = [table.c.decided_ms < before_ms, table.c.verdict.in_(sorted(verdicts))]
-        if spared:
-            old.append(table.c.message_id.not_in(spared))
         still_there = (
             select(table.c.message_id)
             .where(table.c.message_id == history.c.message_id, table.c.hop == history.c.hop)
             .exists()
         )
         old_history = [history.c.at_ms < before_ms, ~still_there]
-        if spared:
-            old_history.append(history.c.message_id.not_in(spared))
+        if keep_losses_of:
+            old.append(~pinned(table.c.message_id))
+            old_history.append(~pinned(history.c.message_id))
         with self._engine.begin(commit=not dry_run) as tx:
             removed = int(tx.execute(delete(table).where(*old)).rowcount or 0)
             forgotten = int(tx.execute(delete(history).where(*old_history)).rowcount or 0)

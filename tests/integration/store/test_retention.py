@@ -43,21 +43,25 @@ def test_settled_verdicts_and_their_history_go_by_age_unsettled_and_pinned_ones_
         ("old-pending", "PENDING", cutoff - DAY), ("young", "DELIVERED", cutoff),
         ("young-dup", "DUPLICATE", cutoff + 9),
     ]  # fmt: skip
-    rows = [verdict(m, kind, at) for m, kind, at in decided]
+    rows = [verdict(m, kind, at, stream="payments" if m == "old-confirmed" else "orders") for m, kind, at in decided]
+    rows.append(verdict("pinned", "DELIVERED", cutoff - 4 * DAY, hop="h-read"))  # the pinned message's read hop
     VerdictBook(store.verdicts).apply([Change(verdict_of(r), "decided") for r in rows], T0)
-    assert {h["message_id"] for h in _history(store)} == {m for m, _, _ in decided}  # one first-verdict entry each
+    assert {h["message_id"] for h in _history(store)} == {m for m, _, _ in decided}  # a first-verdict entry each
 
     before = tables(store)
-    dry = store.verdicts.prune(cutoff, REMOVABLE_VERDICTS, keep={"pinned"}, dry_run=True)
+    dry = store.verdicts.prune(cutoff, REMOVABLE_VERDICTS, keep_losses_of={"orders"}, dry_run=True)
     assert tables(store) == before
-    done = store.verdicts.prune(cutoff, REMOVABLE_VERDICTS, keep={"pinned"})
+    done = store.verdicts.prune(cutoff, REMOVABLE_VERDICTS, keep_losses_of={"orders"})
 
+    # old-confirmed is a loss of "payments", whose resend is off: nothing will act on it; every row of "pinned"
+    # (a confirmed loss of "orders") stays, its read hop's DELIVERED too
     gone = {"old-delivered", "old-dup", "old-retracted", "old-confirmed"}
     assert {r["message_id"] for r in store.verdicts.rows()} == {m for m, _, _ in decided} - gone
+    assert {r["hop"] for r in store.verdicts.rows() if r["message_id"] == "pinned"} == {"h", "h-read"}
     history_at = {h["message_id"]: h["at_ms"] for h in _history(store)}
     assert set(history_at) == {m for m, _, _ in decided} - gone  # history goes with its verdict, and only then
     assert done == dry == (4, 4)
-    assert store.verdicts.prune(cutoff, REMOVABLE_VERDICTS, keep={"pinned"}) == (0, 0)  # again: nothing more
+    assert store.verdicts.prune(cutoff, REMOVABLE_VERDICTS, keep_losses_of={"orders"}) == (0, 0)  # again: nothing more
 
 
 def test_old_minutes_roll_up_into_hours_with_each_hours_counts_and_percentiles_unchanged(store: Store) -> None:
