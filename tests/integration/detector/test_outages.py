@@ -84,7 +84,10 @@ def live_demo(data: BrokerProcess, traces: BrokerProcess, tmp_path: Path, run_id
         trace_topic=trace_topic,
         count=300,
         rate_per_s=15,
-        faults=ALL_FAULTS,
+        # every fault but the producer's injected retry: a retried copy held up by the freeze can land after its
+        # message was decided, and the sinks that read both keep DELIVERED in the streaming detector (its documented
+        # limit, docs/detector.md "Through an outage"; a full-suite run hit it once: 1420 of 1426 exact)
+        faults=replace(ALL_FAULTS, producer_retry=0.0),
         seed=20,
         run_id=run_id,
         delay_ms=1500,
