@@ -13,7 +13,7 @@ MVN := mvn -B -q
 export PATH := $(BIN):$(PATH)
 export PYSPARK_PYTHON := $(BIN)/python
 
-.PHONY: help install up down status test test-jvm-apps lint bench lock clean postgres chromium screenshots
+.PHONY: help install up down status test test-jvm-apps lint bench lock clean postgres chromium graphviz screenshots
 
 help:
 	@echo "make up      install (first time), then start broker + Airflow + demo pipeline"
@@ -84,7 +84,11 @@ postgres:
 chromium:
 	@scripts/ensure-chromium
 
-up: install
+# Graphviz's dot lays out the view's route maps (Debian's graphviz package; as root, once).
+graphviz:
+	@scripts/ensure-graphviz
+
+up: install graphviz
 	$(BIN)/khipu up
 
 down:
@@ -93,12 +97,12 @@ down:
 status: $(STAMP)
 	$(BIN)/khipu status
 
-test: install test-jvm-apps postgres chromium
+test: install test-jvm-apps postgres chromium graphviz
 	mvn -B -ntp -f jvm/tracing/pom.xml test   # the JVM interceptors' tests: Surefire's summary
 	$(BIN)/pytest
 
 # Retake the Khipu view's screenshots in docs/screenshots (the browser tests take them).
-screenshots: install chromium
+screenshots: install chromium graphviz
 	KHIPU_SCREENSHOT_DIR=$(CURDIR)/docs/screenshots $(BIN)/pytest -q tests/integration/view
 
 lint: install
