@@ -6,6 +6,10 @@ minutes from the one holding its start (:func:`khipu.alerting.thresholds.window_
 alerts and the exporter do); the rates are recomputed from the sums; latency p95 and p99 are the
 worst minute's (a bound that never hides a bad minute), p50 is the median of the minutes' p50s
 weighted by their delivered counts.
+
+The streams page shows one window at a time, chosen among :data:`WINDOWS` (15 minutes, an hour, a
+day, a week): :func:`streams_in_window`. The JSON API's overview keeps the last hour and the last day
+side by side: :func:`streams_overview`.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from khipu.registry.model import Registry
 from khipu.trace.archive import HOUR_MS
 from khipu.verdicts.metrics import APART, MinuteCounts
 
+MINUTE_MS = 60_000
 DAY_MS = 24 * HOUR_MS
 
 
@@ -127,23 +132,116 @@ def series(rows: Iterable[Mapping[str, Any]], start_ms: int, end_ms: int, bucket
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ViewWindow:
+    """A window the streams page shows: its name in the page's address, in words, its span and its charts' step."""
+
+    key: str
+    label: str
+    span_ms: int
+    step_ms: int
+
+
+WINDOWS: tuple[ViewWindow, ...] = (
+    ViewWindow("15m", "last 15 minutes", 15 * MINUTE_MS, MINUTE_MS),
+    ViewWindow("1h", "last hour", HOUR_MS, 2 * MINUTE_MS),
+    ViewWindow("1d", "last day", DAY_MS, 30 * MINUTE_MS),
+    ViewWindow("1w", "last week", 7 * DAY_MS, 4 * HOUR_MS),
+)
+DEFAULT_WINDOW = WINDOWS[1]
+
+
+@dataclass(frozen=True, slots=True)
+class HopInWindow:
+    hop: str
+    hop_kind: str
+    figures: WindowFigures
+    series: tuple[SeriesPoint, ...]  # the window in steps of its ``step_ms``
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInWindow:
+    stream: str
+    owner: str
+    loss_rate_threshold: float
+    duplicate_rate_threshold: float
+    latency_p99_threshold_ms: int | None
+    window: ViewWindow
+    hops: tuple[HopInWindow, ...] = field(default_factory=tuple)
+
+    @property
+    def figures(self) -> dict[str, WindowFigures]:
+        """Each hop's figures, by hop id."""
+        return {hop.hop: hop.figures for hop in self.hops}
+
+
+MetricsByHop = dict[tuple[str, str], list[Mapping[str, Any]]]
+
+
+def _by_hop(metric_rows: Iterable[Mapping[str, Any]]) -> MetricsByHop:
+    by_hop: MetricsByHop = {}
+    for row in metric_rows:
+        by_hop.setdefault((str(row["stream"]), str(row["hop"])), []).append(row)
+    return by_hop
+
+
+def _streams_and_hops(registry: Registry, by_hop: MetricsByHop) -> list[tuple[str, list[tuple[str, str]]]]:
+    """Every registry stream, the busiest first, with (hop id, kind) of each hop of its route in route order, then
+    the hops that have metrics but left the route (kind "unknown")."""
+    busiest = sorted(
+        registry.streams, key=lambda name: (-sum(len(r) for (s, _), r in by_hop.items() if s == name), name)
+    )
+    found = []
+    for name in busiest:
+        hops = [(hop.id, hop.kind.value) for hop in registry.streams[name].route.hops]
+        hops += [(hop, "unknown") for (s, hop) in sorted(by_hop) if s == name and hop not in dict(hops)]
+        found.append((name, hops))
+    return found
+
+
+def streams_in_window(
+    registry: Registry, metric_rows: Sequence[Mapping[str, Any]], now_ms: int, window: ViewWindow
+) -> list[StreamInWindow]:
+    """Every registry stream (the busiest first) with every hop of its route, in route order, with the figures of
+    ``window`` and its series in steps of ``window.step_ms`` (from the first whole step in it)."""
+    by_hop = _by_hop(metric_rows)
+    since_ms = window_start_ms(now_ms, window.span_ms)
+    first_step = -(-(now_ms - window.span_ms) // window.step_ms) * window.step_ms
+    found = []
+    for name, hops in _streams_and_hops(registry, by_hop):
+        stream = registry.streams[name]
+        found.append(
+            StreamInWindow(
+                stream=name,
+                owner=stream.owner,
+                loss_rate_threshold=stream.alerts.loss_rate,
+                duplicate_rate_threshold=stream.alerts.duplicate_rate,
+                latency_p99_threshold_ms=stream.alerts.latency_p99_ms,
+                window=window,
+                hops=tuple(
+                    HopInWindow(
+                        hop=hop,
+                        hop_kind=kind,
+                        figures=window_figures(by_hop.get((name, hop), ()), since_ms),
+                        series=series(by_hop.get((name, hop), ()), first_step, now_ms, window.step_ms),
+                    )
+                    for hop, kind in hops
+                ),
+            )
+        )
+    return found
+
+
 def streams_overview(
     registry: Registry, metric_rows: Sequence[Mapping[str, Any]], now_ms: int, bucket_ms: int = 30 * 60_000
 ) -> list[StreamOverview]:
     """Every registry stream (the busiest first) with every hop of its route, in route order, with the last hour's
     and last day's figures and the last day's series; hops that have metrics but left the route come after."""
-    by_hop: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for row in metric_rows:
-        by_hop.setdefault((str(row["stream"]), str(row["hop"])), []).append(row)
+    by_hop = _by_hop(metric_rows)
     day_start = -(-(now_ms - DAY_MS) // bucket_ms) * bucket_ms  # the first whole bucket of the day
     overviews = []
-    busiest = sorted(
-        registry.streams, key=lambda name: (-sum(len(r) for (s, _), r in by_hop.items() if s == name), name)
-    )
-    for name in busiest:
+    for name, hops in _streams_and_hops(registry, by_hop):
         stream = registry.streams[name]
-        hops = [(hop.id, hop.kind.value) for hop in stream.route.hops]
-        hops += [(hop, "unknown") for (s, hop) in sorted(by_hop) if s == name and hop not in dict(hops)]
         overviews.append(
             StreamOverview(
                 stream=name,

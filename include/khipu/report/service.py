@@ -20,14 +20,25 @@ from typing import Any
 
 from pyarrow import ArrowException
 
+from khipu.alerting.thresholds import window_start_ms
 from khipu.detector.model import DETECTOR_QUERY
 from khipu.detector.supervise import SupervisionConfig
 from khipu.errors import InvalidSetting
+from khipu.health.rules import PartitionStatus
 from khipu.offsets.model import PartitionKey
 from khipu.reconcile.window import horizon_from_env
 from khipu.registry.model import Registry, UnknownStreamError
 from khipu.report.message import MessageReport, lay_out
-from khipu.report.overview import DAY_MS, StreamOverview, streams_overview
+from khipu.report.overview import (
+    DAY_MS,
+    WINDOWS,
+    StreamInWindow,
+    StreamOverview,
+    ViewWindow,
+    streams_in_window,
+    streams_overview,
+)
+from khipu.report.routemap import PartitionState, RouteMap, route_map
 from khipu.report.storage import StorageHealth, storage_health
 from khipu.retention.policy import RetentionPolicy
 from khipu.store import Store
@@ -78,6 +89,46 @@ def trace_slack_ms() -> int:
 def overview(store: Store, registry: Registry, now_ms: int) -> list[StreamOverview]:
     """Streams overview: every stream and hop, the last hour and day, the day's loss-rate and p99 series."""
     return streams_overview(registry, store.verdicts.read_metrics(since_ms=now_ms - DAY_MS), now_ms)
+
+
+def check_window(key: str) -> ViewWindow:
+    """The streams page's window named ``key`` (15m, 1h, 1d, 1w)."""
+    window = next((w for w in WINDOWS if w.key == key), None)
+    if window is None:
+        raise ReportQueryError("window", key, f"one of {', '.join(w.key for w in WINDOWS)}")
+    return window
+
+
+@dataclass(frozen=True, slots=True)
+class StreamView:
+    """A stream on the streams page: its hops' figures over the window, and its route map over the same."""
+
+    table: StreamInWindow
+    route: RouteMap
+
+
+def streams_view(store: Store, registry: Registry, now_ms: int, window: ViewWindow) -> list[StreamView]:
+    """Every stream, the busiest first, with its hops' figures over ``window`` and its route map: each hop's
+    figures and state, and the consumer health the last evaluation stored on each cluster of the registry."""
+    since_ms = window_start_ms(now_ms, window.span_ms)
+    tables = streams_in_window(registry, store.verdicts.read_metrics(since_ms=since_ms), now_ms, window)
+    clusters = sorted({hop.topic.cluster for s in registry.streams.values() for hop in s.route.hops})
+    health = [
+        PartitionState(cluster, str(row["group_id"]), str(row["topic"]), int(row["partition"]), status)
+        for cluster in clusters
+        for row in store.health.current_rows(cluster)
+        if (status := PartitionStatus.__members__.get(str(row["status"]))) is not None
+    ]
+    return [
+        StreamView(table, route_map(registry.streams[table.stream], table.figures, health, since_ms))
+        for table in tables
+    ]
+
+
+def check_cluster(registry: Registry, cluster: str) -> None:
+    """A cluster the registry declares (the consumer-health page of a group on another cluster than Khipu's)."""
+    if cluster not in registry.clusters:
+        raise ReportQueryError("cluster", cluster, f"a cluster of the registry: {', '.join(sorted(registry.clusters))}")
 
 
 def metric_rows(store: Store, registry: Registry, stream: str | None, since_ms: int) -> list[dict[str, Any]]:
@@ -477,12 +528,16 @@ __all__ = [
     "UnknownStreamError",
     "VerdictPage",
     "VerdictQuery",
+    "StreamView",
     "alerts_report",
+    "check_cluster",
     "check_minutes",
+    "check_window",
     "consumer_report",
     "khipu_health",
     "message_report",
     "metric_rows",
     "overview",
+    "streams_view",
     "verdict_page",
 ]

@@ -9,7 +9,16 @@ import pytest
 
 from khipu.alerting.thresholds import window_figures as alert_figures
 from khipu.alerting.thresholds import window_start_ms
-from khipu.report.overview import series, window_figures
+from khipu.registry.loader import parse_registry
+from khipu.report.overview import (
+    DAY_MS,
+    DEFAULT_WINDOW,
+    WINDOWS,
+    ViewWindow,
+    series,
+    streams_in_window,
+    window_figures,
+)
 
 MINUTE = 60_000
 
@@ -97,3 +106,31 @@ def test_series_has_every_bucket_and_empty_ones_have_no_figures() -> None:
         (4, 0.0, None),
     ]
     assert series(rows, 0, 0, MINUTE) == ()
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=[w.key for w in WINDOWS])
+def test_a_chosen_window_sums_its_minutes_and_charts_them_in_its_steps(window: ViewWindow) -> None:
+    registry = parse_registry(
+        "version: 1\nclusters: {c: {}}\nstreams:\n  s:\n    owner: t\n"
+        "    route: {producers: [{location: p, writes: [c/t]}], consumers: [{group: g, reads: [c/t]}]}\n"
+    )
+    now = 1_000 * DAY_MS + 30_000  # half a minute into a minute
+    hop = "p -> c/t"
+    inside = [now - window.span_ms + window.step_ms + MINUTE, now - MINUTE]  # in its second step, in its last
+    outside = [now - window.span_ms - MINUTE]  # the minute before the one holding its start
+    rows = [{**minute(at // MINUTE * MINUTE, 3, lost=1), "hop": hop} for at in inside + outside]
+    (stream,) = streams_in_window(registry, rows, now, window)
+    figures = stream.figures[hop]
+    assert (figures.delivered, figures.lost, figures.since_ms) == (6, 2, window_start_ms(now, window.span_ms))
+    assert stream.figures["c/t -> g"].verdicts == 0 and stream.window is window
+    (shown,) = [h for h in stream.hops if h.hop == hop]
+    assert {b.at_ms % window.step_ms for b in shown.series} == {0}  # whole steps
+    assert len(shown.series) == window.span_ms // window.step_ms  # every step of the window, empty ones too
+    assert sum(b.verdicts for b in shown.series) == 8  # both minutes inside, not the one before the window
+
+
+def test_the_windows_offered_are_15_minutes_an_hour_a_day_and_a_week() -> None:
+    assert [(w.key, w.span_ms) for w in WINDOWS] == [
+        ("15m", 15 * MINUTE), ("1h", 60 * MINUTE), ("1d", DAY_MS), ("1w", 7 * DAY_MS)
+    ]  # fmt: skip
+    assert DEFAULT_WINDOW.key == "1h"
