@@ -29,11 +29,13 @@ from khipu.reconcile.window import parse_time
 from khipu.registry.model import Registry, UnknownStreamError
 from khipu.report import service
 from khipu.report.message import MessageReport
-from khipu.report.overview import DAY_MS, StreamOverview
+from khipu.report.overview import DAY_MS, DEFAULT_WINDOW, WINDOWS, StreamOverview
 from khipu.report.plain import plain
 from khipu.report.service import ReportQueryError, UnknownMessage, VerdictQuery
 from khipu.store import Store, StoreError
 from khipu_airflow.view.charts import sparkline
+from khipu_airflow.view.formats import duration, pct
+from khipu_airflow.view.routemap import route_map_svg
 
 Authenticate = Callable[[Request], Awaitable[Any]]
 TEMPLATES = Path(__file__).parent / "templates"
@@ -69,9 +71,10 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     )
     pages = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
     pages.filters["when"] = lambda ms: utc_text(ms, missing="\N{EN DASH}")
-    pages.filters["pct"] = _pct
-    pages.filters["ms"] = _ms
+    pages.filters["pct"] = pct
+    pages.filters["ms"] = duration
     pages.globals["spark"] = lambda values, **kw: Markup(sparkline(values, **kw))
+    pages.globals["route_map"] = lambda route, base: Markup(route_map_svg(route, base))
 
     async def api_user(request: Request) -> Any:
         return await authenticate(request)
@@ -217,10 +220,11 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     # -- pages ------------------------------------------------------------------------------------------------
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def overview_page(request: Request, _user: PageUser) -> HTMLResponse:
+    def overview_page(request: Request, _user: PageUser, window: str = DEFAULT_WINDOW.key) -> HTMLResponse:
+        chosen = service.check_window(window)  # the map's and the tables' window
         with store() as s:
-            streams = service.overview(s, sources.load_registry(), sources.now_ms())
-        return render(request, "overview.html", streams=streams)
+            streams = service.streams_view(s, sources.load_registry(), sources.now_ms(), chosen)
+        return render(request, "overview.html", streams=streams, window=chosen, windows=WINDOWS)
 
     @app.get("/lost", response_class=HTMLResponse, include_in_schema=False)
     def lost_page(
@@ -280,9 +284,13 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
         return render(request, "message.html", report=report, message_id=message_id)
 
     @app.get("/consumers", response_class=HTMLResponse, include_in_schema=False)
-    def consumers_page(request: Request, _user: PageUser, group: str | None = None) -> HTMLResponse:
+    def consumers_page(
+        request: Request, _user: PageUser, group: str | None = None, cluster: str | None = None
+    ) -> HTMLResponse:
+        if cluster:  # a group on another cluster than Khipu's own (a route map's node links here)
+            service.check_cluster(sources.load_registry(), cluster)
         with store() as s:
-            report = service.consumer_report(s, sources.cluster, sources.now_ms(), group or None)
+            report = service.consumer_report(s, cluster or sources.cluster, sources.now_ms(), group or None)
         return render(request, "consumers.html", report=report, group=group)
 
     @app.get("/self", response_class=HTMLResponse, include_in_schema=False)
@@ -334,17 +342,3 @@ def _verdict_query(
         limit=limit,
         cursor=cursor or None,
     )
-
-
-def _pct(rate: float | None) -> str:
-    return "\N{EN DASH}" if rate is None else f"{100 * rate:.2f} %"
-
-
-def _ms(value: int | float | None) -> str:
-    """A duration for people: 850 ms, 12.5 s, 3.0 min, 2.0 h, 7.0 d."""
-    if value is None:
-        return "\N{EN DASH}"
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000)):
-        if value >= 2 * size:
-            return f"{value / size:.1f} {unit}"
-    return f"{value / 1000:.1f} s" if value >= 10_000 else f"{value:.0f} ms"

@@ -158,7 +158,7 @@ def test_a_viewer_logs_in_and_each_page_shows_what_the_store_holds(
         page.goto(f"{server.base}/khipu/")
         hour_ago = _now_ms() - 3_600_000
         minutes = [r for r in store.verdicts.read_metrics(stream=STREAM, since_ms=hour_ago) if r["hop"] == AUDIT_READ]
-        row = page.locator(f'table[data-stream="{STREAM}"] tr[data-hop="{AUDIT_READ}"][data-window="hour"]')
+        row = page.locator(f'table[data-stream="{STREAM}"] tr[data-hop="{AUDIT_READ}"][data-window="1h"]')
         assert row.locator('[data-field="lost"]').inner_text() == str(sum(r["lost"] for r in minutes))
         assert row.locator('[data-field="delivered"]').inner_text() == str(sum(r["delivered"] for r in minutes))
         hops = len(load_registry(ROOT / "config" / "registry.yaml").stream(STREAM).route.hops)

@@ -1,0 +1,18 @@
+"""How the Khipu view writes figures for people: rates and durations (the pages' filters and the route map)."""
+
+from __future__ import annotations
+
+
+def pct(rate: float | None) -> str:
+    """A share as a percentage: 0.0123 -> ``1.23 %``; None -> an en dash."""
+    return "\N{EN DASH}" if rate is None else f"{100 * rate:.2f} %"
+
+
+def duration(value: int | float | None) -> str:
+    """A duration in ms for people: 850 ms, 12.5 s, 3.0 min, 2.0 h, 7.0 d; None -> an en dash."""
+    if value is None:
+        return "\N{EN DASH}"
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000)):
+        if value >= 2 * size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value / 1000:.1f} s" if value >= 10_000 else f"{value:.0f} ms"
