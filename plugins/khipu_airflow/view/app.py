@@ -25,14 +25,15 @@ from markupsafe import Markup
 from sqlalchemy.exc import SQLAlchemyError
 
 from khipu.clock import now_ms, utc_text
-from khipu.reconcile.window import parse_time
 from khipu.registry.model import Registry, UnknownStreamError
 from khipu.report import service
+from khipu.report.limits import check_text, parse_time_ms
 from khipu.report.message import MessageReport
 from khipu.report.overview import DAY_MS, DEFAULT_WINDOW, WINDOWS, StreamOverview
 from khipu.report.plain import plain
 from khipu.report.service import ReportQueryError, UnknownMessage, VerdictQuery
 from khipu.store import Store, StoreError
+from khipu_airflow.view import finding
 from khipu_airflow.view.charts import sparkline
 from khipu_airflow.view.formats import duration, pct
 from khipu_airflow.view.routemap import route_map_svg
@@ -77,15 +78,19 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     pages.globals["route_map"] = lambda route, base: Markup(route_map_svg(route, base))
 
     async def api_user(request: Request) -> Any:
-        return await authenticate(request)
+        user = await authenticate(request)
+        _check_texts(request)
+        return user
 
     async def page_user(request: Request) -> Any:
         try:
-            return await authenticate(request)
+            user = await authenticate(request)
         except HTTPException as exc:
             if exc.status_code in (401, 403):
                 raise NotLoggedIn() from None
             raise
+        _check_texts(request)
+        return user
 
     @app.exception_handler(NotLoggedIn)
     async def to_login(request: Request, _exc: NotLoggedIn) -> Response:
@@ -305,7 +310,14 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
             alerts = service.alerts_report(s, sources.now_ms() - DAY_MS)
         return render(request, "alerts.html", alerts=alerts)
 
+    finding.add_routes(app, sources, render, api_user, page_user)  # the search and the messages at risk
     return app
+
+
+def _check_texts(request: Request) -> None:
+    """Every text of the request's path and query within its bounds (khipu.report.limits), before any route reads it."""
+    for name, value in [*request.path_params.items(), *request.query_params.multi_items()]:
+        check_text(name, str(value))
 
 
 def _documented(model: Any, description: str) -> dict[int | str, dict[str, Any]]:
@@ -326,12 +338,10 @@ def _verdict_query(
     def when(name: str, text: str | None) -> int | None:
         if not text:
             return None
-        try:
-            return parse_time(text)
-        except ValueError:
-            expected = "an ISO time such as 2026-11-23T10:00:00Z, or ms since the epoch"
-            raise ReportQueryError(name, text, expected) from None
+        return parse_time_ms(name, text)  # within its bounds: 400 naming them
 
+    for text in (service.decode_cursor(cursor or None) or ())[1:]:  # a forged cursor's id and hop, as any text
+        check_text("cursor", str(text))
     return VerdictQuery(
         verdicts=tuple(verdict) if verdict else service.LOSS_VERDICTS,
         stream=stream or None,
