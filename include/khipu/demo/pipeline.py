@@ -51,6 +51,26 @@ _BATCH_MAX_AGE_S = 0.1
 # outage of the broker they wait, as the applications do, and the ledger records each once it is acknowledged
 _NEVER_GIVE_UP = {"message.timeout.ms": 0}
 _AFTER_STOP_S = 30.0  # once the demo is stopping, how long it still waits for the broker to acknowledge writes
+# what a call to the cluster answers while a broker is away or just back (the group coordinator not yet known, a
+# partition's leader moving): a well-written application waits and asks again
+_TRANSIENT = frozenset(
+    {
+        KafkaError._WAIT_COORD,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.REBALANCE_IN_PROGRESS,
+    }
+)
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 5.0
+_FAULT_COMMIT_S = 30.0  # how long the injected rebalance drop waits to know its commit over the buffer landed
+_CLOSE_COMMIT_S = 10.0  # how long a stopping consumer waits to know its last commit landed
 
 
 class DemoError(RuntimeError):
@@ -241,6 +261,29 @@ def await_acknowledgements(producer: Any, who: str, stop: threading.Event, after
                 raise DemoError(f"{who}: {remaining} writes unacknowledged after {waited:.0f}s, and the demo stops")
 
 
+class _GaveUp(Exception):
+    """A call to the cluster was not answered before the demo stopped, or was refused for good."""
+
+
+def until_answered(call: Callable[[], Any], who: str, what: str, stop: threading.Event) -> Any:
+    """``call()``, asked again with back-off while the cluster answers a transient error (an outage, a coordinator
+    or leader not yet known); :class:`_GaveUp` once the demo stops meanwhile or on an error asking again cannot
+    fix (the caller then leaves out what needed the answer)."""
+    wait, started = _RETRY_FIRST_S, time.monotonic()
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if error is None or not (error.retriable() or error.code() in _TRANSIENT):
+                raise _GaveUp(f"{who}: {what} refused: {exc}") from exc
+            log.warning("%s: %s not answered (%s) after %.0f s; asking again", who, what, error.str(),
+                        time.monotonic() - started)  # fmt: skip
+        if stop.wait(wait):
+            raise _GaveUp(f"{who}: {what} not answered before the demo stopped")
+        wait = min(2 * wait, _RETRY_MAX_S)
+
+
 class _Component(threading.Thread):
     """A demo application in a thread, with its own trace emitter."""
 
@@ -347,6 +390,7 @@ class _ConsumerComponent(_Component):
                     "session.timeout.ms": demo.config.session_timeout_ms,
                     "heartbeat.interval.ms": max(100, demo.config.session_timeout_ms // 10),
                     "max.poll.interval.ms": demo.config.max_poll_interval_ms,
+                    "on_commit": self.on_commit,
                 }
             ),
             emitter=self.emitter,
@@ -395,15 +439,46 @@ class _ConsumerComponent(_Component):
             return
         self._last_commit = now
         offsets = self.committable()
-        if offsets == self._committed:
-            return
+        if offsets != self._committed:
+            self.send_commit(offsets)
+
+    def send_commit(self, offsets: dict[int, int]) -> None:
+        """Commit ``offsets`` without waiting: librdkafka's synchronous commit has no time limit, and after a broker
+        outage one can wait for a group coordinator for ever (seen here: confluent-kafka-python issue 1801). The
+        broker's answer comes to :meth:`on_commit`, and :meth:`confirm_committed` asks for it with a time limit."""
         try:
             self.consumer.commit(
-                offsets=[TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items())], asynchronous=False
+                offsets=[TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items())], asynchronous=True
             )
             self._committed = offsets
         except KafkaException as exc:
             log.warning("%s: commit failed: %s", self.spec.group, exc.args[0].str() if exc.args else exc)
+
+    def on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """The broker's answer to a commit (served by ``poll``): a failed one is sent again by the next commit."""
+        failed = error or next((tp.error for tp in partitions if tp.error is not None), None)
+        if failed is not None:
+            log.warning("%s: commit failed: %s; it is sent again", self.spec.group, failed.str())
+            self._committed = {}
+
+    def confirm_committed(self, offsets: dict[int, int], limit_s: float, stopping: bool = False) -> bool:
+        """Whether the group's committed offsets reached ``offsets`` within ``limit_s`` (or before the demo stops,
+        unless it is ``stopping`` already), asked of the coordinator with a time limit each time."""
+        deadline = time.monotonic() + limit_s
+        asked = [TopicPartition(self.topic, p) for p in sorted(offsets)]
+        while True:
+            try:
+                found = {tp.partition: tp.offset for tp in self.consumer.committed(asked, timeout=5)}
+                if all(found.get(p, -1) >= o for p, o in offsets.items()):
+                    return True
+            except KafkaException as exc:
+                log.warning("%s: committed offsets not known: %s", self.spec.group, exc)
+            if time.monotonic() >= deadline:
+                return False
+            if stopping:
+                time.sleep(0.5)
+            elif self.demo.stop.wait(0.5):
+                return False
 
     def poll_one(self) -> _Record | None:
         """The next record (recorded as received), or ``None`` after a poll timeout, a consume error, or
@@ -421,7 +496,12 @@ class _ConsumerComponent(_Component):
         return self.record_received(msg)
 
     def close(self) -> None:
-        self.commit(force=True)
+        offsets = self.committable()
+        if offsets != self._committed:
+            self.send_commit(offsets)
+        if offsets and not self.confirm_committed(offsets, _CLOSE_COMMIT_S, stopping=True):
+            log.warning("%s: its last commit was not confirmed within %.0f s of stopping", self.spec.group,
+                        _CLOSE_COMMIT_S)  # fmt: skip
         self.consumer.close()
 
     def progress(self) -> tuple[int, dict[int, int]]:
@@ -539,10 +619,14 @@ class _Processor(_ConsumerComponent):
         """The seed-001 bug: offsets committed while records sit in memory; a rebalance discards them."""
         with self._lock:
             position = dict(self.next_offsets)
-        self.consumer.commit(
-            offsets=[TopicPartition(self.topic, p, o) for p, o in sorted(position.items())], asynchronous=False
-        )
-        self._committed = position
+        self.send_commit(position)
+        if not self.confirm_committed(position, _FAULT_COMMIT_S):
+            # not known to be committed over the buffer: the buffer is written now, as usual, and nothing is dropped
+            # (if the commit lands later it is past records written once: the ledger stays true either way)
+            log.warning("processor: the commit over its buffer was not confirmed within %.0f s; the injected "
+                        "rebalance drop is left out", _FAULT_COMMIT_S)  # fmt: skip
+            self.write_batch()
+            return
         self.discard_unwritten(Fault.REBALANCE_DROP)
         log.info("processor: rebalance (unsubscribe + subscribe) after committing over its buffer")
         self.consumer.unsubscribe()
@@ -567,8 +651,14 @@ class _Processor(_ConsumerComponent):
         self.batch, self.held = [], []
 
     def idle(self) -> bool:
-        with self._busy:
+        """Nothing in memory. Not idle while a record is being handled: the settle loop asks again rather than wait
+        for it (a write waits for the broker as long as an outage lasts, and the loop's deadline must still count)."""
+        if not self._busy.acquire(timeout=0.5):
+            return False
+        try:
             return not self.batch and not self.held
+        finally:
+            self._busy.release()
 
     def output_end(self) -> dict[int, int]:
         return self.writes.snapshot()[1]
@@ -600,7 +690,17 @@ class _Sink(_ConsumerComponent):
             return
         if self.skips and plan.injects(Fault.CONSUMER_SKIP, record.message_id):
             self._triggered.add(position)
-            _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, record.partition), timeout=10)
+            partition = TopicPartition(self.topic, record.partition)
+            try:
+                _, high = until_answered(
+                    lambda: self.consumer.get_watermark_offsets(partition, timeout=10),
+                    self.spec.group,
+                    f"the end of {self.topic}[{record.partition}] (for the injected skip)",
+                    self.demo.stop,
+                )
+            except _GaveUp as exc:  # not skipped: it reads on, and the ledger records no skip
+                log.warning("%s; the skip is left out", exc)
+                return
             target = min(record.offset + 1 + config.skip_length, max(high, record.offset + 1))
             self.jump(record, target, "skipped", Fault.CONSUMER_SKIP)
         elif self.rewinds and plan.injects(Fault.OFFSET_REWIND, record.message_id):
@@ -612,7 +712,12 @@ class _Sink(_ConsumerComponent):
         low, high = sorted((record.offset + 1, target))
         if low == high:
             return
-        self.consumer.seek(TopicPartition(self.topic, record.partition, target))
+        try:
+            self.consumer.seek(TopicPartition(self.topic, record.partition, target))
+        except KafkaException as exc:  # the partition was revoked meanwhile: not moved, and the ledger says nothing
+            log.warning("%s: the injected %s on %s[%d] is left out: %s", self.spec.group, event, self.topic,
+                        record.partition, exc)  # fmt: skip
+            return
         self.set_position(record.partition, target)
         self.demo.ledger.append(
             event,

@@ -15,9 +15,11 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -70,9 +72,19 @@ class LiveDemo:
     def finish(self, timeout_s: float = 240) -> GroundTruth:
         assert self.thread is not None
         self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "the demo did not finish"
+        assert not self.thread.is_alive(), f"the demo did not finish; its threads:\n{demo_stacks()}"
         assert self.error is None, f"the demo did not ride out the outage: {self.error!r}"
         return build_truth(read_ledger(self.config.ledger_path, run_id=self.config.run_id))
+
+
+def demo_stacks() -> str:
+    """Where each of the demo's threads is now: what a demo that does not finish is waiting on."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    return "\n".join(
+        f"--- {names[ident]}\n{''.join(traceback.format_stack(frame))}"
+        for ident, frame in sys._current_frames().items()
+        if ident in names and (names[ident].startswith("demo-") or names[ident] == "live-demo")
+    )
 
 
 def live_demo(data: BrokerProcess, traces: BrokerProcess, tmp_path: Path, run_id: str, trace_topic: str) -> LiveDemo:
