@@ -323,12 +323,15 @@ def backlog(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) ->
     return rate
 
 
-def live_traffic(bootstrap: str, topic: str, rate: int, seconds: float, hold_s: float, report: Any) -> None:
+def live_traffic(
+    bootstrap: str, topic: str, rate: int, seconds: float, hold_s: float, report: Any, commits: bool = True
+) -> None:
     """(A process of its own.) Traces at ``rate`` per second for ``seconds``; every second the groups commit past
-    what was produced a second before, demo-sink-audit reads and commits data partition 0 ``hold_s`` late."""
+    what was produced a second before, demo-sink-audit reads and commits data partition 0 ``hold_s`` late. Without
+    ``commits`` the groups' commits are left to the caller (the latency part has them past every message already)."""
     producer, run = new_producer(bootstrap), "lv"
     committers = {g: Consumer({"bootstrap.servers": bootstrap, "group.id": g, "enable.auto.commit": False})
-                  for g in GROUPS}  # fmt: skip
+                  for g in GROUPS} if commits else {}  # fmt: skip
     per_second = rate // HOPS
     held_queue: deque[tuple[float, int]] = deque()
     produced, message, started = 0, 0, time.monotonic()
@@ -372,6 +375,7 @@ def live_traffic(bootstrap: str, topic: str, rate: int, seconds: float, hold_s: 
             break
         time.sleep(0.02)
     producer.flush(120)
+    report.value = produced
     for group, consumer in committers.items():  # everything read and committed past at the end
         consumer.commit(offsets=[TopicPartition(GROUPS[group], p, o) for p, o in past(message).items()],
                         asynchronous=False)  # fmt: skip
@@ -461,14 +465,28 @@ def lost_latency(spark: Any, bootstrap: str, work: Path, args: argparse.Namespac
 
     producer, background = new_producer(bootstrap), 0  # every emitter numbers from 0, without holes
     sent, started = 0, time.monotonic()
+    live_rate = args.latency_live_rate
+    context = multiprocessing.get_context("spawn")
+    produced = context.Value("q", 0)
+    traffic_process = None
     try:
         wait_for("the detector's first batch", lambda: store.heartbeat.latest(DETECTOR_QUERY) is not None, 300)
-        started = time.monotonic()
+        if live_rate:  # a process of its own offers the background (below every group's commit: it is DELIVERED)
+            seconds = args.warmup_s + 0.5 * args.lost + 200  # outlasts the losses and their wait; stopped after
+            traffic_process = context.Process(
+                target=live_traffic, args=(bootstrap, topic, live_rate, seconds, 0.0, produced, False)
+            )
+            traffic_process.start()
+            time.sleep(args.warmup_s)
+        started, produced_before = time.monotonic(), int(produced.value)
         for n in range(args.lost):
             message = (base + n) * PARTITIONS  # partition 0, offset base + n
             clock = time.time_ns() // 1_000_000
-            traffic = [t for m in range(background, background + args.background) for t in traces_of(m, "bg", clock)]
-            background += args.background
+            background_messages = 0 if live_rate else args.background
+            traffic = [
+                t for m in range(background, background + background_messages) for t in traces_of(m, "bg", clock)
+            ]
+            background += background_messages
             send(producer, topic, [*traffic, *traces_of(message, "lost", clock, store=False, nth=n)])
             sent += len(traffic)
             producer.flush(30)
@@ -478,12 +496,22 @@ def lost_latency(spark: Any, bootstrap: str, work: Path, args: argparse.Namespac
             committed_at[f"lost-{message:09d}"] = time.time()
             look()
             time.sleep(0.2)
-        rate = sent / max(1e-9, time.monotonic() - started)
         deadline = time.time() + 180
         while len(seen) < args.lost and time.time() < deadline:
             look()
             time.sleep(0.2)
+        # the background offered while the losses were judged: from the first loss to the last LOST seen
+        sent += int(produced.value) - produced_before
+        rate = sent / max(1e-9, time.monotonic() - started)
+        if live_rate:
+            beat = store.heartbeat.latest(DETECTOR_QUERY) or {}
+            print(f"latency: the live background offered {rate:,.0f} traces/s; the detector's last batch read "
+                  f"{beat.get('input_rows') or 0:,} traces in {(beat.get('batch_duration_ms') or 0) / 1000:.1f} s",
+                  flush=True)  # fmt: skip
     finally:
+        if traffic_process is not None:
+            traffic_process.terminate()
+            traffic_process.join(30)
         for query in queries:
             query.stop()
         store.close()
@@ -584,6 +612,13 @@ def main() -> int:
     parser.add_argument("--buckets", type=int, default=DEFAULT_BUCKETS)
     parser.add_argument("--lost", type=int, default=40)
     parser.add_argument("--background", type=int, default=200, help="latency: background messages per loss (x5 traces)")
+    parser.add_argument(
+        "--latency-live-rate",
+        type=int,
+        default=0,
+        help="latency: background traces/s from a live producer process of its own instead of --background "
+        "(e.g. 25000; it runs --warmup-s before the first loss)",
+    )
     parser.add_argument("--in-flight", type=int, default=10_000, help="state: messages held in flight")
     parser.add_argument("--cluster-messages", type=int, default=200_000)
     parser.add_argument(
