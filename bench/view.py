@@ -171,7 +171,10 @@ def main() -> int:
     for _ in range(19):  # the 21st page of losses
         deep_cursor = client.get("/api/v1/verdicts", params={"limit": 50, "cursor": deep_cursor}).json()["next_cursor"]
     asks: list[tuple[str, str, dict[str, Any]]] = [
-        ("streams overview page", "/", {}),
+        ("streams page (route maps; the last hour)", "/", {}),
+        ("streams page, the last 15 minutes", "/", {"window": "15m"}),
+        ("streams page, the last day", "/", {"window": "1d"}),
+        ("streams page, the last week", "/", {"window": "1w"}),
         ("lost messages page (newest 50)", "/lost", {}),
         ("lost messages, 21st page", "/api/v1/verdicts", {"cursor": deep_cursor}),
         ("lost messages of one hop and cause", "/lost", {"hop": HOPS[-1], "cause": "skipped_by_consumer"}),
