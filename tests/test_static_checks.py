@@ -35,6 +35,7 @@ LAYERS = (
     "trace",
     "config",
     "registry",
+    "access",
     "kafka",
     "tracing",
     "settings",

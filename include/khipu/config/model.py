@@ -380,6 +380,21 @@ class ExporterSection(Section):
     ] = setting("KHIPU_EXPORTER_TOKEN", None, "A bearer token scrapers must send. Unset: none asked for.")
 
 
+ACCESS_MODES = ("teams", "custom-views")
+
+
+class ViewSection(Section):
+    title = "The Khipu view"
+    doc = "docs/view.md#who-sees-which-streams"
+
+    access: Annotated[str, AfterValidator(_one_of(*ACCESS_MODES)), Expect(" or ".join(ACCESS_MODES))] = setting(
+        "KHIPU_VIEW_ACCESS",
+        "teams",
+        "How the view asks Airflow's auth manager which streams a user sees: `teams` (Airflow's teams, multi-team "
+        "mode), or `custom-views` (a custom view per team, for auth managers without teams, such as FAB).",
+    )
+
+
 # The sections, in the order ``khipu settings`` and the docs show them. A new one goes here.
 SECTIONS: tuple[type[Section], ...] = (
     KhipuSection,
@@ -395,6 +410,7 @@ SECTIONS: tuple[type[Section], ...] = (
     SparkSection,
     ExporterSection,
     RetentionSection,
+    ViewSection,
 )
 
 
