@@ -1,13 +1,21 @@
-"""Airflow for the local stack: its environment, its connections, and standalone's health."""
+"""Airflow for the local stack: its environment, its connections, its users and teams, and standalone's health.
+
+Airflow runs in multi-team mode with the SimpleAuthManager, so that the Khipu view shows each user their teams'
+streams (docs/view.md#who-sees-which-streams): ``admin`` sees every stream, ``demo`` is in team-demo (the demo's
+``demo.orders``), ``bursts`` in team-bursts (``demo.bursts``). Their passwords are drawn here, before Airflow
+starts, into the file the SimpleAuthManager reads them from (owner-only): Airflow then never prints them to its log.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
@@ -17,6 +25,28 @@ from khipu.settings import KhipuSettings, project_root
 KAFKA_CONNECTION_ID = "khipu_kafka"
 STORE_CONNECTION_ID = "khipu_store"
 SPARK_CONNECTION_ID = "spark_default"
+PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"  # in AIRFLOW_HOME, where Airflow keeps them
+
+
+@dataclass(frozen=True, slots=True)
+class StackUser:
+    name: str
+    role: str  # a SimpleAuthManager role: viewer, user (may trigger DAGs, so resend), op, admin
+    teams: tuple[str, ...] = ()
+    sees: str = ""  # what the view shows them, for `khipu status`
+
+
+# The local stack's users: its admin, and one of each demo stream's team (config/registry.yaml's owners).
+STACK_USERS = (
+    StackUser("admin", "admin", (), "every stream"),
+    StackUser("demo", "user", ("team-demo",), "team-demo: demo.orders"),
+    StackUser("bursts", "user", ("team-bursts",), "team-bursts: demo.bursts"),
+)
+
+
+def users_setting(users: tuple[StackUser, ...] = STACK_USERS) -> str:
+    """``[core] simple_auth_manager_users``: ``name:role[:team|team]`` per user."""
+    return ",".join(":".join([u.name, u.role, *(["|".join(u.teams)] if u.teams else [])]) for u in users)
 
 
 class AirflowSetupError(RuntimeError):
@@ -41,6 +71,8 @@ def airflow_env(settings: KhipuSettings, airflow_home: Path) -> dict[str, str]:
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base_url}/execution/",
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(settings.airflow_port),
+        "AIRFLOW__CORE__MULTI_TEAM": "True",  # the view shows each user their teams' streams
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": users_setting(),
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         # Local stack: judge consumer health over 5 snapshots (5 minutes) so a stalled demo consumer
@@ -104,12 +136,53 @@ def run_airflow_cli(args: list[str], env: dict[str, str], log_path: Path, timeou
 
 
 def prepare_airflow(settings: KhipuSettings, airflow_home: Path, env: dict[str, str], log_path: Path) -> None:
-    """Migrate the metadata database and (re)register Khipu's connections. Safe to repeat."""
+    """Migrate the metadata database, create the users' teams, draw their passwords, and (re)register Khipu's
+    connections. Safe to repeat."""
     airflow_home.mkdir(parents=True, exist_ok=True)
     run_airflow_cli(["db", "migrate"], env, log_path)
+    ensure_teams(sorted({team for user in STACK_USERS for team in user.teams}), env, log_path)
+    ensure_passwords(airflow_home / PASSWORDS_FILE, [user.name for user in STACK_USERS])
     connections_file = airflow_home / "khipu-connections.json"
     connections_file.write_text(json.dumps(connections(settings), indent=2))
     run_airflow_cli(["connections", "import", "--overwrite", str(connections_file)], env, log_path)
+
+
+def ensure_teams(teams: list[str], env: dict[str, str], log_path: Path) -> None:
+    """Create the Airflow teams not in its database yet (multi-team mode checks that each user's teams exist)."""
+    listed = subprocess.run(
+        [str(venv_bin() / "airflow"), "teams", "list", "--output", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+        check=False,
+    )
+    if listed.returncode != 0:
+        raise AirflowSetupError(
+            f"`airflow teams list` failed with exit code {listed.returncode}: {listed.stderr[-500:]}"
+        )
+    start = listed.stdout.find("[")  # a "No teams found." line, or the JSON list
+    existing = {str(t["name"]) for t in json.loads(listed.stdout[start:])} if start >= 0 else set()
+    for team in teams:
+        if team not in existing:
+            run_airflow_cli(["teams", "create", team], env, log_path)
+
+
+def ensure_passwords(path: Path, users: list[str]) -> None:
+    """Draw a password for each user the file does not hold yet, in the SimpleAuthManager's file (owner-only)."""
+    try:
+        passwords = json.loads(path.read_text() or "{}")
+    except FileNotFoundError:
+        passwords = {}
+    missing = [user for user in users if user not in passwords]
+    if not missing:
+        return
+    passwords.update({user: secrets.token_urlsafe(12) for user in missing})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(json.dumps(passwords) + "\n")
 
 
 def airflow_healthy(port: int) -> bool:
@@ -122,9 +195,14 @@ def airflow_healthy(port: int) -> bool:
 
 
 def admin_password(airflow_home: Path) -> str | None:
-    """The password standalone generated for user ``admin`` (kept in AIRFLOW_HOME, never logged)."""
-    path = airflow_home / "simple_auth_manager_passwords.json.generated"
+    """The password of user ``admin`` (kept in AIRFLOW_HOME, never logged)."""
+    return user_password(airflow_home, "admin")
+
+
+def user_password(airflow_home: Path, user: str) -> str | None:
+    """The password of one of the stack's users, from the SimpleAuthManager's file (never logged)."""
     try:
-        return str(json.loads(path.read_text()).get("admin"))
+        found = json.loads((airflow_home / PASSWORDS_FILE).read_text()).get(user)
     except (OSError, ValueError):
         return None
+    return None if found is None else str(found)

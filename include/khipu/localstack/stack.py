@@ -17,7 +17,14 @@ from pathlib import Path
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
 from khipu.detector.model import DETECTOR_QUERY
 from khipu.kafka import KafkaAdmin, KafkaUnavailable
-from khipu.localstack.airflow import admin_password, airflow_env, airflow_healthy, prepare_airflow
+from khipu.localstack.airflow import (
+    PASSWORDS_FILE,
+    STACK_USERS,
+    admin_password,
+    airflow_env,
+    airflow_healthy,
+    prepare_airflow,
+)
 from khipu.localstack.broker import BrokerError, BrokerSpec, start_broker
 from khipu.localstack.keeper import read_exits
 from khipu.localstack.processes import ProcessTable, child_env, port_open
@@ -248,12 +255,12 @@ def status(settings: KhipuSettings, say: Callable[[str], None] = print) -> bool:
         say(
             f'  the Khipu view: http://127.0.0.1:{settings.airflow_port}/khipu/  (also "Khipu" in the UI\'s navigation)'
         )
-        password_file = paths["airflow_home"] / "simple_auth_manager_passwords.json.generated"
+        password_file = paths["airflow_home"] / PASSWORDS_FILE
         known = admin_password(paths["airflow_home"]) is not None
-        say(
-            f"  log in as user 'admin'; the generated password is in {password_file}"
-            + ("" if known else " (written once standalone has started)")
-        )
+        users = ", ".join(f"'{user.name}' ({user.sees})" for user in STACK_USERS)
+        say(f"  log in as {users}; each one's generated password is in {password_file}")
+        if not known:
+            say("  (the passwords are drawn when Airflow is prepared: run `make up`)")
     say(f"Kafka bootstrap: {settings.bootstrap_servers}   trace topic: {settings.trace_topic}")
     say(f"logs: {paths['logs']}   demo ledger: {paths['ledger']}")
     say(
