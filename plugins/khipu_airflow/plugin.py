@@ -1,7 +1,9 @@
 """The Khipu plugin: the Khipu view and its JSON API in Airflow's api-server, and its place in the UI's navigation.
 
 The app is mounted at ``/khipu``; the navigation entry ("Khipu", top level) shows ``/khipu/`` inside
-the Airflow UI. Every route of the app needs a valid Airflow login (see :mod:`khipu_airflow.view.app`).
+the Airflow UI. Every route of the app needs a valid Airflow login (see :mod:`khipu_airflow.view.app`), and shows
+only the streams of the caller's teams, as Airflow's auth manager says (:mod:`khipu_airflow.access`,
+``KHIPU_VIEW_ACCESS``); a confirmed loss is resent from its page through ``khipu_resend_manual``.
 The view reads the store at ``KHIPU_STORE_URL``, the registry at ``KHIPU_REGISTRY``, the trace archive
 under ``KHIPU_STATE_DIR/archive`` and the verdict archive (plain DELIVERED verdicts) under
 ``KHIPU_STATE_DIR/verdicts`` — the settings the detector and the CLI use.
@@ -18,10 +20,13 @@ from airflow.plugins_manager import AirflowPlugin
 from fastapi import Request
 from fastapi.security import HTTPAuthorizationCredentials
 
+from khipu.access import Viewer
+from khipu.config import SettingsError, ViewSection, load
 from khipu.registry.loader import load_registry
 from khipu.registry.model import Registry
 from khipu.settings import KhipuSettings
 from khipu.store import Store
+from khipu_airflow.access import AirflowResendRuns, airflow_viewer
 from khipu_airflow.view.app import ViewSources, create_app
 
 URL_PREFIX = "/khipu"
@@ -59,6 +64,16 @@ def registry_reader(path: Path) -> Callable[[], Registry]:
     return read
 
 
+def airflow_access() -> Callable[[Any, Registry], Viewer]:
+    """What Airflow's auth manager says of a user, asked as ``KHIPU_VIEW_ACCESS`` says, about the registry's teams."""
+    mode = load(ViewSection, None, SettingsError).access
+
+    def viewer_of(user: Any, registry: Registry) -> Viewer:
+        return airflow_viewer(user, {stream.owner for stream in registry.streams.values()}, mode)
+
+    return viewer_of
+
+
 def view_sources() -> ViewSources:
     settings = KhipuSettings.from_env()
     shared = functools.cache(lambda: Store(settings.store_url))  # opened at the first request, kept after
@@ -74,7 +89,13 @@ def view_sources() -> ViewSources:
 class KhipuPlugin(AirflowPlugin):  # type: ignore[misc]
     name = "khipu"
     fastapi_apps = [  # noqa: RUF012 - Airflow reads these class attributes
-        {"app": create_app(view_sources(), airflow_user, airflow_login_url), "url_prefix": URL_PREFIX, "name": "Khipu"}
+        {
+            "app": create_app(
+                view_sources(), airflow_user, airflow_login_url, airflow_access(), resend_runs=AirflowResendRuns()
+            ),
+            "url_prefix": URL_PREFIX,
+            "name": "Khipu",
+        }
     ]
     external_views = [  # noqa: RUF012
         {

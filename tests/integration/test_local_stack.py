@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from khipu.kafka.trace_topic import read_trace_topic, tally_traces
-from khipu.localstack.airflow import admin_password
+from khipu.localstack.airflow import STACK_USERS, admin_password, user_password
 from khipu.localstack.processes import ProcessTable, Started, free_port, port_open
 from khipu.registry import load_registry
 
@@ -78,23 +78,30 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(view, timeout=10)
         assert refused.value.code == 401
-        password = admin_password(tmp_path / "state" / "airflow")
-        assert password is not None
-        login = urllib.request.Request(
-            f"http://127.0.0.1:{airflow_port}/auth/token",
-            data=json.dumps({"username": "admin", "password": password}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(login, timeout=10) as answer:
-            token = json.loads(answer.read())["access_token"]
-        with urllib.request.urlopen(
-            urllib.request.Request(view, headers={"Authorization": f"Bearer {token}"}), timeout=10
-        ) as answer:
-            streams = json.loads(answer.read())
-        assert {s["stream"] for s in streams} == {"demo.orders", "demo.bursts"}
+        assert admin_password(tmp_path / "state" / "airflow") is not None
+        # out of the box: an admin seeing every stream, and a user of each demo stream's team seeing theirs only
+        seen = {}
+        for user in STACK_USERS:
+            password = user_password(tmp_path / "state" / "airflow", user.name)
+            assert password is not None, user
+            login = urllib.request.Request(
+                f"http://127.0.0.1:{airflow_port}/auth/token",
+                data=json.dumps({"username": user.name, "password": password}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(login, timeout=10) as answer:
+                token = json.loads(answer.read())["access_token"]
+            with urllib.request.urlopen(
+                urllib.request.Request(view, headers={"Authorization": f"Bearer {token}"}), timeout=10
+            ) as answer:
+                seen[user.name] = {s["stream"] for s in json.loads(answer.read())}
+            logged = "".join(p.read_text(errors="replace") for p in (tmp_path / "state" / "logs").glob("*.log"))
+            assert password not in logged and password not in first.stdout + first.stderr  # never printed
+        assert seen == {"admin": {"demo.orders", "demo.bursts"}, "demo": {"demo.orders"}, "bursts": {"demo.bursts"}}
 
         status = khipu("status", env=env)
         assert status.returncode == 0 and "demo     running" in status.stdout
+        assert "log in as 'admin' (every stream), 'demo' (team-demo: demo.orders), 'bursts'" in status.stdout
         assert "detector " in status.stdout  # listed; the khipu_detector DAG starts it within two minutes
     finally:
         stopped = khipu("down", env=env)

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 
+from khipu.access import reach_limit
 from khipu.offsets.model import PartitionKey, PartitionSnapshot
+from khipu.registry.model import Registry
 from khipu.report.search import MAX_SCAN_BYTES, archive_hours, plan_scan
 from khipu.store import Store
 from khipu.trace.archive import HOUR_MS, hour_of
@@ -230,10 +232,13 @@ def messages_at_risk(
     now_ms: int,
     within_ms: int = DEFAULT_WITHIN_MS,
     max_scan_bytes: int = MAX_SCAN_BYTES,
+    registry: Registry | None = None,
 ) -> AtRiskReport:
     """The messages of ``cluster`` at risk within ``within_ms``: backlogs from the offset snapshots of the last hour
     and consumer health, their records named by the SENT traces of the archive hours they can be in (at most
-    ``max_scan_bytes`` of them, newest first; a note says when not all could be read)."""
+    ``max_scan_bytes`` of them, newest first; a note says when not all could be read). Given the registry as one
+    person sees it, of the partitions its streams' routes read, and the messages of its streams, only."""
+    reach = reach_limit(registry) if registry is not None else None
     health = {
         PartitionKey(r["cluster"], r["group_id"], r["topic"], int(r["partition"])): (r["time_lag_ms"], str(r["status"]))
         for r in store.health.current_rows(cluster)
@@ -241,7 +246,7 @@ def messages_at_risk(
     backlogs = [
         b
         for b in backlogs_of(store.snapshots.histories(cluster, since_ms=now_ms - SNAPSHOTS_MS), health)
-        if exposed(b, now_ms, within_ms)
+        if exposed(b, now_ms, within_ms) and (reach is None or (b.key.cluster, b.key.group, b.key.topic) in reach.reads)
     ]
     notes: list[str] = []
     records: list[SentRecord] = []
@@ -255,7 +260,7 @@ def messages_at_risk(
             notes.append(plan.note)
         complete = plan.complete
         records = scan_sent(archive_dir, plan.hours, backlogs)
-    named = at_risk(backlogs, records, now_ms, within_ms)
+    named = [r for r in at_risk(backlogs, records, now_ms, within_ms) if reach is None or r.stream in reach.streams]
     lines = [
         BacklogLine(
             cluster=b.key.cluster,

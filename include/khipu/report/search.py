@@ -13,6 +13,9 @@ The trace archive is scanned newest hour first, and a search reads at most ``max
 Parquet files' size on disk): an older part of the range that does not fit is left out, and the answer says
 which hours were read, how much the range holds, the bound, and the ``until`` that searches the next older part.
 
+Given the registry as one person sees it (the view's), only the messages of its streams are found: another
+team's message is not found, as one that does not exist.
+
 The pure parts (:func:`parse_term`, :func:`plan_scan`, :func:`gather`) take everything as arguments; only
 :func:`search` reads.
 """
@@ -30,6 +33,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from khipu.access import reach_limit
 from khipu.clock import utc_text
 from khipu.registry.model import Registry
 from khipu.report.limits import MAX_TIME_MS
@@ -280,6 +284,7 @@ def search(
         raise ReportQueryError("until", until, f"a time after since ({since}, {_iso(since)})")
     plan = plan_scan(archive_hours(archive_dir), since, until, max_scan_bytes)
     notes = [plan.note] if plan.note else []
+    reach = reach_limit(registry)
     if term.message_id is not None:
         traces = scan_traces(archive_dir, plan.hours, since, until, message_id=term.message_id)
         ids: list[str] = [term.message_id]
@@ -294,6 +299,8 @@ def search(
             streams=declared[term.attribute],
         )
         ids = sorted({t.message_id for t in traces})
+    if reach is not None:  # the streams this person sees
+        traces = [t for t in traces if t.stream in reach.streams]
     if term.message_id is None:  # keep the newest ``limit`` messages (and one more: is there more?) before reading
         kept, _ = gather(traces, limit + 1)
         ids = [m.message_id for m in kept]
@@ -304,8 +311,9 @@ def search(
             verdicts = verdicts_of(store.verdicts, archive, ids)
     if verdicts.note:
         notes.append(verdicts.note)
+    rows = [r for r in verdicts.rows if reach is None or str(r["stream"]) in reach.streams]
     wanted = set(ids)
-    messages, more = gather([*(t for t in traces if t.message_id in wanted), *verdict_sightings(verdicts.rows)], limit)
+    messages, more = gather([*(t for t in traces if t.message_id in wanted), *verdict_sightings(rows)], limit)
     return SearchAnswer(
         term=term.text,
         kind=term.kind,

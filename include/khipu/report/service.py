@@ -4,6 +4,10 @@ Each reads the store (and, for traces, the archive) and answers one question. Qu
 something that does not exist (an unknown stream, hop, group or verdict kind, a negative window,
 a malformed page cursor) raise :class:`ReportQueryError` naming what is known, never an empty
 answer; a message with no verdict and no trace raises :class:`UnknownMessage`.
+
+Given the registry as one person sees it (:class:`khipu.access.SeenRegistry`, what the view passes), a report
+shows nothing beyond its reach: another team's stream, message, group or hop is answered as one that does not
+exist. Given the registry itself (the CLI), it shows everything it reads.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 from pyarrow import ArrowException
 
+from khipu.access import Reach, alert_in_reach, reach_limit
 from khipu.alerting.thresholds import window_start_ms
 from khipu.detector.model import DETECTOR_QUERY
 from khipu.detector.supervise import SupervisionConfig
@@ -133,7 +138,14 @@ def check_cluster(registry: Registry, cluster: str) -> None:
 
 def metric_rows(store: Store, registry: Registry, stream: str | None, since_ms: int) -> list[dict[str, Any]]:
     check_stream(registry, stream)
-    return store.verdicts.read_metrics(stream=stream, since_ms=since_ms)
+    limit = reach_limit(registry)
+    rows = store.verdicts.read_metrics(stream=stream, since_ms=since_ms)
+    return [row for row in rows if _streams_in(limit, row["stream"])]
+
+
+def _streams_in(limit: Reach | None, stream: object) -> bool:
+    """A row of ``stream`` goes into an answer limited to ``limit`` (None: no limit)."""
+    return limit is None or str(stream) in limit.streams
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +208,9 @@ def decode_cursor(cursor: str | None) -> tuple[int, str, str] | None:
 def verdict_page(store: Store, registry: Registry, archive_dir: Path | None, query: VerdictQuery) -> VerdictPage:
     """One page of verdicts, newest first, each with its recovery attributes and its history."""
     query = query.checked(registry)
+    limit = reach_limit(registry)
     rows = store.verdicts.page(
+        streams=None if limit is None else limit.streams,
         verdicts=query.verdicts,
         stream=query.stream,
         hop=query.hop,
@@ -277,9 +291,16 @@ def message_report(
     else:
         with VerdictArchive(verdict_archive_dir) as archive:
             found = verdicts_of(store.verdicts, archive, [message_id])
-    verdicts = found.rows
-    history = with_first_decisions(store.verdicts.history(message_id), verdicts)
-    resends = [entry for entries in store.resends.of_messages([message_id]).values() for entry in entries]
+    limit = reach_limit(registry)  # another team's message is one that does not exist
+    verdicts = [row for row in found.rows if _streams_in(limit, row["stream"])]
+    changes = [change for change in store.verdicts.history(message_id) if _streams_in(limit, change["stream"])]
+    history = with_first_decisions(changes, verdicts)
+    resends = [
+        entry
+        for entries in store.resends.of_messages([message_id]).values()
+        for entry in entries
+        if _streams_in(limit, entry["stream"])
+    ]
     if verdicts:
         slack = trace_slack_ms()
         seen = [int(row.get("first_seen_ms") or row["decided_ms"]) for row in verdicts]
@@ -288,6 +309,7 @@ def message_report(
     else:
         span = (now_ms - DAY_MS, now_ms)
     traces = read_traces(archive_dir, [message_id], *span) if archive_dir is not None else []
+    traces = [trace for trace in traces if _streams_in(limit, trace.stream)]
     names = {str(row["stream"]) for row in verdicts} | {trace.stream for trace in traces}
     stream = next((registry.streams[name] for name in sorted(names) if name in registry.streams), None)
     report = dataclasses.replace(
@@ -327,9 +349,17 @@ class ConsumerReport:
     transitions: list[dict[str, Any]]  # status changes, newest first
 
 
-def consumer_report(store: Store, cluster: str, now_ms: int, group: str | None = None) -> ConsumerReport:
-    """Consumer health per group and partition (the Burrow view), its offset windows and its history."""
-    rows = store.health.current_rows(cluster)
+def consumer_report(
+    store: Store, cluster: str, now_ms: int, group: str | None = None, registry: Registry | None = None
+) -> ConsumerReport:
+    """Consumer health per group and partition (the Burrow view), its offset windows and its history; given a seen
+    registry, of the partitions its streams' routes read only."""
+    limit = reach_limit(registry) if registry is not None else None
+
+    def seen(group_id: object, topic: object) -> bool:
+        return limit is None or (cluster, str(group_id), str(topic)) in limit.reads
+
+    rows = [row for row in store.health.current_rows(cluster) if seen(row["group_id"], row["topic"])]
     groups = sorted({str(row["group_id"]) for row in rows})
     if group is not None and group not in groups:
         raise ReportQueryError(
@@ -375,11 +405,12 @@ def consumer_report(store: Store, cluster: str, now_ms: int, group: str | None =
             "detected_ms": w.detected_ms,
         }
         for w in store.health.offset_windows(cluster, since_ms=now_ms - DAY_MS)
-        if group in (None, w.key.group)
+        if group in (None, w.key.group) and seen(w.key.group, w.key.topic)
     ]
     transitions = [
         {k: row[k] for k in ("group_id", "topic", "partition", "from_status", "to_status", "at_ms", "reason")}
         for row in store.health.transition_rows(cluster, since_ms=now_ms - DAY_MS, group=group)
+        if seen(row["group_id"], row["topic"])
     ]
     return ConsumerReport(cluster, lines, sorted(windows, key=lambda w: -int(w["detected_ms"])), transitions)
 
@@ -429,9 +460,10 @@ def clock_skew(registry: Registry, metric_rows: Sequence[dict[str, Any]]) -> lis
         if row.get("skew_histogram"):
             key = (str(row["stream"]), str(row["hop"]))
             counts[key] = counts.get(key, MinuteCounts()).plus(MinuteCounts.of_row(row))
+    limit = reach_limit(registry)
     lines = []
     for (stream_name, hop_id), summed in counts.items():
-        if not summed.skewed:
+        if not summed.skewed or (limit is not None and (stream_name, hop_id) not in limit.hops):
             continue
         stream = registry.streams.get(stream_name)
         hop = next((h for h in stream.route.hops if h.id == hop_id), None) if stream is not None else None
@@ -495,13 +527,15 @@ def khipu_health(
         storage = storage_health(
             archives, state_dir, policy or RetentionPolicy(), store.engine.size_bytes(), store.verdicts.oldest_minute()
         )
-    return KhipuHealth(
-        beats, total, newest, store.channel.gap_summary(), skew, dict(sorted(by_emitter.items())), storage
-    )
+    limit = reach_limit(registry) if registry is not None else None
+    gaps = [gap for gap in store.channel.gap_summary() if limit is None or gap["location"] in limit.locations]
+    return KhipuHealth(beats, total, newest, gaps, skew, dict(sorted(by_emitter.items())), storage)
 
 
-def alerts_report(store: Store, since_ms: int) -> list[dict[str, Any]]:
-    """Alerts fired and resolved since ``since_ms``, newest first, with each notifier's outcome."""
+def alerts_report(store: Store, since_ms: int, registry: Registry | None = None) -> list[dict[str, Any]]:
+    """Alerts fired and resolved since ``since_ms``, newest first, with each notifier's outcome; given a seen
+    registry, those about its streams and the groups their routes read with, and those about Khipu itself."""
+    limit = reach_limit(registry) if registry is not None else None
     return [
         {
             "subject": alert.subject,
@@ -515,6 +549,7 @@ def alerts_report(store: Store, since_ms: int) -> list[dict[str, Any]]:
             "deliveries": alert.deliveries,
         }
         for alert in reversed(store.alerts.read(since_ms=since_ms))
+        if limit is None or alert_in_reach(alert.details, limit)
     ]
 
 

@@ -400,13 +400,17 @@ class VerdictRepository:
         late_evidence: bool | None = None,
         before: tuple[int, str, str] | None = None,
         limit: int = 50,
+        streams: Collection[str] | None = None,
     ) -> list[dict[str, Any]]:
         """One page of verdicts, newest decision first, filtered; ``before`` is the (decided_ms, message id,
-        hop) of the last row of the previous page (keyset paging: as fast on page 1,000 as on page 1)."""
+        hop) of the last row of the previous page (keyset paging: as fast on page 1,000 as on page 1).
+        ``streams``: of these streams only (none: of none)."""
         table = schema.verdicts
         query = select(table)
         if verdicts:
             query = query.where(table.c.verdict.in_(sorted(verdicts)))
+        if streams is not None:
+            query = query.where(table.c.stream.in_(sorted(streams)))
         for column, value in ((table.c.stream, stream), (table.c.hop, hop), (table.c.cause, cause)):
             if value is not None:
                 query = query.where(column == value)

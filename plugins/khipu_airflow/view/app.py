@@ -9,6 +9,10 @@ depends on ``authenticate``, which in the api-server resolves the caller's Airfl
 ``Authorization: Bearer`` header or the UI's session cookie) exactly as Airflow's own API does. A
 page asked for without a valid session redirects to Airflow's login and comes back; an API call
 gets 401.
+
+Each person sees their teams' streams: every route goes first through the app's own dependency
+(:class:`khipu_airflow.view.scope.CallerScope`), and reads the registry as that person sees it
+(``viewer_of`` says what they see; the plugin asks Airflow's auth manager).
 """
 
 from collections.abc import Awaitable, Callable, Iterator
@@ -24,6 +28,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 from sqlalchemy.exc import SQLAlchemyError
 
+from khipu.access import AccessUnanswered
 from khipu.clock import now_ms, utc_text
 from khipu.registry.model import Registry, UnknownStreamError
 from khipu.report import service
@@ -33,10 +38,11 @@ from khipu.report.overview import DAY_MS, DEFAULT_WINDOW, WINDOWS, StreamOvervie
 from khipu.report.plain import plain
 from khipu.report.service import ReportQueryError, UnknownMessage, VerdictQuery
 from khipu.store import Store, StoreError
-from khipu_airflow.view import finding
+from khipu_airflow.view import finding, resending
 from khipu_airflow.view.charts import sparkline
 from khipu_airflow.view.formats import duration, pct
 from khipu_airflow.view.routemap import route_map_svg
+from khipu_airflow.view.scope import CallerScope, NotLoggedIn, ViewerOf, every_stream_to_everyone
 
 Authenticate = Callable[[Request], Awaitable[Any]]
 TEMPLATES = Path(__file__).parent / "templates"
@@ -56,12 +62,17 @@ class ViewSources:
     verdict_archive_dir: Path | None = None
 
 
-class NotLoggedIn(Exception):
-    """A page was asked for without a valid Airflow session."""
-
-
-def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Callable[[str], str]) -> FastAPI:
+def create_app(
+    sources: ViewSources,
+    authenticate: Authenticate,
+    login_url: Callable[[str], str],
+    viewer_of: ViewerOf = every_stream_to_everyone,
+    resend_runs: resending.ResendRuns | None = None,
+) -> FastAPI:
+    scope = CallerScope(sources, authenticate, viewer_of, is_api=lambda request: f"{API}/" in request.url.path)
+    sources = scope.sources  # from here on, the registry is the one the caller sees: every route reads this
     app = FastAPI(
+        dependencies=[Depends(scope.caller)],  # every route's first: the caller's login, and what they see
         title="Khipu API",
         version="1",
         description="Per-message verdicts, metrics and health of the streams Khipu traces. Every endpoint needs "
@@ -112,6 +123,12 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
 
     for error, status in ((ReportQueryError, 400), (UnknownStreamError, 404), (UnknownMessage, 404), (StoreError, 503)):
         app.add_exception_handler(error, answer_with(status))
+    app.add_exception_handler(resending.NotThisLoss, answer_with(404))  # a run id not of this message's resend
+    app.add_exception_handler(AccessUnanswered, answer_with(503))  # KHIPU_VIEW_ACCESS does not fit the auth manager
+
+    @app.exception_handler(resending.ResendRefused)
+    async def resend_refused(request: Request, exc: resending.ResendRefused) -> Response:
+        return problem(request, exc.status, str(exc))
 
     @app.exception_handler(SQLAlchemyError)
     async def store_unreadable(request: Request, exc: SQLAlchemyError) -> Response:
@@ -135,7 +152,10 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
 
     def render(request: Request, template: str, **values: Any) -> HTMLResponse:
         base = str(request.scope.get("root_path", "")).rstrip("/")
-        html = pages.get_template(template).render(base=base, now_ms=sources.now_ms(), page=template, **values)
+        viewer = getattr(request.state, "khipu_viewer", None)  # who is asking: shown in the navigation
+        html = pages.get_template(template).render(
+            base=base, now_ms=sources.now_ms(), page=template, viewer=viewer, **values
+        )
         return HTMLResponse(html)
 
     # -- JSON API ---------------------------------------------------------------------------------------------
@@ -203,7 +223,7 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     )
     def api_consumers(_user: ApiUser, group: str | None = None) -> Any:
         with store() as s:
-            return plain(service.consumer_report(s, sources.cluster, sources.now_ms(), group))
+            return plain(service.consumer_report(s, sources.cluster, sources.now_ms(), group, sources.load_registry()))
 
     @app.get(
         f"{API}/health/khipu",
@@ -220,7 +240,7 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     def api_alerts(_user: ApiUser, minutes: float = 24 * 60) -> list[dict[str, Any]]:
         since = sources.now_ms() - service.check_minutes(minutes)
         with store() as s:
-            return service.alerts_report(s, since)
+            return service.alerts_report(s, since, sources.load_registry())
 
     # -- pages ------------------------------------------------------------------------------------------------
 
@@ -275,10 +295,9 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
         page.status_code = 400 if problem else 200
         return page
 
-    @app.get("/messages/{message_id}", response_class=HTMLResponse, include_in_schema=False)
-    def message_page(request: Request, message_id: str, _user: PageUser) -> HTMLResponse:
+    def message_report(message_id: str) -> MessageReport:
         with store() as s:
-            report = service.message_report(
+            return service.message_report(
                 s,
                 sources.load_registry(),
                 sources.archive_dir,
@@ -286,7 +305,19 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
                 sources.now_ms(),
                 sources.verdict_archive_dir,
             )
-        return render(request, "message.html", report=report, message_id=message_id)
+
+    @app.get("/messages/{message_id}", response_class=HTMLResponse, include_in_schema=False)
+    def message_page(
+        request: Request,
+        message_id: str,
+        _user: PageUser,
+        resend_run: Annotated[str | None, Query(description="a resend run this page follows")] = None,
+    ) -> HTMLResponse:
+        report = message_report(message_id)
+        resend = resending.panel(
+            resend_runs, scope.viewer(), sources.load_registry(), report, request, resend_run or None
+        )
+        return render(request, "message.html", report=report, message_id=message_id, resend=resend)
 
     @app.get("/consumers", response_class=HTMLResponse, include_in_schema=False)
     def consumers_page(
@@ -295,7 +326,9 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
         if cluster:  # a group on another cluster than Khipu's own (a route map's node links here)
             service.check_cluster(sources.load_registry(), cluster)
         with store() as s:
-            report = service.consumer_report(s, cluster or sources.cluster, sources.now_ms(), group or None)
+            report = service.consumer_report(
+                s, cluster or sources.cluster, sources.now_ms(), group or None, sources.load_registry()
+            )
         return render(request, "consumers.html", report=report, group=group)
 
     @app.get("/self", response_class=HTMLResponse, include_in_schema=False)
@@ -307,10 +340,11 @@ def create_app(sources: ViewSources, authenticate: Authenticate, login_url: Call
     @app.get("/alerts", response_class=HTMLResponse, include_in_schema=False)
     def alerts_page(request: Request, _user: PageUser) -> HTMLResponse:
         with store() as s:
-            alerts = service.alerts_report(s, sources.now_ms() - DAY_MS)
+            alerts = service.alerts_report(s, sources.now_ms() - DAY_MS, sources.load_registry())
         return render(request, "alerts.html", alerts=alerts)
 
     finding.add_routes(app, sources, render, api_user, page_user)  # the search and the messages at risk
+    resending.add_routes(app, resend_runs, scope.viewer, sources.load_registry, message_report, page_user)
     return app
 
 

@@ -46,7 +46,14 @@ def add_routes(app: FastAPI, sources: "ViewSources", render: Render, api_user: A
 
     def at_risk(minutes: float) -> AtRiskReport:
         within_ms = check_minutes(minutes)
-        return messages_at_risk(sources.store(), sources.archive_dir, sources.cluster, sources.now_ms(), within_ms)
+        return messages_at_risk(
+            sources.store(),
+            sources.archive_dir,
+            sources.cluster,
+            sources.now_ms(),
+            within_ms,
+            registry=sources.load_registry(),  # the caller's streams only
+        )
 
     @app.get(
         f"{API}/search",

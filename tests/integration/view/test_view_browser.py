@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from khipu.access import EVERY_STREAM_TEAM
+from khipu.localstack.airflow import ensure_teams
 from khipu.localstack.processes import free_port, stop_process_group
 from khipu.registry.loader import load_registry
 from khipu.store import Store
@@ -59,7 +61,8 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """Airflow's api-server with this checkout's plugins, one user (role viewer) with a drawn password."""
+    """Airflow's api-server with this checkout's plugins, one user (role viewer) with a drawn password, in the team
+    that sees every stream (multi-team mode; tests/integration/view/test_view_teams.py has teams of their own)."""
     work = tmp_path_factory.mktemp("view")
     password = secrets.token_urlsafe(12)
     passwords = work / "passwords.json"
@@ -72,7 +75,8 @@ def server(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     port = free_port()
     env = {
         **os.environ,
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:viewer",
+        "AIRFLOW__CORE__MULTI_TEAM": "True",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:viewer:{EVERY_STREAM_TEAM}",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(port),
@@ -80,6 +84,7 @@ def server(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "KHIPU_STATE_DIR": str(work / "state"),
     }
     log = work / "api-server.log"
+    ensure_teams([EVERY_STREAM_TEAM], env, work / "setup.log")
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [str(Path(sys.executable).parent / "airflow"), "api-server", "--port", str(port)],
