@@ -175,50 +175,23 @@ def reconcile(
         progress(f"no archived traces in hours {hours[0]} .. {hours[-1]}: nothing to reconcile")
         return ReconcileReport(window, dry_run, seconds=time.monotonic() - started)
     arrived = F.coalesce(*(F.col(name) for name in ARRIVED))  # the broker's time, never an application's
-
-    def archived_traces(hours: Sequence[str], before_ms: int) -> Any:
-        """The traces archived in these hours that arrived before ``before_ms`` (of the window's streams)."""
-        frame = (
-            spark.read.schema(archive_spark_schema())
-            .option("basePath", str(archive_dir))
-            .parquet(*[str(archive_dir / f"hour={h}") for h in hours])
-            .where(arrived < before_ms)
-        )
-        return frame.where(F.col("stream").isin(list(window.streams))) if window.streams else frame
-
-    traces = archived_traces(existing, max(window.read_to_ms, now_ms))
-    until_end = [h for h in existing if h <= hour_of(window.end_ms - 1)]  # an hour holds the traces that arrived in it
-    # Nothing of the hours read is cached whole: each question below reads only the columns it needs from Parquet,
-    # and per message only the window's ids are kept (in Spark). What comes to the driver is the few messages to
-    # re-decide (those without archived verdicts, and the open ones), their traces and verdicts, and the leads.
-    window_ids = (  # the window's messages: their first trace arrived in it (traces arriving after it cannot be first)
-        archived_traces(until_end or existing, window.end_ms)
-        .groupBy("message_id")
-        .agg(F.min(arrived).alias("first_ms"))
-        .where(F.col("first_ms") >= window.start_ms)
-        .select("message_id")
-        .persist()
+    archive = (  # listed once: each question below is a filter of it (its ``hour`` partition column prunes hours)
+        spark.read.schema(archive_spark_schema())
+        .option("basePath", str(archive_dir))
+        .parquet(*[str(archive_dir / f"hour={h}") for h in existing])
     )
-    try:
-        window_count = window_ids.count()
-        traces_read = traces.count()  # rows read (a trace archived twice counts twice here; it is judged once)
-        archived = _archived_verdicts(spark, verdict_archive_dir, hours)
-        archived_open: list[str] = []  # window messages with an open SQL verdict
-        if archived is None:
-            unarchived: list[str] = [row.message_id for row in window_ids.collect()]
-        else:  # settled by their archived DELIVERED verdicts, unless an SQL verdict of theirs is open
-            archived_ids = archived.select("message_id")
-            unarchived = [row.message_id for row in window_ids.join(archived_ids, "message_id", "left_anti").collect()]
-            # the open SQL verdicts of the window's messages were decided after its traces began (a verdict keeps
-            # the time it was first decided): asked by time, they are few
-            open_ids = book.open_messages(window.start_ms - window.horizon_ms)
-            if open_ids:
-                wanted_open = spark.createDataFrame([(m,) for m in sorted(open_ids)], "message_id string")
-                archived_open = [
-                    row.message_id for row in window_ids.join(F.broadcast(wanted_open), "message_id").collect()
-                ]
-    finally:
-        window_ids.unpersist()
+    if window.streams:
+        archive = archive.where(F.col("stream").isin(list(window.streams)))
+    traces = archive.where(arrived < max(window.read_to_ms, now_ms))
+    # Nothing of the hours read is cached: each question below reads only the columns it needs from Parquet, and
+    # what comes to the driver is the few messages to re-decide (those without archived verdicts, and the open
+    # ones), their traces and verdicts, and the leads.
+    archived = _archived_verdicts(spark, verdict_archive_dir, hours)
+    # the open SQL verdicts of the window's messages were decided after its traces began (a verdict keeps the time
+    # it was first decided): asked by time, they are few
+    open_ids = book.open_messages(window.start_ms - window.horizon_ms) if archived is not None else set()
+    window_count, unarchived, archived_open = _window_messages(spark, archive, arrived, window, archived, open_ids)
+    traces_read = traces.count()  # rows read (a trace archived twice counts twice here; it is judged once)
     progress(f"read {traces_read} traces from {len(existing)} archive hour(s); {window_count} messages in the window")
     settled = book.settled_messages(unarchived)  # Spark found no archived verdict of these in the hours read
     candidates = sorted((set(unarchived) - settled) | set(archived_open))
@@ -227,24 +200,17 @@ def reconcile(
     # a re-read leaves a trace of its own (another emitter sequence number, another time)
     distinct_trace = [name for name in ARCHIVED_TRACE.names if name != "prev_offsets"]
     rows: list[Any] = []
-    pointed: set[tuple[str, str, str, int, int]] = set()
-    traced_named: set[str] = set()
     if candidates:
         wanted = spark.createDataFrame([(m,) for m in candidates], "message_id string")
         rows = traces.join(F.broadcast(wanted), "message_id").dropDuplicates(distinct_trace).collect()
-        positions = spark.createDataFrame(
-            sorted({(r.cluster, r.topic, int(r.partition), int(r.offset)) for r in rows if r.offset is not None}),
-            "cluster string, topic string, partition int, offset bigint",
-        )
-        at_positions = _pointers(traces).join(
-            F.broadcast(positions), ["cluster", "topic", "partition", "offset"], "left_semi"
-        )
-        pointed = {
-            (r.location, r.cluster, r.topic, int(r.partition), int(r.offset))
-            for r in at_positions.select("location", "cluster", "topic", "partition", "offset").distinct().collect()
-        }
-    leads = _leads(traces, window, name_record)
+    placed = ((r.cluster, r.topic, r.partition, r.offset) for r in rows)
+    at_candidates: set[Position] = {position for position in placed if None not in position}
+    orphans = _untraced_positions(spark, traces, window)
+    first_pointed = _first_pointers(spark, traces, at_candidates | orphans)
+    pointed = {key for key in first_pointed if key[1:] in at_candidates}
+    leads = _leads(first_pointed, orphans, window, name_record)
     named = {lead.message_id for lead in leads if lead.message_id}
+    traced_named: set[str] = set()
     if named:
         found = traces.where(F.col("message_id").isin(sorted(named))).select("message_id").distinct().collect()
         traced_named = {row.message_id for row in found}
@@ -322,6 +288,45 @@ def _archived_verdicts(spark: Any, verdict_archive_dir: Path | None, hours: Sequ
     return frame.parquet(*[str(folder) for folder in folders]).select(*ARCHIVED_COLUMNS)
 
 
+def _window_messages(
+    spark: Any, archive: Any, arrived: Any, window: ReconcileWindow, archived: Any, open_ids: Collection[str]
+) -> tuple[int, list[str], list[str]]:
+    """(how many messages the window holds, those of them without an archived verdict, those with an open SQL
+    verdict). One aggregation by message id of its first arrival (from the hours up to the window's end: a trace
+    arriving after it cannot be first) and of whether the verdict archive holds a verdict of it: the window's
+    messages stay in Spark, only the exceptions come to the driver."""
+    from pyspark.sql import functions as F
+
+    first = archive.where((F.col("hour") <= hour_of(window.end_ms - 1)) & (arrived < window.end_ms)).select(
+        "message_id", arrived.alias("first_ms"), F.lit(False).alias("archived")
+    )
+    if archived is not None:
+        verdicts = archived.select("message_id", F.lit(None).cast("bigint").alias("first_ms"), F.lit(True))
+        first = first.unionByName(verdicts.toDF("message_id", "first_ms", "archived"))
+    messages = (
+        first.groupBy("message_id")
+        .agg(F.min("first_ms").alias("first_ms"), F.max("archived").alias("archived"))
+        .where(F.col("first_ms") >= window.start_ms)  # a message only the verdict archive names has none: not here
+    )
+    if open_ids:
+        wanted = spark.createDataFrame([(m, True) for m in sorted(open_ids)], "message_id string, open boolean")
+        messages = messages.join(F.broadcast(wanted), "message_id", "left")
+    else:
+        messages = messages.withColumn("open", F.lit(None).cast("boolean"))
+    # one query for the count and the exceptions: every other message falls in one group (null), counted there
+    exception = ~F.col("archived") | F.col("open").isNotNull()
+    grouped = messages.groupBy(
+        F.when(exception, F.col("message_id")).alias("message_id"), F.when(exception, F.col("open")).alias("open")
+    ).agg(F.count(F.lit(1)).alias("count"))
+    window_count, unarchived, with_open = 0, list[str](), list[str]()
+    for row in grouped.collect():
+        window_count += int(row["count"])
+        if row.message_id is None:
+            continue
+        (with_open if row.open else unarchived).append(row.message_id)
+    return window_count, unarchived, with_open
+
+
 def _pointers(traces: Any) -> Any:
     """(location, cluster, topic, partition, offset, seen_ms): each back-pointer of an emitter's RECEIVED traces, a
     position it says it received (one row per pointer: not aggregated)."""
@@ -337,29 +342,86 @@ def _pointers(traces: Any) -> Any:
     )
 
 
-def _leads(traces: Any, window: ReconcileWindow, name_record: RecordNamer | None) -> list[Lead]:
-    """Pointers first made within the window at positions where no trace of any message lies, each named from
-    Kafka when possible (each window reports its own)."""
+POSITION = ["cluster", "topic", "partition", "offset"]
+POSITION_SCHEMA = "cluster string, topic string, partition int, offset bigint"
+
+
+def _untraced_positions(spark: Any, traces: Any, window: ReconcileWindow) -> set[Position]:
+    """The positions a pointer made within the window names where no trace of any message lies: one aggregation by
+    position of the window's pointers and the traces' positions. Only positions within the offsets the window's
+    pointers span on each partition can match: the traces elsewhere (most of the hours read) are left out before the
+    aggregation (a broadcast join with each partition's span), and a position is mostly pointed at and traced in the
+    same files, so the partial aggregation sends on about one row per position."""
     from pyspark.sql import functions as F
 
-    position = ["cluster", "topic", "partition", "offset"]
-    orphans = (
-        _pointers(traces)
-        .where(F.col("seen_ms") < window.end_ms)  # a pointer first made before the window's end: its earliest is here
-        .groupBy("location", *position)
-        .agg(F.min("seen_ms").alias("seen_ms"))
-        .where(F.col("seen_ms") >= window.start_ms)
-        .join(traces.select(*position), position, "left_anti")
+    partition = ["cluster", "topic", "partition"]
+    made = F.col("seen_ms")
+    pointers = _pointers(traces).where((made >= window.start_ms) & (made < window.end_ms))
+    spans = pointers.groupBy(*partition).agg(F.min("offset").alias("low"), F.max("offset").alias("high")).collect()
+    spans = [span for span in spans if None not in span]  # a pointer partly unknown names no position
+    if not spans:
+        return set()
+    spanned = spark.createDataFrame(spans, "cluster string, topic string, partition int, low bigint, high bigint")
+    low, high = min(span.low for span in spans), max(span.high for span in spans)
+    traced = (
+        traces.where(F.col("offset").between(low, high))  # pushed down: Parquet skips row groups outside every span
+        .select(*POSITION)
+        .join(F.broadcast(spanned), partition)  # a null never matches: a position partly unknown is none
+        .where(F.col("offset").between(F.col("low"), F.col("high")))
+        .select(*POSITION, F.lit(False).alias("pointed"), F.lit(True).alias("traced"))
     )
-    leads = []  # few: sorted here (Spark's sort would sample, i.e. compute the whole join, once more first)
-    for r in sorted(orphans.collect(), key=lambda r: (r.cluster, r.topic, r.partition, r.offset, r.location)):
-        lead = Lead(r.location, r.cluster, r.topic, int(r.partition), int(r.offset), int(r.seen_ms))
+    pointed = pointers.select(*POSITION, F.lit(True).alias("pointed"), F.lit(False).alias("traced"))
+    untraced = (
+        pointed.unionByName(traced)
+        .groupBy(*POSITION)
+        .agg(F.max("pointed").alias("pointed"), F.max("traced").alias("traced"))
+        .where(F.col("pointed") & ~F.col("traced"))
+    )
+    return {(r.cluster, r.topic, r.partition, r.offset) for r in untraced.collect() if r.offset is not None}
+
+
+PointerKey = tuple[str, str, str, int, int]  # (location, cluster, topic, partition, offset)
+
+
+def _first_pointers(spark: Any, traces: Any, positions: Collection[Position]) -> dict[PointerKey, int]:
+    """Of the emitters' back-pointers at these (few) positions, when each location first pointed at each."""
+    from pyspark.sql import functions as F
+
+    if not positions:
+        return {}
+    wanted = spark.createDataFrame(sorted(positions), POSITION_SCHEMA)
+    found = (
+        _pointers(traces)
+        .join(F.broadcast(wanted), POSITION, "left_semi")
+        .groupBy("location", *POSITION)
+        .agg(F.min("seen_ms").alias("seen_ms"))
+    )
+    return {(r.location, r.cluster, r.topic, r.partition, r.offset): int(r.seen_ms) for r in found.collect()}
+
+
+def _leads(
+    first_pointed: Mapping[PointerKey, int],
+    untraced: Collection[Position],
+    window: ReconcileWindow,
+    name_record: RecordNamer | None,
+) -> list[Lead]:
+    """Pointers first made within the window at positions where no trace of any message lies, each named from
+    Kafka when possible (each window reports its own)."""
+    found = [
+        (key, seen_ms)
+        for key, seen_ms in first_pointed.items()
+        if key[1:] in untraced and window.start_ms <= seen_ms < window.end_ms
+    ]
+    leads = []
+    for key, seen_ms in sorted(found, key=lambda item: (item[0][1:], item[0][0])):
+        location, cluster, topic, partition, offset = key
+        lead = Lead(location, cluster, topic, partition, offset, seen_ms)
         named = name_record(lead) if name_record else (None, None, "no Kafka connection to read the record with")
         leads.append(dataclasses.replace(lead, message_id=named[0], stream=named[1], why_unknown=named[2]))
     return leads
 
 
-def _pointer_lookup(pointed: set[tuple[str, str, str, int, int]], lookups: Lookups) -> Lookups:
+def _pointer_lookup(pointed: Collection[PointerKey], lookups: Lookups) -> Lookups:
     """The archive's back-pointers first, then whatever the detector's lookup knows (emitter marks)."""
 
     def pointed_at(location: str, cluster: str, topic: str, partition: int, offset: int) -> bool:
