@@ -30,11 +30,11 @@ from khipu.trace.archive import HOUR_MS, SCHEMA, hour_of, write_batch
 from khipu.verdicts.archive import VerdictArchive, verdict_table
 from tests.archived import seed_archived
 from tests.integration.helpers import consume_all, consumer_config, log_offsets, until
-from tests.integration.view.test_view_browser import Server, _log_in, _now_ms, browser, server, shots
+from tests.integration.view.test_view_browser import Server, _log_in, _now_ms, server
 from tests.viewdata import AUDIT_READ, HOPS, STORE_READ, STREAM, verdict
 
 pytestmark = pytest.mark.integration
-__all__ = ["browser", "server", "shots"]  # test_view_browser.py's api-server, browser and screenshot folder
+__all__ = ["server"]  # test_view_browser.py's api-server
 
 ARCHIVED_HOURS = 72  # of synthetic traffic in the trace archive
 TRACES_AN_HOUR = 20_000

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,18 +21,17 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Locator, Page
 
-from khipu.localstack.processes import free_port, stop_process_group
+from khipu.localstack.processes import free_port
 from khipu.registry.loader import load_registry
 from khipu.report.routemap import EdgeState
 from khipu.store import Store
 from khipu_airflow.view.routemap import STATE_COLOUR
 from tests import routemapdata as data
-from tests.integration.view.test_view_browser import _answers, browser, shots
+from tests.integration.view.conftest import api_server
 from tests.viewdata import AUDIT_READ, Seeded, a_duplicate, judged, seed
 from tests.viewdata import STREAM as DEMO
 
 pytestmark = pytest.mark.integration
-__all__ = ["browser", "shots"]  # the browser and the screenshot folder of test_view_browser.py, shared
 
 WINDOW_MS = {"15m": 15 * 60_000, "1h": 3_600_000, "1d": 86_400_000, "1w": 7 * 86_400_000}
 CHOOSER = {"15m": "15 minutes", "1h": "hour", "1d": "day", "1w": "week"}
@@ -79,26 +76,9 @@ def route_server(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         "KHIPU_REGISTRY": str(registry_path),
     }
     log = work / "api-server.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "airflow"), "api-server", "--port", str(port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while not _answers(f"{base}/api/v2/monitor/health"):
-            assert process.poll() is None, f"the api-server exited: {log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"the api-server did not answer in 120 s: {log.read_text()[-3000:]}"
-            time.sleep(1)
+    with api_server(env, port, log) as base:
         limits = {name: (s.alerts.loss_rate, s.alerts.duplicate_rate) for name, s in registry.streams.items()}
         yield RouteServer(base, password, seeded, payments, now, limits)
-    finally:
-        stop_process_group(process.pid)
 
 
 @pytest.fixture

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,28 +20,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from khipu.access import EVERY_STREAM_TEAM
 from khipu.localstack.airflow import ensure_teams
-from khipu.localstack.processes import free_port, stop_process_group
+from khipu.localstack.processes import free_port
 from khipu.registry.loader import load_registry
 from khipu.store import Store
+from tests.integration.view.conftest import api_server
 from tests.viewdata import AUDIT_READ, STREAM, Seeded, seed
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 USER = "khipu-viewer"
 
 
@@ -85,41 +74,8 @@ def server(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     }
     log = work / "api-server.log"
     ensure_teams([EVERY_STREAM_TEAM], env, work / "setup.log")
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "airflow"), "api-server", "--port", str(port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while not _answers(f"{base}/api/v2/monitor/health"):
-            assert process.poll() is None, f"the api-server exited: {log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"the api-server did not answer in 120 s: {log.read_text()[-3000:]}"
-            time.sleep(1)
+    with api_server(env, port, log) as base:
         yield Server(base, password, store_url, seeded, log)
-    finally:
-        stop_process_group(process.pid)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    assert CHROMIUM.exists(), "Debian's chromium is missing: run scripts/ensure-chromium (make test does)"
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True)
-        yield launched
-        launched.close()
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = Path(os.environ.get("KHIPU_SCREENSHOT_DIR") or tmp_path_factory.mktemp("screenshots"))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def test_without_an_airflow_login_the_view_and_its_api_are_refused(server: Server) -> None:
@@ -242,14 +198,6 @@ def _log_in(page: Page, server: Server, target: str) -> None:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=3):
-            return True
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def _status(url: str, token: str | None = None) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from khipu.localstack.airflow import StackUser
 from khipu.localstack.broker import BrokerProcess
@@ -36,9 +36,6 @@ from tests.integration.view.airflowteams import RunningAirflow, airflow_with_tea
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 OWNER, OTHER_TEAM, VIEWER = "olga", "rita", "vera"
 USERS = (
     StackUser("admin", "admin"),
@@ -124,22 +121,6 @@ def stack(broker: BrokerProcess, tmp_path_factory: pytest.TempPathFactory) -> It
     with airflow_with_teams(work, USERS, env, dags=(ROOT / "dags" / "khipu_resend_manual.py",)) as airflow:
         _wait_for_the_dag(airflow)
         yield Stack(airflow, pipeline, "m-view-lost", hop)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    assert CHROMIUM.exists(), "Debian's chromium is missing: run scripts/ensure-chromium (make test does)"
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True)
-        yield launched
-        launched.close()
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = Path(os.environ.get("KHIPU_SCREENSHOT_DIR") or tmp_path_factory.mktemp("screenshots"))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def test_others_may_not_resend_the_loss(stack: Stack) -> None:

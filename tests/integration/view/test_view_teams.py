@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -22,7 +21,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser
 
 from khipu.access import EVERY_STREAM_TEAM
 from khipu.localstack.airflow import StackUser
@@ -38,9 +37,6 @@ from tests.viewdata import AUDIT_READ, STREAM, Seeded, seed
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 ORDERS_USER, BURSTS_USER, PLATFORM_USER, NO_TEAM_USER = "orders-owner", "bursts-owner", "platform", "no-team"
 USERS = (
     StackUser("admin", "admin"),
@@ -174,22 +170,6 @@ def test_the_resend_button_is_for_whoever_may_trigger_the_dag_and_sees_the_strea
     status, body = served.ask(BURSTS_USER, "POST", f"/messages/{served.bursts.dropped}/resend",
                               {"hop": BURSTS_ENRICH_WRITE})  # fmt: skip
     assert status == 403 and "you may not trigger the DAG khipu_resend_manual" in body
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    assert CHROMIUM.exists(), "Debian's chromium is missing: run scripts/ensure-chromium (make test does)"
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True)
-        yield launched
-        launched.close()
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = Path(os.environ.get("KHIPU_SCREENSHOT_DIR") or tmp_path_factory.mktemp("screenshots"))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def test_a_second_user_in_another_team_logs_in_and_sees_only_their_stream(
