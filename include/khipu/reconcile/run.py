@@ -18,8 +18,9 @@
 4. :func:`khipu.reconcile.window.rejudge` and :func:`khipu.verdicts.settle.settle` say what changes;
    the verdict book stores it with its history (nothing in a dry run).
 
-Spark does the reading and the joins; the few messages to re-decide are judged in the driver with
-the same lookups the detector uses.
+Spark does the reading and the joins, and keeps the window's exceptions with their traces, pointers and
+archived verdicts; the driver judges them a chunk of :data:`CHUNK_MESSAGES` at a time with the same
+lookups the detector uses, so what it holds does not grow with the window.
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ class Lead:
     stream: str | None = None  # from the record's stream header
 
 
+LISTED_CHANGES = 1_000  # changes a report names, of each verdict kind (it counts them all; the store holds them)
+CHUNK_MESSAGES = 5_000  # messages judged at a time in the driver: all it holds of them, whatever the window's size
+
+
 @dataclass(frozen=True)
 class ReconcileReport:
     window: ReconcileWindow
@@ -101,14 +106,16 @@ class ReconcileReport:
     traces_read: int = 0
     window_messages: int = 0
     redecided: int = 0
-    changes: tuple[Change, ...] = ()
+    changes: tuple[Change, ...] = ()  # named: every change, up to LISTED_CHANGES of each kind
     leads: tuple[Lead, ...] = ()
     seconds: float = 0.0
+    counted: Mapping[str, int] | None = None  # every change by the kind it ended in (None: those of ``changes``)
 
     @property
     def by_kind(self) -> dict[str, int]:
         """How many changes ended in each verdict."""
-        return dict(sorted(Counter(c.verdict.kind.value for c in self.changes).items()))
+        counted = self.counted if self.counted is not None else Counter(c.verdict.kind.value for c in self.changes)
+        return dict(sorted(counted.items()))
 
     @property
     def confirmed_losses(self) -> list[Change]:
@@ -126,13 +133,29 @@ class ReconcileReport:
             "traces_read": self.traces_read,
             "window_messages": self.window_messages,
             "redecided": self.redecided,
-            "changes": len(self.changes),
+            "changes": sum(self.by_kind.values()),
             "changes_by_kind": dict(self.by_kind),
             "confirmed_losses": [_change_line(c) for c in self.confirmed_losses],
             "retracted": [_change_line(c) for c in self.retracted],
+            "listed_at_most": LISTED_CHANGES,  # of each kind above; changes_by_kind counts them all
             "leads": [_lead_dict(lead) for lead in self.leads],
             "seconds": round(self.seconds, 1),
         }
+
+
+class _Tally:
+    """The run's changes as they are made: every one counted by kind, the first LISTED_CHANGES of each kept."""
+
+    def __init__(self) -> None:
+        self.counted: Counter[str] = Counter()
+        self.listed: list[Change] = []
+
+    def add(self, changes: Iterable[Change]) -> None:
+        for change in changes:
+            kind = change.verdict.kind.value
+            self.counted[kind] += 1
+            if self.counted[kind] <= LISTED_CHANGES:
+                self.listed.append(change)
 
 
 def _change_line(change: Change) -> dict[str, Any]:
@@ -183,92 +206,186 @@ def reconcile(
     if window.streams:
         archive = archive.where(F.col("stream").isin(list(window.streams)))
     traces = archive.where(arrived < max(window.read_to_ms, now_ms))
-    # Nothing of the hours read is cached: each question below reads only the columns it needs from Parquet, and
-    # what comes to the driver is the few messages to re-decide (those without archived verdicts, and the open
-    # ones), their traces and verdicts, and the leads.
+    # Nothing of the hours read is cached: each question below reads only the columns it needs from Parquet. The
+    # window's messages stay in Spark; so do the exceptions (those without an archived verdict, and the open ones)
+    # with their traces, pointers and archived verdicts, which come to the driver a chunk at a time to be judged.
     archived = _archived_verdicts(spark, verdict_archive_dir, hours)
     # the open SQL verdicts of the window's messages were decided after its traces began (a verdict keeps the time
     # it was first decided): asked by time, they are few
     open_ids = book.open_messages(window.start_ms - window.horizon_ms) if archived is not None else set()
-    window_count, unarchived, archived_open = _window_messages(spark, archive, arrived, window, archived, open_ids)
-    traces_read = traces.count()  # rows read (a trace archived twice counts twice here; it is judged once)
-    progress(f"read {traces_read} traces from {len(existing)} archive hour(s); {window_count} messages in the window")
-    settled = book.settled_messages(unarchived)  # Spark found no archived verdict of these in the hours read
-    candidates = sorted((set(unarchived) - settled) | set(archived_open))
-    progress(f"{window_count - len(candidates)} already final; re-deciding {len(candidates)}")
-    # one trace archived twice (a new detector checkpoint reading the topic again) is one trace, not a re-read:
-    # a re-read leaves a trace of its own (another emitter sequence number, another time)
-    distinct_trace = [name for name in ARCHIVED_TRACE.names if name != "prev_offsets"]
-    rows: list[Any] = []
-    if candidates:
-        wanted = spark.createDataFrame([(m,) for m in candidates], "message_id string")
-        rows = traces.join(F.broadcast(wanted), "message_id").dropDuplicates(distinct_trace).collect()
-    placed = ((r.cluster, r.topic, r.partition, r.offset) for r in rows)
-    at_candidates: set[Position] = {position for position in placed if None not in position}
-    orphans = _untraced_positions(spark, traces, window)
-    first_pointed = _first_pointers(spark, traces, at_candidates | orphans)
-    pointed = {key for key in first_pointed if key[1:] in at_candidates}
-    leads = _leads(first_pointed, orphans, window, name_record)
-    named = {lead.message_id for lead in leads if lead.message_id}
-    traced_named: set[str] = set()
-    if named:
-        found = traces.where(F.col("message_id").isin(sorted(named))).select("message_id").distinct().collect()
-        traced_named = {row.message_id for row in found}
-    if leads:
-        progress(f"{len(leads)} lead(s): records received whose position no trace names")
-    archived_rows: list[dict[str, Any]] = []
-    judged_ids = set(candidates) | {m for m in named if m}
-    if archived is not None and judged_ids:
-        wanted = spark.createDataFrame([(m,) for m in sorted(judged_ids)], "message_id string")
-        archived_rows = [row.asDict() for row in archived.join(F.broadcast(wanted), "message_id").collect()]
-
-    by_message: dict[str, list[Trace]] = {}
-    for row in rows:
-        by_message.setdefault(row.message_id, []).append(trace_from_columns(row.asDict()))
-    known = book.stored(judged_ids, archived_rows) if judged_ids else StoredVerdicts({})
-    stored = known.by_message
-    archive_pointed = _pointer_lookup(pointed, lookups)
-    changes: list[Change] = []
-    for number, message_id in enumerate(candidates, 1):
-        message_traces = by_message.get(message_id, [])
-        stream = registry.streams.get(message_traces[0].stream) if message_traces else None
-        if stream is None:
-            continue
-        judged = rejudge(message_id, stream, message_traces, archive_pointed, config, window, now_ms)
-        changes.extend(changes_for(stored.get(message_id, {}), judged))
-        if number % 1000 == 0:
-            progress(f"re-decided {number} of {len(candidates)} messages")
-    untraced = [  # named, of a known stream, and no trace of it at all in what was read
-        lead
-        for lead in leads
-        if lead.message_id and lead.stream in registry.streams and lead.message_id not in traced_named
-    ]
-    if untraced:  # messages none of whose traces arrived: judged from the pointer and the record itself
-        for lead in untraced:
-            assert lead.message_id is not None and lead.stream is not None
-            judged = judge_lead(lead, lead.message_id, registry.streams[lead.stream], now_ms)
-            changes.extend(changes_for(stored.get(lead.message_id, {}), judged))
-    if not dry_run and changes:
-        conflicts = book.apply(changes, now_ms, known.archived)
-        if conflicts:  # the detector wrote them meanwhile: they stay flagged for the next run
-            progress(f"{len(conflicts)} verdict(s) changed while this run judged them: left for the next run")
-            changes = [c for c in changes if (c.verdict.message_id, c.verdict.hop) not in conflicts]
+    exceptions = _window_exceptions(spark, archive, arrived, window, archived, open_ids).persist()
+    kept = [exceptions]
+    try:
+        totals = exceptions.agg(F.sum("count").alias("messages"), F.count("message_id").alias("exceptions")).first()
+        window_count, exception_count = int(totals.messages or 0), int(totals.exceptions)
+        traces_read = traces.count()  # rows read (a trace archived twice counts twice here; it is judged once)
+        progress(
+            f"read {traces_read} traces from {len(existing)} archive hour(s); {window_count} messages in the window, "
+            f"{exception_count} of them without an archived verdict or with an open one"
+        )
+        evidence = None
+        if exception_count:
+            evidence = _Evidence.of(traces, archived, exceptions, -(-exception_count // CHUNK_MESSAGES))
+            kept += evidence.frames
+        orphans = _untraced_positions(spark, traces, window)
+        leads = _leads(_first_pointers(spark, traces, orphans), orphans, window, name_record)
+        if leads:
+            progress(f"{len(leads)} lead(s): records received whose position no trace names")
+        tally, redecided = _Tally(), 0
+        for chunk in range(evidence.chunks if evidence else 0):
+            assert evidence is not None
+            redecided += _judge_chunk(evidence, chunk, book, registry, lookups, config, window, now_ms, dry_run, tally)
+            progress(f"re-decided {redecided} messages of {exception_count} ({chunk + 1} of {evidence.chunks} chunks)")
+        tally.add(_judge_untraced(spark, traces, archived, leads, book, registry, now_ms, dry_run))
+    finally:
+        for frame in kept:
+            frame.unpersist()
     report = ReconcileReport(
         window,
         dry_run,
         traces_read=traces_read,
         window_messages=window_count,
-        redecided=len(candidates),
-        changes=tuple(changes),
+        redecided=redecided,
+        changes=tuple(tally.listed),
         leads=tuple(leads),
         seconds=time.monotonic() - started,
+        counted=dict(tally.counted),
     )
     verb = "would change" if dry_run else "changed"
     progress(
-        f"{verb} {len(changes)} verdict(s) of {len(candidates)} re-decided messages "
-        f"({', '.join(f'{k} {n}' for k, n in report.by_kind.items()) or 'none'}) in {report.seconds:.1f} s"
+        f"{window_count - redecided} already final; {verb} {sum(report.by_kind.values())} verdict(s) of {redecided} "
+        f"re-decided messages ({', '.join(f'{k} {n}' for k, n in report.by_kind.items()) or 'none'}) "
+        f"in {report.seconds:.1f} s"
     )
     return report
+
+
+@dataclass(frozen=True)
+class _Evidence:
+    """What judging the window's exceptions needs, kept in Spark (cached: read from the archive once) and read a
+    chunk at a time: each row's ``chunk`` is a hash of its message id."""
+
+    chunks: int
+    wanted: Any  # (message_id, open, chunk): the exceptions; ``open``: an SQL verdict of it is open
+    traces: Any  # their traces (every column, a trace archived twice once), and ``chunk``
+    pointers: Any  # (chunk, location, cluster, topic, partition, offset): back-pointers at their positions
+    archived: Any  # their verdict archive rows and ``chunk`` (None: no verdict archive)
+
+    @staticmethod
+    def of(traces: Any, archived: Any, exceptions: Any, chunks: int) -> _Evidence:
+        from pyspark.sql import functions as F
+
+        chunk = F.pmod(F.xxhash64("message_id"), F.lit(chunks)).cast("int").alias("chunk")
+        wanted = exceptions.where(F.col("message_id").isNotNull()).select("message_id", "open", chunk).persist()
+        ids = F.broadcast(wanted.select("message_id", "chunk"))
+        # one trace archived twice (a new detector checkpoint reading the topic again) is one trace, not a re-read:
+        # a re-read leaves a trace of its own (another emitter sequence number, another time)
+        distinct_trace = [name for name in ARCHIVED_TRACE.names if name != "prev_offsets"]
+        their_traces = traces.join(ids, "message_id").dropDuplicates(distinct_trace).persist()
+        positions = their_traces.where(" AND ".join(f"`{name}` IS NOT NULL" for name in POSITION))
+        at_positions = F.broadcast(positions.select("chunk", *POSITION).distinct())
+        pointers = _pointers(traces).join(at_positions, POSITION).select("chunk", "location", *POSITION)
+        their_archived = archived.join(ids, "message_id").persist() if archived is not None else None
+        return _Evidence(chunks, wanted, their_traces, pointers.distinct().persist(), their_archived)
+
+    @property
+    def frames(self) -> list[Any]:
+        return [frame for frame in (self.wanted, self.traces, self.pointers, self.archived) if frame is not None]
+
+
+def _judge_chunk(
+    evidence: _Evidence,
+    chunk: int,
+    book: VerdictBook,
+    registry: Registry,
+    lookups: Lookups,
+    config: DetectorConfig,
+    window: ReconcileWindow,
+    now_ms: int,
+    dry_run: bool,
+    tally: _Tally,
+) -> int:
+    """Judge one chunk of the exceptions: those of them whose verdicts are not all final already are re-decided by
+    the detector's rules with all their traces, and the changes stored (unless a dry run). Returns how many were
+    re-decided."""
+    from pyspark.sql import functions as F
+
+    mine = F.col("chunk") == chunk
+    flagged = {row.message_id: bool(row.open) for row in evidence.wanted.where(mine).collect()}
+    # an exception without an open SQL verdict: no archived verdict was found; the store says whether it is final
+    settled = book.settled_messages([message for message, is_open in flagged.items() if not is_open])
+    candidates = sorted(set(flagged) - settled)
+    if not candidates:
+        return 0
+    by_message: dict[str, list[Trace]] = {}
+    for row in evidence.traces.where(mine).drop("chunk").collect():
+        by_message.setdefault(row.message_id, []).append(trace_from_columns(row.asDict()))
+    pointed = {(r.location, r.cluster, r.topic, r.partition, r.offset) for r in evidence.pointers.where(mine).collect()}
+    archived_rows = (
+        [row.asDict() for row in evidence.archived.where(mine).drop("chunk").collect()]
+        if evidence.archived is not None
+        else []
+    )
+    known = book.stored(candidates, archived_rows)
+    archive_pointed = _pointer_lookup(pointed, lookups)
+    changes: list[Change] = []
+    for message_id in candidates:
+        message_traces = by_message.get(message_id, [])
+        stream = registry.streams.get(message_traces[0].stream) if message_traces else None
+        if stream is None:
+            continue
+        judged = rejudge(message_id, stream, message_traces, archive_pointed, config, window, now_ms)
+        changes.extend(changes_for(known.by_message.get(message_id, {}), judged))
+    tally.add(_stored(book, changes, now_ms, known.archived, dry_run))
+    return len(candidates)
+
+
+def _judge_untraced(
+    spark: Any,
+    traces: Any,
+    archived: Any,
+    leads: Sequence[Lead],
+    book: VerdictBook,
+    registry: Registry,
+    now_ms: int,
+    dry_run: bool,
+) -> list[Change]:
+    """The messages leads name (of a known stream) none of whose traces arrived, judged from the pointer and the
+    record itself."""
+    from pyspark.sql import functions as F
+
+    named = sorted({lead.message_id for lead in leads if lead.message_id and lead.stream in registry.streams})
+    if not named:
+        return []
+    traced = {row.message_id for row in traces.where(F.col("message_id").isin(named)).select("message_id").collect()}
+    untraced = [lead for lead in leads if lead.message_id in set(named) - traced]
+    if not untraced:
+        return []
+    ids = sorted({lead.message_id for lead in untraced if lead.message_id})
+    archived_rows = (
+        [row.asDict() for row in archived.where(F.col("message_id").isin(ids)).collect()]
+        if archived is not None
+        else []
+    )
+    known = book.stored(ids, archived_rows)
+    changes: list[Change] = []
+    for lead in untraced:
+        assert lead.message_id is not None and lead.stream is not None
+        judged = judge_lead(lead, lead.message_id, registry.streams[lead.stream], now_ms)
+        changes.extend(changes_for(known.by_message.get(lead.message_id, {}), judged))
+    return _stored(book, changes, now_ms, known.archived, dry_run)
+
+
+def _stored(
+    book: VerdictBook, changes: list[Change], now_ms: int, archived: Collection[tuple[str, str]], dry_run: bool
+) -> list[Change]:
+    """Store the changes (nothing in a dry run); those whose row changed meanwhile are left for the next run."""
+    if dry_run or not changes:
+        return changes
+    conflicts = book.apply(changes, now_ms, archived)
+    if conflicts:  # the detector wrote them meanwhile: they stay flagged for the next run
+        log.info("%d verdict(s) changed while this run judged them: left for the next run", len(conflicts))
+    return [c for c in changes if (c.verdict.message_id, c.verdict.hop) not in conflicts]
 
 
 def _archived_verdicts(spark: Any, verdict_archive_dir: Path | None, hours: Sequence[str]) -> Any:
@@ -288,13 +405,13 @@ def _archived_verdicts(spark: Any, verdict_archive_dir: Path | None, hours: Sequ
     return frame.parquet(*[str(folder) for folder in folders]).select(*ARCHIVED_COLUMNS)
 
 
-def _window_messages(
+def _window_exceptions(
     spark: Any, archive: Any, arrived: Any, window: ReconcileWindow, archived: Any, open_ids: Collection[str]
-) -> tuple[int, list[str], list[str]]:
-    """(how many messages the window holds, those of them without an archived verdict, those with an open SQL
-    verdict). One aggregation by message id of its first arrival (from the hours up to the window's end: a trace
-    arriving after it cannot be first) and of whether the verdict archive holds a verdict of it: the window's
-    messages stay in Spark, only the exceptions come to the driver."""
+) -> Any:
+    """The window's messages as (message_id, open, count) rows: one per exception (a message without an archived
+    verdict, ``open`` null; or with an open SQL verdict, ``open`` true; ``count`` 1) and the others counted in rows
+    of a null message id. One aggregation by message id of its first arrival (from the hours up to the window's end:
+    a trace arriving after it cannot be first) and of whether the verdict archive holds a verdict of it."""
     from pyspark.sql import functions as F
 
     first = archive.where((F.col("hour") <= hour_of(window.end_ms - 1)) & (arrived < window.end_ms)).select(
@@ -313,18 +430,10 @@ def _window_messages(
         messages = messages.join(F.broadcast(wanted), "message_id", "left")
     else:
         messages = messages.withColumn("open", F.lit(None).cast("boolean"))
-    # one query for the count and the exceptions: every other message falls in one group (null), counted there
     exception = ~F.col("archived") | F.col("open").isNotNull()
-    grouped = messages.groupBy(
+    return messages.groupBy(
         F.when(exception, F.col("message_id")).alias("message_id"), F.when(exception, F.col("open")).alias("open")
     ).agg(F.count(F.lit(1)).alias("count"))
-    window_count, unarchived, with_open = 0, list[str](), list[str]()
-    for row in grouped.collect():
-        window_count += int(row["count"])
-        if row.message_id is None:
-            continue
-        (with_open if row.open else unarchived).append(row.message_id)
-    return window_count, unarchived, with_open
 
 
 def _pointers(traces: Any) -> Any:
