@@ -185,9 +185,11 @@ def ensure_passwords(path: Path, users: list[str]) -> None:
     path.write_text(json.dumps(passwords) + "\n")
 
 
-def airflow_healthy(port: int) -> bool:
+def airflow_healthy(port: int, timeout_s: float = 10.0) -> bool:
+    """Whether Airflow's API server answers its health endpoint within ``timeout_s`` with its metadata database and
+    its scheduler healthy."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=3) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=timeout_s) as response:
             health = json.loads(response.read())
     except (urllib.error.URLError, OSError, ValueError):
         return False

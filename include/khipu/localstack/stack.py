@@ -37,6 +37,7 @@ BROKER, AIRFLOW, DEMO, DETECTOR, EXPORTER = "broker", "airflow", "demo", "detect
 # stop order: Airflow first, so that its khipu_detector DAG cannot start the detector again meanwhile
 COMPONENTS = (AIRFLOW, DETECTOR, DEMO, EXPORTER, BROKER)
 AIRFLOW_READY_TIMEOUT_S = 300.0
+AIRFLOW_SETTLE_S = 60.0  # after `up` started everything: how long Airflow, healthy before, may take to say so again
 DEMO_RATE_PER_S = 2.0
 DEMO_FAULTS = (
     "consumer_skip=0.01",
@@ -168,7 +169,7 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
         )
         say(f"exporter: started (pid {started.pid}), {_metrics_url(exporter_config)}")
     say("")
-    status(settings, say)
+    status(settings, say, settle_s=AIRFLOW_SETTLE_S)
 
 
 def _require_free(port: int, variable: str) -> None:
@@ -236,8 +237,10 @@ def down(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
     (settings.state_dir / "detector" / "connections.json").unlink(missing_ok=True)
 
 
-def status(settings: KhipuSettings, say: Callable[[str], None] = print) -> bool:
-    """Print what runs; return True when every component runs."""
+def status(settings: KhipuSettings, say: Callable[[str], None] = print, settle_s: float = 0.0) -> bool:
+    """Print what runs; return True when every component runs. ``settle_s``: how long a running Airflow that does
+    not say it is healthy is asked again before it is reported so (``up`` has just started the demo and the exporter
+    beside it: on a busy machine its health answer can be late for a moment)."""
     table = ProcessTable(settings.state_dir)
     paths = _paths(settings)
     all_up = True
@@ -250,7 +253,9 @@ def status(settings: KhipuSettings, say: Callable[[str], None] = print) -> bool:
         )
     say(_detector_line(settings, table))
     if table.running(AIRFLOW) is not None:
-        healthy = airflow_healthy(settings.airflow_port)
+        settled = time.monotonic() + settle_s
+        while not (healthy := airflow_healthy(settings.airflow_port)) and time.monotonic() < settled:
+            time.sleep(2)
         say(f"\nAirflow UI: http://127.0.0.1:{settings.airflow_port}  ({'healthy' if healthy else 'not healthy yet'})")
         say(
             f'  the Khipu view: http://127.0.0.1:{settings.airflow_port}/khipu/  (also "Khipu" in the UI\'s navigation)'
