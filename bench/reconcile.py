@@ -42,8 +42,10 @@ driver memory flat when the window grows 4x; verdicts exact.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import random
 import shutil
 import sqlite3
@@ -389,7 +391,7 @@ def child(config: dict[str, Any]) -> int:
     from khipu.detector.decide import Lookups
     from khipu.detector.launch import driver_settings
     from khipu.detector.model import DetectorConfig
-    from khipu.reconcile.run import reconcile
+    from khipu.reconcile.run import SPARK_SETTINGS, reconcile
     from khipu.reconcile.window import ReconcileWindow
     from khipu.registry import load_registry
     from khipu.store import Store
@@ -398,6 +400,7 @@ def child(config: dict[str, Any]) -> int:
     builder = SparkSession.builder.appName("khipu-reconcile-bench").master("local[*]")
     settings = {
         **driver_settings("local[*]"),
+        **SPARK_SETTINGS,  # as spark/reconcile.py builds its session
         "spark.ui.enabled": "false",  # as the DAG submits it
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",
@@ -415,6 +418,9 @@ def child(config: dict[str, Any]) -> int:
     store = Store(config["store_url"])
     try:
         started = time.monotonic()
+        profiler = cProfile.Profile() if config.get("profile") else None
+        if profiler is not None:
+            profiler.enable()
         report = reconcile(
             spark,
             Path(config["archive"]),
@@ -428,6 +434,10 @@ def child(config: dict[str, Any]) -> int:
             verdict_archive_dir=Path(config["verdict_archive"]),
         )
         seconds = time.monotonic() - started
+        if profiler is not None:  # the Python driver's own time (Spark's work shows as waits on py4j)
+            profiler.disable()
+            profiler.dump_stats(config["profile"])
+            pstats.Stats(config["profile"]).sort_stats("cumulative").print_stats(30)
         summary = report.summary()
         result = {
             key: summary[key] for key in ("traces_read", "window_messages", "redecided", "changes", "changes_by_kind")
@@ -650,6 +660,7 @@ def run_size(traces: int, args: argparse.Namespace, work: Path) -> dict[str, Any
         "horizon_ms": args.horizon_ms,
         "now_ms": int(time.time() * 1000),
         "event_log": str(event_log),
+        "profile": str(args.profile.with_suffix(f".{traces}.prof")) if args.profile else None,
     }
     env = {**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
     started = time.monotonic()
@@ -732,6 +743,7 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=None, help="where to build (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the built archives")
     parser.add_argument("--progress", action="store_true", help="show the child's whole output")
+    parser.add_argument("--profile", type=Path, help="cProfile the driver's reconcile() into FILE.<size>.prof")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

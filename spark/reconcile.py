@@ -25,7 +25,7 @@ from khipu.detector.committed import ClusterClients, cluster_lookups
 from khipu.detector.launch import driver_settings, read_connections_file
 from khipu.detector.model import DetectorConfig
 from khipu.errors import InvalidSetting
-from khipu.reconcile.run import kafka_record_namer, reconcile
+from khipu.reconcile.run import SPARK_SETTINGS, kafka_record_namer, reconcile
 from khipu.reconcile.window import ReconcileError, ReconcileWindow, horizon_from_env, parse_time
 from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings
@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName("khipu-reconcile").master(args.master)
-    for key, value in driver_settings(args.master).items():
+    for key, value in {**driver_settings(args.master), **SPARK_SETTINGS}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     store = Store(store_url)

@@ -95,6 +95,24 @@ class Lead:
     stream: str | None = None  # from the record's stream header
 
 
+# What a reconciliation's Spark session is built with (spark/reconcile.py, the bench). The exceptions and their
+# evidence are cached; Spark keeps a cached plan's shuffle partitions (200 by default) unless told that adaptive
+# execution may coalesce them, and then every job reading the cache ran 200 tasks, whatever the window's size.
+# The archive holds a folder per detector batch: listed by a Spark job of its own per read once they pass 32, where
+# the driver lists a local or mounted folder in a fraction of the time.
+SPARK_SETTINGS = {
+    "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
+}
+SHUFFLE_PARTITION_BYTES = 64 << 20  # archive bytes read per shuffle partition
+
+
+def shuffle_partitions(archive_bytes: int, parallelism: int) -> int:
+    """Shuffle partitions for a read of this many archive bytes: one per SHUFFLE_PARTITION_BYTES, at least one a
+    core (Spark's fixed 200 cost a small window a task each, and would be too few for days of traffic)."""
+    return max(parallelism, -(-archive_bytes // SHUFFLE_PARTITION_BYTES))
+
+
 LISTED_CHANGES = 1_000  # changes a report names, of each verdict kind (it counts them all; the store holds them)
 CHUNK_MESSAGES = 5_000  # messages judged at a time in the driver: all it holds of them, whatever the window's size
 
@@ -197,6 +215,9 @@ def reconcile(
     if not existing:
         progress(f"no archived traces in hours {hours[0]} .. {hours[-1]}: nothing to reconcile")
         return ReconcileReport(window, dry_run, seconds=time.monotonic() - started)
+    archive_bytes = sum(f.stat().st_size for h in existing for f in (archive_dir / f"hour={h}").rglob("*.parquet"))
+    partitions = shuffle_partitions(archive_bytes, spark.sparkContext.defaultParallelism)
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     arrived = F.coalesce(*(F.col(name) for name in ARRIVED))  # the broker's time, never an application's
     archive = (  # listed once: each question below is a filter of it (its ``hour`` partition column prunes hours)
         spark.read.schema(archive_spark_schema())
@@ -210,22 +231,29 @@ def reconcile(
     # window's messages stay in Spark; so do the exceptions (those without an archived verdict, and the open ones)
     # with their traces, pointers and archived verdicts, which come to the driver a chunk at a time to be judged.
     archived = _archived_verdicts(spark, verdict_archive_dir, hours)
+    # a message first seen in the window has every trace archived in its hour or later (the archive's hour is its
+    # traces' arrival), and its verdicts were decided after one of them arrived: the earlier hours are no answer
+    since_start = [h for h in existing if h >= hour_of(window.start_ms)]
+    archived_since = _archived_verdicts(spark, verdict_archive_dir, since_start) if archived is not None else None
     # the open SQL verdicts of the window's messages were decided after its traces began (a verdict keeps the time
     # it was first decided): asked by time, they are few
     open_ids = book.open_messages(window.start_ms - window.horizon_ms) if archived is not None else set()
-    exceptions = _window_exceptions(spark, archive, arrived, window, archived, open_ids).persist()
+    exceptions = _window_exceptions(spark, archive, arrived, window, archived_since, open_ids).persist()
     kept = [exceptions]
     try:
         totals = exceptions.agg(F.sum("count").alias("messages"), F.count("message_id").alias("exceptions")).first()
         window_count, exception_count = int(totals.messages or 0), int(totals.exceptions)
         traces_read = traces.count()  # rows read (a trace archived twice counts twice here; it is judged once)
         progress(
-            f"read {traces_read} traces from {len(existing)} archive hour(s); {window_count} messages in the window, "
+            f"read {traces_read} traces from {len(existing)} archive hour(s) ({archive_bytes / 2**20:.1f} MiB, "
+            f"{partitions} shuffle partitions); {window_count} messages in the window, "
             f"{exception_count} of them without an archived verdict or with an open one"
         )
         evidence = None
         if exception_count:
-            evidence = _Evidence.of(traces, archived, exceptions, -(-exception_count // CHUNK_MESSAGES))
+            their_hours = traces.where(F.col("hour") >= hour_of(window.start_ms))
+            chunks = -(-exception_count // CHUNK_MESSAGES)
+            evidence = _Evidence.of(traces, their_hours, archived, exceptions, chunks)
             kept += evidence.frames
         orphans = _untraced_positions(spark, traces, window)
         leads = _leads(_first_pointers(spark, traces, orphans), orphans, window, name_record)
@@ -272,7 +300,9 @@ class _Evidence:
     archived: Any  # their verdict archive rows and ``chunk`` (None: no verdict archive)
 
     @staticmethod
-    def of(traces: Any, archived: Any, exceptions: Any, chunks: int) -> _Evidence:
+    def of(traces: Any, their_hours: Any, archived: Any, exceptions: Any, chunks: int) -> _Evidence:
+        """``traces``: every hour read (the pointers at the exceptions' positions may be older than they are);
+        ``their_hours``: those from the window's start on, which hold every trace of the exceptions."""
         from pyspark.sql import functions as F
 
         chunk = F.pmod(F.xxhash64("message_id"), F.lit(chunks)).cast("int").alias("chunk")
@@ -281,12 +311,12 @@ class _Evidence:
         # one trace archived twice (a new detector checkpoint reading the topic again) is one trace, not a re-read:
         # a re-read leaves a trace of its own (another emitter sequence number, another time)
         distinct_trace = [name for name in ARCHIVED_TRACE.names if name != "prev_offsets"]
-        their_traces = traces.join(ids, "message_id").dropDuplicates(distinct_trace).persist()
+        their_traces = their_hours.join(ids, "message_id").dropDuplicates(distinct_trace).persist()
         positions = their_traces.where(" AND ".join(f"`{name}` IS NOT NULL" for name in POSITION))
         at_positions = F.broadcast(positions.select("chunk", *POSITION).distinct())
-        pointers = _pointers(traces).join(at_positions, POSITION).select("chunk", "location", *POSITION)
+        theirs = _pointers(traces).join(at_positions, POSITION).select("chunk", "location", *POSITION)
         their_archived = archived.join(ids, "message_id").persist() if archived is not None else None
-        return _Evidence(chunks, wanted, their_traces, pointers.distinct().persist(), their_archived)
+        return _Evidence(chunks, wanted, their_traces, theirs.distinct().persist(), their_archived)
 
     @property
     def frames(self) -> list[Any]:

@@ -55,3 +55,19 @@ def test_a_report_without_a_tally_counts_the_changes_it_holds() -> None:
         WINDOW, True, changes=(change("a", VerdictKind.RETRACTED), change("b", VerdictKind.RETRACTED))
     )
     assert report.by_kind == {"RETRACTED": 2} and report.summary()["changes"] == 2
+
+
+@pytest.mark.parametrize(
+    ("archive_bytes", "parallelism", "expected", "why"),
+    [
+        (1_000, 2, 2, "a small window: a partition a core"),
+        (0, 8, 8, "nothing read: still a partition a core"),
+        (64 << 20, 2, 2, "one partition's worth: the cores win"),
+        (5 << 30, 2, 80, "five hours at 25,000 traces/s (about 5 GiB): 64 MiB each"),
+        ((5 << 30) + 1, 2, 81, "a byte over: one partition more, never fewer than the bytes need"),
+    ],
+)
+def test_shuffle_partitions_follow_the_bytes_read(
+    archive_bytes: int, parallelism: int, expected: int, why: str
+) -> None:
+    assert run.shuffle_partitions(archive_bytes, parallelism) == expected, why
