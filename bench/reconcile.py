@@ -432,6 +432,7 @@ def child(config: dict[str, Any]) -> int:
             config["now_ms"],
             progress=lambda line: print(f"    reconcile: {time.monotonic() - started:6.1f} s: {line}", flush=True),
             verdict_archive_dir=Path(config["verdict_archive"]),
+            chunk_messages=config["chunk_messages"],
         )
         seconds = time.monotonic() - started
         if profiler is not None:  # the Python driver's own time (Spark's work shows as waits on py4j)
@@ -440,9 +441,10 @@ def child(config: dict[str, Any]) -> int:
             pstats.Stats(config["profile"]).sort_stats("cumulative").print_stats(30)
         summary = report.summary()
         result = {
-            key: summary[key] for key in ("traces_read", "window_messages", "redecided", "changes", "changes_by_kind")
+            key: summary[key]
+            for key in ("traces_read", "window_messages", "redecided", "chunks", "changes", "changes_by_kind")
         }
-        result.update(seconds=seconds, leads=len(report.leads))
+        result.update(seconds=seconds, leads=len(report.leads), chunk_messages=config["chunk_messages"])
         print("RESULT " + json.dumps(result), flush=True)
     finally:
         store.close()
@@ -661,6 +663,7 @@ def run_size(traces: int, args: argparse.Namespace, work: Path) -> dict[str, Any
         "now_ms": int(time.time() * 1000),
         "event_log": str(event_log),
         "profile": str(args.profile.with_suffix(f".{traces}.prof")) if args.profile else None,
+        "chunk_messages": args.chunk_messages,
     }
     env = {**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
     started = time.monotonic()
@@ -714,7 +717,8 @@ def report(traces: int, r: dict[str, Any]) -> None:
     cpus = os.cpu_count() or 1
     print(f"    Spark tasks used {r['task_cpu_s']:.0f} s of CPU: {r['window_traces'] / (r['task_cpu_s'] / cpus):,.0f} "
           f"window traces/s if they had all {cpus} CPUs to themselves (the driver's own work not counted)")  # fmt: skip
-    print(f"    {r['window_messages']:,} window messages, {r['redecided']:,} re-decided, {r['changes']:,} changed "
+    print(f"    {r['window_messages']:,} window messages, {r['redecided']:,} re-decided in {r['chunks']} chunk(s) "
+          f"of at most {r['chunk_messages']:,}, {r['changes']:,} changed "
           f"{r['changes_by_kind']}, {r['leads']} lead(s)")  # fmt: skip
     print(f"    peak memory: Python driver VmHWM {r['python_mib']:,.0f} MiB; Spark driver JVM VmHWM "
           f"{r['jvm_rss_mib']:,.0f} MiB, heap used {r['jvm_heap_mib']:,.0f} MiB (Spark executor metrics)")  # fmt: skip
@@ -729,6 +733,8 @@ def report(traces: int, r: dict[str, Any]) -> None:
 
 
 def main() -> int:
+    from khipu.reconcile.run import CHUNK_MESSAGES
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traces", type=int, default=1_000_000, help="traces in the window's hour (N)")
     parser.add_argument("--growth", type=int, default=4, help="the second run's window holds this many times N")
@@ -743,6 +749,8 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=None, help="where to build (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the built archives")
     parser.add_argument("--progress", action="store_true", help="show the child's whole output")
+    chunk_help = f"exceptions the driver holds and judges at a time (the job's: {CHUNK_MESSAGES:,})"
+    parser.add_argument("--chunk-messages", type=int, default=CHUNK_MESSAGES, help=chunk_help)
     parser.add_argument("--profile", type=Path, help="cProfile the driver's reconcile() into FILE.<size>.prof")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

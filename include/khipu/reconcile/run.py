@@ -124,6 +124,7 @@ class ReconcileReport:
     traces_read: int = 0
     window_messages: int = 0
     redecided: int = 0
+    chunks: int = 0  # the re-decided were judged in this many chunks of at most ``chunk_messages``
     changes: tuple[Change, ...] = ()  # named: every change, up to LISTED_CHANGES of each kind
     leads: tuple[Lead, ...] = ()
     seconds: float = 0.0
@@ -151,6 +152,7 @@ class ReconcileReport:
             "traces_read": self.traces_read,
             "window_messages": self.window_messages,
             "redecided": self.redecided,
+            "chunks": self.chunks,
             "changes": sum(self.by_kind.values()),
             "changes_by_kind": dict(self.by_kind),
             "confirmed_losses": [_change_line(c) for c in self.confirmed_losses],
@@ -203,9 +205,11 @@ def reconcile(
     name_record: RecordNamer | None = None,
     progress: Callable[[str], None] = log.info,
     verdict_archive_dir: Path | None = None,
+    chunk_messages: int = CHUNK_MESSAGES,
 ) -> ReconcileReport:
     """Reconcile the window (see the module's steps); ``verdict_archive_dir``: the verdict archive, whose plain
-    DELIVERED verdicts count as the messages' verdicts beside the book's SQL rows (None: there is none)."""
+    DELIVERED verdicts count as the messages' verdicts beside the book's SQL rows (None: there is none);
+    ``chunk_messages``: how many of the exceptions the driver holds and judges at a time."""
     from pyspark.sql import functions as F
 
     started = time.monotonic()
@@ -252,7 +256,7 @@ def reconcile(
         evidence = None
         if exception_count:
             their_hours = traces.where(F.col("hour") >= hour_of(window.start_ms))
-            chunks = -(-exception_count // CHUNK_MESSAGES)
+            chunks = -(-exception_count // chunk_messages)
             evidence = _Evidence.of(traces, their_hours, archived, exceptions, chunks)
             kept += evidence.frames
         orphans = _untraced_positions(spark, traces, window)
@@ -274,6 +278,7 @@ def reconcile(
         traces_read=traces_read,
         window_messages=window_count,
         redecided=redecided,
+        chunks=evidence.chunks if evidence else 0,
         changes=tuple(tally.listed),
         leads=tuple(leads),
         seconds=time.monotonic() - started,

@@ -1,5 +1,6 @@
 """The backfill DAG under dag.test(): typed Params, a dry run that writes nothing, a real run that confirms
-and retracts, the same window again changing nothing, and bad windows refused with their reason.
+and retracts on what retention kept, the same window again changing nothing, and bad windows (and one retention
+removed) refused with their reason.
 
 Real parts: the session's Kafka broker (the stream's records, with their khipu headers, and the
 group's committed offset), spark-submit of spark/reconcile.py in local mode, a SQLite store.
@@ -148,18 +149,36 @@ def verdicts(store: Store) -> dict[str, tuple[str, str | None]]:
     }
 
 
-def test_backfill_dry_run_then_real_run_then_the_same_window_again(backfill_env: dict[str, Any]) -> None:
+def test_backfill_dry_run_then_retention_then_real_run_then_the_same_window_again(
+    backfill_env: dict[str, Any], spark: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A dry run writes nothing. Retention with the shortest limits the 1-minute horizon allows (3 h of
+    reconciliation reach + 1 backfill hour) removes an archive hour 30 h old and keeps the window's, which then
+    backfills to the verdicts the traces say; the same window again changes nothing, and the removed one is
+    refused."""
+    from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
     store: Store = backfill_env["store"]
     group = backfill_env["group"]
     window = {"start": backfill_env["start"], "end": backfill_env["end"]}
+    state = Path(os.environ["KHIPU_STATE_DIR"])
+    old_at = backfill_env["t0"] - 30 * HOUR_MS
+    old_hour = time.strftime("%Y-%m-%d-%H", time.gmtime(old_at / 1000))
+    old = [("m-old", "orders", "p", "local", "SENT", old_at, "t", 0, 9, None, "p-e", 9, 100.0, None, None)]
+    spark.createDataFrame(old, COLUMNS).write.parquet(str(state / "archive" / f"hour={old_hour}" / "batch_id=1"))
     before = store.verdicts.rows()
 
     dry = run_backfill({**window, "dry_run": True})
     assert dry.state == DagRunState.SUCCESS, states(dry)
     assert states(dry)["announce_confirmed_losses"] == "skipped"  # a dry run announces nothing
     assert store.verdicts.rows() == before
+
+    limits = {"trace_archive_hours": 4, "backfill_hours": 1, "verdict_archive_hours": 4, "verdict_days": 1}
+    retention = DagBag(dag_folder=str(DAGS)).get_dag("khipu_retention").test(run_conf=limits)
+    assert retention.state == DagRunState.SUCCESS
+    hours = sorted(p.name.removeprefix("hour=") for p in (state / "archive").glob("hour=*"))
+    assert hours == [backfill_env["hour"]]  # the window's hour stays, the 30-hour-old one went
 
     real = run_backfill({**window, "dry_run": False})
     assert real.state == DagRunState.SUCCESS, states(real)
@@ -182,6 +201,12 @@ def test_backfill_dry_run_then_real_run_then_the_same_window_again(backfill_env:
     assert store.verdicts.rows() == after  # nothing changed the second time
     assert states(again)["announce_confirmed_losses"] == "skipped"
     assert len([h for h in store.verdicts.history("m-late") if h["hop"].endswith(group)]) == 2
+
+    capfd.readouterr()
+    gone = run_backfill({"start": iso(old_at - 60_000), "end": iso(old_at + 60_000)})
+    assert gone.state == DagRunState.FAILED
+    out, err = capfd.readouterr()
+    assert f"missing hours {old_hour}" in out + err
 
 
 @pytest.mark.parametrize(
@@ -241,36 +266,3 @@ def test_an_archive_still_behind_the_window_is_retried_when_scheduled_and_refuse
         check_window(recent, "khipu_store", now, scheduled=True, wait_s=0)
     with pytest.raises(AirflowFailException, match="has archived the trace topic up to"):
         check_window(recent, "khipu_store", now, scheduled=False)
-
-
-def test_after_retention_the_kept_window_still_backfills_and_a_removed_one_is_refused(
-    backfill_env: dict[str, Any], spark: Any, capfd: pytest.CaptureFixture[str]
-) -> None:
-    """The shortest limits the 1-minute horizon allows (3 h of reconciliation reach + 1 backfill hour) remove an
-    archive hour 30 h old and keep the window's, which then backfills exactly as without retention."""
-    from airflow.dag_processing.dagbag import DagBag
-    from airflow.utils.state import DagRunState
-
-    store: Store = backfill_env["store"]
-    state = Path(os.environ["KHIPU_STATE_DIR"])
-    old_at = backfill_env["t0"] - 30 * HOUR_MS
-    old_hour = time.strftime("%Y-%m-%d-%H", time.gmtime(old_at / 1000))
-    old = [("m-old", "orders", "p", "local", "SENT", old_at, "t", 0, 9, None, "p-e", 9, 100.0, None, None)]
-    spark.createDataFrame(old, COLUMNS).write.parquet(str(state / "archive" / f"hour={old_hour}" / "batch_id=1"))
-    limits = {"trace_archive_hours": 4, "backfill_hours": 1, "verdict_archive_hours": 4, "verdict_days": 1}
-
-    retention = DagBag(dag_folder=str(DAGS)).get_dag("khipu_retention").test(run_conf=limits)
-    assert retention.state == DagRunState.SUCCESS
-    hours = sorted(p.name.removeprefix("hour=") for p in (state / "archive").glob("hour=*"))
-    assert hours == [backfill_env["hour"]]  # the window's hour stays, the 30-hour-old one went
-
-    run = run_backfill({"start": backfill_env["start"], "end": backfill_env["end"]})
-    assert run.state == DagRunState.SUCCESS, states(run)
-    assert verdicts(store)["m-gone"] == ("CONFIRMED_LOST", "LOST")
-    assert verdicts(store)["m-late"] == ("RETRACTED", "DELIVERED")
-
-    capfd.readouterr()
-    gone = run_backfill({"start": iso(old_at - 60_000), "end": iso(old_at + 60_000)})
-    assert gone.state == DagRunState.FAILED
-    out, err = capfd.readouterr()
-    assert f"missing hours {old_hour}" in out + err

@@ -11,9 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import pytest
+
 from khipu.demo.faults import FaultRates
 from khipu.demo.ledger import GroundTruth, build_truth, read_ledger
 from khipu.demo.pipeline import DemoConfig, run_demo
+from khipu.demo.score import observable_messages
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
 from khipu.detector.job import DETECTOR_QUERY, DetectorJob
 from khipu.detector.launch import write_connections_file
@@ -129,12 +132,12 @@ def wait_until_settled(
     last, stable = -1, 0
     try:
         while time.monotonic() < deadline:
-            time.sleep(2)
+            time.sleep(1)
             verdicts = stored_verdicts(store, verdicts_dir)
             beat = store.heartbeat.latest(DETECTOR_QUERY)
             settled = beat is not None and beat["state_rows"] == 0 and len(verdicts) == last > 0
             stable = stable + 1 if settled else 0
-            if stable >= 2 and len({v["message_id"] for v in verdicts}) >= expected_messages:
+            if stable >= 3 and len({v["message_id"] for v in verdicts}) >= expected_messages:
                 return verdicts
             last = len(verdicts)
         raise AssertionError(f"detector did not settle within {timeout_s:.0f}s: {last} verdicts")
@@ -179,6 +182,26 @@ def uninterrupted_run(
     finally:
         for query in queries:
             query.stop()
+
+
+@dataclass(frozen=True)
+class JudgedDemo:
+    """A demo's traces and the verdicts a detector that read them whole, never stopped, gave."""
+
+    demo: DemoTraces
+    observable: int  # messages with a trace
+    whole: list[dict[str, Any]]
+
+
+@pytest.fixture(scope="session")
+def judged_demo(broker: BrokerProcess, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> JudgedDemo:
+    """One demo (120 messages, every fault) and its uninterrupted run, for the tests that run the detector another
+    way on the same trace topic (killed mid-stream and restarted; on a standalone cluster) and must end with these
+    verdicts. Reading a topic takes nothing from it, so they share it, and the uninterrupted run is made once."""
+    tmp_path = tmp_path_factory.mktemp("judged-demo")
+    demo = demo_traces(broker, tmp_path, "judged", count=120, seed=7)
+    observable = len(observable_messages(demo.truth))
+    return JudgedDemo(demo, observable, uninterrupted_run(broker, spark, tmp_path, demo.trace_topic, observable))
 
 
 class Played(Protocol):

@@ -14,18 +14,16 @@ import subprocess
 import sys
 from pathlib import Path
 from subprocess import STDOUT
-from typing import Any
 
 import pytest
 
-from khipu.demo.score import observable_messages, score
+from khipu.demo.score import score
 from khipu.localstack.broker import BrokerProcess
 from khipu.localstack.spark_cluster import start_spark_cluster
 from tests.integration.detector.conftest import (
-    demo_traces,
+    JudgedDemo,
     detector_command,
     detector_job,
-    uninterrupted_run,
     verdict_keys,
     wait_until_settled,
 )
@@ -34,10 +32,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_the_detector_on_a_two_worker_cluster_gives_the_verdicts_of_a_local_run(
-    broker: BrokerProcess, spark: Any, tmp_path: Path
+    broker: BrokerProcess, judged_demo: JudgedDemo, tmp_path: Path
 ) -> None:
-    demo = demo_traces(broker, tmp_path, "cluster", count=100, seed=23)
-    observable = len(observable_messages(demo.truth))
+    demo, observable = judged_demo.demo, judged_demo.observable
     job = detector_job(broker, tmp_path, demo.trace_topic, "cluster")
     cluster = start_spark_cluster(tmp_path / "spark-cluster", workers=2, cores_per_worker=1, worker_memory_mb=1024)
     log = tmp_path / "driver.log"
@@ -60,7 +57,6 @@ def test_the_detector_on_a_two_worker_cluster_gives_the_verdicts_of_a_local_run(
 
     # the work ran on the workers: each started an executor for the detector's application
     assert {path.parents[1].parent.name for path in executors} == {"worker-0", "worker-1"}
-    whole = uninterrupted_run(broker, spark, tmp_path, demo.trace_topic, observable)
-    assert verdict_keys(on_cluster) == verdict_keys(whole)
+    assert verdict_keys(on_cluster) == verdict_keys(judged_demo.whole)
     assert len(on_cluster) == len(verdict_keys(on_cluster))  # none stored twice
     assert score(demo.truth, on_cluster).exact

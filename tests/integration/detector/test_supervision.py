@@ -26,7 +26,6 @@ from khipu.localstack.processes import ProcessTable
 from khipu.store import Store
 from tests.integration.detector.conftest import (
     demo_traces,
-    uninterrupted_run,
     verdict_keys,
     wait_until_settled,
 )
@@ -44,7 +43,6 @@ def run_dag() -> dict[str, str | None]:
 
 def test_a_hung_driver_is_replaced_from_its_checkpoint_alerting_once_and_verdicts_stay_exact(
     broker: BrokerProcess,
-    spark: Any,
     airflow_db: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -130,9 +128,10 @@ def test_a_hung_driver_is_replaced_from_its_checkpoint_alerting_once_and_verdict
         table.stop("detector", timeout_s=30)
         store.close()
 
-    whole = uninterrupted_run(broker, spark, tmp_path, first.trace_topic, len(observable))
-
-    assert verdict_keys(verdicts) == verdict_keys(whole) and len(verdicts) == len(verdict_keys(verdicts))
+    # the truth is what the demo's applications did (their ledgers): every verdict is of one of their messages,
+    # stored once, and each says what the message met
+    assert {v["message_id"] for v in verdicts} <= set(truth.messages)
+    assert len(verdicts) == len(verdict_keys(verdicts))
     result = score(truth, verdicts)
     assert result.exact, (result.wrong, result.missing, result.extra)
     print(f"hung driver replaced {replaced_after_s:.0f} s after SIGSTOP")

@@ -17,7 +17,6 @@ import pytest
 
 from khipu.detector.decide import Lookups
 from khipu.detector.model import DetectorConfig
-from khipu.reconcile import run
 from khipu.reconcile.run import reconcile
 from khipu.reconcile.window import ReconcileWindow
 from khipu.registry import parse_registry
@@ -129,10 +128,9 @@ def every_group_past(cluster: str, group: str, topic: str, partition: int) -> in
 
 @pytest.mark.parametrize("chunk_messages", [5_000, 1], ids=["one chunk", "a chunk per message"])
 def test_reconciliation_confirms_retracts_fills_in_and_is_idempotent(
-    spark: Any, archive: Path, tmp_path: Path, chunk_messages: int, monkeypatch: pytest.MonkeyPatch
+    spark: Any, archive: Path, tmp_path: Path, chunk_messages: int
 ) -> None:
     # the driver judges the exceptions a chunk at a time: the verdicts must not depend on how they are split
-    monkeypatch.setattr(run, "CHUNK_MESSAGES", chunk_messages)
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
     store.migrate()
@@ -155,6 +153,7 @@ def test_reconciliation_confirms_retracts_fills_in_and_is_idempotent(
         CONFIG,
         NOW,
         progress=lines.append,
+        chunk_messages=chunk_messages,
     )
 
     assert report.window_messages == 5 and report.redecided == 4  # m-fine is final; m-next is not in the window
