@@ -99,7 +99,7 @@ status: $(STAMP)
 
 test: install test-jvm-apps postgres chromium graphviz
 	mvn -B -ntp -f jvm/tracing/pom.xml test   # the JVM interceptors' tests: Surefire's summary
-	$(BIN)/pytest -n 2 --dist loadgroup   # two workers: tests/conftest.py groups the modules
+	$(BIN)/pytest -n 2 --dist loadscope   # two workers, a scope each: tests/conftest.py
 
 # Retake the Khipu view's screenshots in docs/screenshots (the browser tests take them).
 screenshots: install chromium graphviz
