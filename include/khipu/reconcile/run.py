@@ -257,7 +257,7 @@ def reconcile(
         if exception_count:
             their_hours = traces.where(F.col("hour") >= hour_of(window.start_ms))
             chunks = -(-exception_count // chunk_messages)
-            evidence = _Evidence.of(traces, their_hours, archived, exceptions, chunks)
+            evidence = _Evidence.of(traces, their_hours, archived_since, exceptions, chunks)
             kept += evidence.frames
         orphans = _untraced_positions(spark, traces, window)
         leads = _leads(_first_pointers(spark, traces, orphans), orphans, window, name_record)
@@ -307,7 +307,8 @@ class _Evidence:
     @staticmethod
     def of(traces: Any, their_hours: Any, archived: Any, exceptions: Any, chunks: int) -> _Evidence:
         """``traces``: every hour read (the pointers at the exceptions' positions may be older than they are);
-        ``their_hours``: those from the window's start on, which hold every trace of the exceptions."""
+        ``their_hours``: those from the window's start on, which hold every trace of the exceptions; ``archived``:
+        the verdict archive from the window's start on, which holds every archived verdict of them."""
         from pyspark.sql import functions as F
 
         chunk = F.pmod(F.xxhash64("message_id"), F.lit(chunks)).cast("int").alias("chunk")
