@@ -278,6 +278,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         keep_pointers_ms=2 * job.detector.max_wait_ms + 3_600_000,
         known_streams=tuple(registry.streams),
         hops=plans.described(),
+        feeders=plans.feeders(),
         batch_keys=BatchKeys(epoch_s),
         figures=figures,
         reporter=reporter,

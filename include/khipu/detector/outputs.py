@@ -162,8 +162,10 @@ class DetectorWriter:
         progress: ReadProgress | None = None,
         reporter: WaitingReporter | None = None,
         grace_ms: int = 0,
+        feeders: Mapping[tuple[str, str], tuple[str, ...]] | None = None,
     ) -> None:
         self.store_url, self.archive_path, self.keep_pointers_ms = store_url, archive_path, keep_pointers_ms
+        self.feeders = feeders or {}  # RoutePlans.feeders: each processor write hop's input read hops
         self.verdict_archive_path = verdict_archive_path
         self.lost_topic, self.connection, self.known_streams = lost_topic, connection, known_streams
         self.batch_keys = batch_keys or BatchKeys()  # the checkpoint's batches, as its outputs name them
@@ -326,7 +328,9 @@ class DetectorWriter:
                 (str(row["message_id"]), str(row["hop"])): verdict_of(row)
                 for row in archive.read_messages(again, hours={h for m in again for h in look_in[m]})
             } if again else {}  # fmt: skip
-            recorded = VerdictBook(self.store.verdicts).record(judged, _now_ms(), archived=before, apart=_plain_new)
+            recorded = VerdictBook(self.store.verdicts).record(
+                judged, _now_ms(), archived=before, apart=_plain_new, feeders=self.feeders
+            )
         apart = verdict_table([verdict_row(v) for v in recorded.apart])
         archived = pa.concat_tables([direct, apart]) if apart.num_rows else direct
         archive.write_batch(key, archived)

@@ -218,6 +218,17 @@ class RoutePlans:
             "delivered_detail": ["received once" if hop.kind is HopKind.READ else "written once" for _, hop in rows],
         }
 
+    def feeders(self) -> dict[tuple[str, str], tuple[str, ...]]:
+        """(stream, a processor's write hop id) -> the ids of its input read hops: what the settle rules need to
+        tell a processor's replay from a retry when its write comes late
+        (:func:`khipu.verdicts.settle.settle_batch`)."""
+        return {
+            (plan.stream.name, hop.id): tuple(feeder.id for feeder in plan.stream.route.feeders_of(hop))
+            for plan in self.plans
+            for hop in plan.hops
+            if hop.kind is HopKind.WRITE and plan.stream.route.processor_writing(hop) is not None
+        }
+
     def numbers(self) -> dict[tuple[str, str], int]:
         """(stream, hop id) -> the hop's global number."""
         return {

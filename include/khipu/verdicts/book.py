@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from khipu.verdicts.metrics import CountsLike, MinuteCounts, MinuteKey, MinuteMetrics, change_counts, metrics_of
 from khipu.verdicts.model import Cause, Verdict, VerdictKind
 from khipu.verdicts.read import merged
-from khipu.verdicts.settle import Change, settle
+from khipu.verdicts.settle import Change, settle_batch
 
 UNSETTLED = (VerdictKind.LOST, VerdictKind.PENDING, VerdictKind.TRACE_LOST)  # what reconciliation re-decides
 
@@ -224,12 +224,14 @@ class VerdictBook:
         attempts: int = 3,
         archived: Mapping[tuple[str, str], Verdict] | None = None,
         apart: Callable[[Change], bool] | None = None,
+        feeders: Mapping[tuple[str, str], Collection[str]] | None = None,
     ) -> Recorded:
         """The detector's new verdicts, settled against what is stored (late evidence never makes one worse).
         A verdict whose row changed meanwhile is settled again against the new row. ``archived``: verdicts of
         the verdict archive by (message id, hop), settled against where no row is stored. ``apart``: changes
         the caller keeps elsewhere (the plain first-time DELIVERED verdicts, in the verdict archive) are not
-        stored here but returned in :attr:`Recorded.apart`."""
+        stored here but returned in :attr:`Recorded.apart`. ``feeders``: each processor write hop's input read hops
+        (:func:`khipu.verdicts.settle.settle_batch`)."""
         pending = list(judged)
         in_archive = archived or {}
         changes: list[Change] = []
@@ -239,17 +241,20 @@ class VerdictBook:
             stored = self.stored_verdicts({v.message_id for v in pending})
             batch: list[Change] = []
             replacing_archived: set[tuple[str, str]] = set()
-            for verdict in pending:
+            rows = {_key(v): stored.get(v.message_id, {}).get(v.hop) for v in pending}
+            befores = {key: row if row is not None else in_archive.get(key) for key, row in rows.items()}
+            known: dict[str, dict[str, Verdict]] = {m: dict(hops) for m, hops in stored.items()}
+            for (message_id, hop), verdict in in_archive.items():
+                known.setdefault(message_id, {}).setdefault(hop, verdict)
+            settled = settle_batch(pending, known, feeders)
+            for verdict, change in zip(pending, settled, strict=True):
                 key = _key(verdict)
-                row = stored.get(verdict.message_id, {}).get(verdict.hop)
-                before = row if row is not None else in_archive.get(key)
-                change = settle(before, verdict)
+                row, before = rows[key], befores[key]
                 if change is not None and apart is not None and apart(change):
                     kept_apart.append(change.verdict)
                     current[key] = change.verdict
                 elif change is not None:
                     batch.append(change)
-                    stored.setdefault(verdict.message_id, {})[verdict.hop] = change.verdict
                     current[key] = change.verdict
                     if row is None and before is not None:
                         replacing_archived.add(key)

@@ -10,9 +10,10 @@ a DELIVERED write hop turned into a false TRACE_LOST, a duplicate never reported
   ``first_seen_ms`` differs from the stored verdict's) is late evidence: it replaces the stored
   verdict only where it adds to it (a PENDING it shows was passed), turns it into what both together say
   where the detector can tell at once (a LOST contradicted by a receipt: RETRACTED; the same
-  record read again: DUPLICATE, rewind/replay), and otherwise leaves it as it is. Either way the
-  verdict is marked ``late_evidence``, and the next reconciliation re-decides the message with
-  all its traces.
+  record read again: DUPLICATE, rewind/replay; the id received or written again at another offset: DUPLICATE,
+  by a retry, or by replay when the same late state shows its processor read its input again), and otherwise
+  leaves it as it is. Either way the verdict is marked ``late_evidence``, and the next reconciliation
+  re-decides the message with all its traces.
 - **Reconciliation decides with all the traces it reads**, so its judgement replaces the stored
   one, in final form: a LOST still missing past the horizon is CONFIRMED_LOST; a stored LOST the
   full evidence contradicts is RETRACTED (saying what the hop really got and which trace showed
@@ -38,7 +39,7 @@ nothing stored would change, so applying the same judgement twice changes nothin
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -150,6 +151,20 @@ def same_record_read_again(stored: Verdict | None, judged: Verdict) -> bool:
     )
 
 
+def received_at_another_position(stored: Verdict | None, judged: Verdict) -> bool:
+    """The hop got the message again at another position after it was decided: the id sits at two offsets of the
+    topic (a write hop: written again; a read hop: the group read the second copy)."""
+    receipts = (VerdictKind.DELIVERED, VerdictKind.DUPLICATE)
+    return (
+        stored is not None
+        and stored.kind in receipts
+        and judged.kind in receipts
+        and stored.offset is not None
+        and judged.offset is not None
+        and (stored.partition, stored.offset) != (judged.partition, judged.offset)
+    )
+
+
 def _take(stored: Verdict | None, judged: Verdict) -> Change | None:
     if stored is not None and _same(stored, judged):
         return None
@@ -214,6 +229,31 @@ def _read_again(stored: Verdict | None, judged: Verdict) -> Change | None:
     return Change(duplicate, f"read again: {shown_by(judged)}")
 
 
+def _at_another_position(stored: Verdict | None, judged: Verdict) -> Change | None:
+    """A duplicate at once, with the cause the detector's own rules give the two together: a read hop's id read at
+    several offsets is a producer's retry unless the stored verdict already saw one offset read twice; a write hop
+    is written again by replay when its processor read its input record again (the judgement carries that cause,
+    :func:`settle_batch`), else by a retry."""
+    assert stored is not None
+    count = stored.count + judged.count
+    if stored.kind is VerdictKind.DUPLICATE and stored.cause is not None:
+        cause = stored.cause
+    else:
+        cause = judged.cause or Cause.PRODUCER_RETRY
+    what = "written" if judged.hop_kind == "write" else "read"
+    duplicate = dataclasses.replace(
+        stored,
+        kind=VerdictKind.DUPLICATE,
+        cause=cause,
+        count=count,
+        late_evidence=True,
+        first_seen_ms=judged.first_seen_ms,  # a replay of this late state is recognised as such
+        detail=f"{what} again at offset {judged.offset} at {clock(judged.observed_ms)}, after it was decided at offset "
+        f"{stored.offset}: {count} in all",
+    )
+    return Change(duplicate, f"{what} again at another offset: {shown_by(judged)}")
+
+
 # A detector judgement: the first rule that holds gives what to store.
 DETECTOR_RULES: tuple[Rule, ...] = (
     (nothing_stored, _take),
@@ -223,6 +263,7 @@ DETECTOR_RULES: tuple[Rule, ...] = (
     (stored_is_final, _keep_with_late_evidence),
     (pending_received, _decide_pending),
     (same_record_read_again, _read_again),
+    (received_at_another_position, _at_another_position),
     (lambda stored, judged: True, _keep_with_late_evidence),  # judged on less than the stored verdict
 )
 
@@ -335,6 +376,51 @@ def settle(stored: Verdict | None, judged: Verdict) -> Change | None:
     rules = JUDGES[Judge(judged.decided_by)]
     change = next(build(stored, judged) for holds, build in rules if holds(stored, judged))
     return None if change is None else dataclasses.replace(change, previous=stored)
+
+
+def settle_batch(
+    judged: Sequence[Verdict],
+    stored: Mapping[str, Mapping[str, Verdict]],
+    feeders: Mapping[tuple[str, str], Collection[str]] | None = None,
+) -> list[Change | None]:
+    """:func:`settle` for each of one detector batch's judgements, against ``stored`` (message id -> hop -> verdict).
+    A processor's late write at another offset takes its cause from its input reads (``feeders``: (stream, write
+    hop id) -> the processor's input read hop ids, from the route): when the same late state showed the processor
+    reading its input record again (an input read hop made DUPLICATE rewind/replay by a state first seen when the
+    write's was, in this batch or an earlier one), it replayed its input and wrote it again (``REWIND_REPLAY``, as
+    the write rules say when one state holds both reads); otherwise it is a retry."""
+    settled: dict[tuple[str, str], Verdict] = {}  # this batch's changes: later judgements meet them
+
+    def before(message_id: str, hop: str) -> Verdict | None:
+        key = (message_id, hop)
+        return settled[key] if key in settled else stored.get(message_id, {}).get(hop)
+
+    def input_replayed(write: Verdict) -> bool:
+        reads = [before(write.message_id, hop) for hop in (feeders or {}).get((write.stream, write.hop), ())]
+        return any(
+            read is not None
+            and read.kind is VerdictKind.DUPLICATE
+            and read.cause is Cause.REWIND_REPLAY
+            and read.first_seen_ms == write.first_seen_ms
+            for read in reads
+        )
+
+    def with_cause(verdict: Verdict) -> Verdict:
+        stored_now = before(verdict.message_id, verdict.hop)
+        written_again = verdict.hop_kind == "write" and received_at_another_position(stored_now, verdict)
+        if written_again and verdict.cause is None and input_replayed(verdict):
+            return dataclasses.replace(verdict, cause=Cause.REWIND_REPLAY)
+        return verdict
+
+    changes: dict[int, Change | None] = {}
+    reads_first = sorted(range(len(judged)), key=lambda i: judged[i].hop_kind != "read")
+    for i in reads_first:
+        verdict = judged[i]
+        change = settle(before(verdict.message_id, verdict.hop), with_cause(verdict))
+        if change is not None:
+            settled[(verdict.message_id, verdict.hop)] = change.verdict
+        changes[i] = change
+    return [changes[i] for i in range(len(judged))]
 
 
 def _same(a: Verdict, b: Verdict) -> bool:

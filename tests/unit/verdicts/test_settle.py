@@ -12,7 +12,7 @@ from typing import NamedTuple
 import pytest
 
 from khipu.verdicts.model import Cause, Verdict, VerdictKind
-from khipu.verdicts.settle import Judge, settle
+from khipu.verdicts.settle import Judge, settle, settle_batch
 
 D, L, DUP, TL, P = (
     VerdictKind.DELIVERED,
@@ -85,8 +85,21 @@ CASES = [
          "the group read the same record again minutes after it was decided: a duplicate by rewind, at once"),
     Case(6, hop(DUP, cause=Cause.REWIND_REPLAY, count=2), hop(D, seen=FRESH), (DUP, Cause.REWIND_REPLAY, 3, True),
          "a third read of the same record adds to the duplicate's count"),
-    Case(7, hop(D), hop(D, offset=9, seen=FRESH), (D, None, 1, True),
-         "a late read at another offset: the detector cannot tell a retry from a replay alone; kept, flagged"),
+    Case(7, hop(D), hop(D, offset=9, seen=FRESH), (DUP, Cause.PRODUCER_RETRY, 2, True),
+         "a late read at another offset: the id sits at two offsets and the group read both, a duplicate by retry "
+         "at once (the read rules' 'the id was read at several offsets'); flagged for reconciliation"),
+    Case(38, hop(DUP, cause=Cause.REWIND_REPLAY, count=2), hop(D, offset=9, seen=FRESH),
+         (DUP, Cause.REWIND_REPLAY, 3, True),
+         "a late read at another offset of a hop that already read one offset twice: the rules' first cause stays"),
+    Case(39, hop(D, hop_kind="write"), hop(D, hop_kind="write", offset=9, seen=FRESH),
+         (DUP, Cause.PRODUCER_RETRY, 2, True),
+         "a late SENT at another offset, its processor's input not read again in the batch: written twice, a retry"),
+    Case(40, hop(D, hop_kind="write"), hop(D, hop_kind="write", offset=9, seen=FRESH,
+         cause=Cause.REWIND_REPLAY), (DUP, Cause.REWIND_REPLAY, 2, True),
+         "a late SENT at another offset that the batch shows followed its processor reading its input again "
+         "(settle_batch gives the judgement that cause): written twice by replay"),
+    Case(41, hop(D), hop(TL, offset=9, seen=FRESH), (D, None, 1, True),
+         "a fresh state's TRACE_LOST at another position is judged on less: kept, flagged"),
     Case(8, hop(L, cause=SKIP, count=0), hop(D, seen=FRESH), (R, None, 1, True),
          "a late RECEIVED trace contradicts the LOST: retracted at once, saying what the hop got"),
     Case(9, hop(P), hop(D, seen=FRESH), (D, None, 1, True),
@@ -194,3 +207,52 @@ def test_a_changed_verdict_keeps_the_minute_it_was_first_decided_in() -> None:
     stored = hop(L, cause=SKIP, count=0)
     change = settle(stored, dataclasses.replace(hop(D, by=Judge.RECONCILIATION), decided_ms=9_000_000))
     assert change is not None and change.verdict.decided_ms == stored.decided_ms  # metrics stay in their minute
+
+
+def input_read(*, seen: int = FIRST, offset: int = 3, location: str = "proc") -> Verdict:
+    """A processor's read of its input record (hop ``local/in -> proc-group`` for the processor ``proc``)."""
+    group = f"{location}-group"
+    return dataclasses.replace(
+        hop(D, seen=seen, offset=offset), hop=f"local/in -> {group}", topic="in", group=group, location=location
+    )
+
+
+@pytest.mark.parametrize(
+    ("late_input", "cause"),
+    [
+        (input_read(seen=FRESH), Cause.REWIND_REPLAY),  # the same input record read again: the processor replayed it
+        (input_read(seen=FRESH, offset=4), Cause.PRODUCER_RETRY),  # another input record of the id: not a replay
+        (input_read(seen=FRESH, location="other"), Cause.PRODUCER_RETRY),  # another processor's read says nothing
+        (None, Cause.REWIND_REPLAY),  # the replayed read was settled in an earlier batch, from the same late state
+        (input_read(seen=3 * FRESH), Cause.PRODUCER_RETRY),  # a replay seen by another late state than the write's
+    ],
+    ids=["replayed", "other-input-offset", "other-processor", "replayed-in-an-earlier-batch", "another-late-state"],
+)
+def test_a_late_write_at_another_offset_takes_its_cause_from_what_its_processor_read_in_the_same_late_state(
+    late_input: Verdict | None, cause: Cause
+) -> None:
+    replayed_before = dataclasses.replace(
+        input_read(), kind=DUP, cause=Cause.REWIND_REPLAY, count=2, first_seen_ms=FRESH
+    )
+    stored = {
+        "proc -> local/out": hop(D, hop_kind="write"),
+        "local/in -> proc-group": input_read() if late_input is not None else replayed_before,
+        "local/in -> other-group": input_read(location="other"),
+        "local/out -> s1": hop(D),
+    }
+    late = [hop(D, hop_kind="write", offset=9, seen=FRESH), hop(D, offset=9, seen=FRESH)]
+    late = late if late_input is None else [*late, late_input]  # the write before its input read: order is no matter
+    feeders = {("orders", "proc -> local/out"): ("local/in -> proc-group",)}  # the route: proc reads local/in
+    changes = settle_batch(late, {"m1": stored}, feeders)
+    by_hop = {change.verdict.hop: change.verdict for change in changes if change is not None}
+    written = by_hop["proc -> local/out"]
+    assert (written.kind, written.cause, written.count, written.late_evidence) == (DUP, cause, 2, True)
+    read = by_hop["local/out -> s1"]  # the sink read both copies: the id at two offsets
+    assert (read.kind, read.cause, read.count) == (DUP, Cause.PRODUCER_RETRY, 2)
+    assert "after it was decided at offset 7" in read.detail
+
+
+def test_a_hop_judged_twice_in_one_batch_settles_the_second_against_the_first() -> None:
+    changes = settle_batch([hop(D, seen=FRESH), hop(D, seen=FRESH)], {"m1": {"local/out -> s1": hop(D)}})
+    assert changes[0] is not None and changes[0].verdict.count == 2
+    assert changes[1] is None  # the same late state again (its replay): not counted twice
