@@ -531,21 +531,24 @@ class _Processor(_ConsumerComponent):
         self.batch_started = 0.0
         self.writes = _WriteLog(demo.ledger, self.write_hop, "processor")
         self._triggered: set[tuple[int, int]] = set()
-        self._busy = threading.Lock()  # held while a polled record is not yet buffered, held or written
+        # (nothing in memory, how far it has read) as of the end of its last turn, when no polled record is half
+        # handled: the settle loop reads this, never a lock the worker takes again at once (a lock it waited for
+        # was starved under load: the worker re-took it first every turn, and the demo never settled)
+        self._turn_end: tuple[bool, dict[int, int]] = (False, {})
 
     def work(self) -> None:
         self.subscribe()
         while not self.demo.stop.is_set():
-            with self._busy:
-                record = self.poll_one()
-                if record is not None:
-                    self.handle(record)
-                self.release_due()
-                if self.batch and (
-                    len(self.batch) >= self.demo.config.batch_size
-                    or time.monotonic() - self.batch_started >= _BATCH_MAX_AGE_S
-                ):
-                    self.write_batch()
+            record = self.poll_one()
+            if record is not None:
+                self.handle(record)
+            self.release_due()
+            if self.batch and (
+                len(self.batch) >= self.demo.config.batch_size
+                or time.monotonic() - self.batch_started >= _BATCH_MAX_AGE_S
+            ):
+                self.write_batch()
+            self._turn_end = (not self.batch and not self.held, self.progress()[1])
             self.commit()
         self.write_batch()
         self.close()
@@ -650,15 +653,11 @@ class _Processor(_ConsumerComponent):
             self.demo.ledger.append("dropped", message_id=record.message_id, hop=self.write_hop.id, fault=fault.value)
         self.batch, self.held = [], []
 
-    def idle(self) -> bool:
-        """Nothing in memory. Not idle while a record is being handled: the settle loop asks again rather than wait
-        for it (a write waits for the broker as long as an outage lasts, and the loop's deadline must still count)."""
-        if not self._busy.acquire(timeout=0.5):
-            return False
-        try:
-            return not self.batch and not self.held
-        finally:
-            self._busy.release()
+    def turn_end(self) -> tuple[bool, dict[int, int]]:
+        """(nothing in memory, its read position per partition) as of the end of its last turn: both from the same
+        moment, so a record polled but not yet written on is never taken for settled. A write that waits for the
+        broker ends no turn: the settle loop sees the last one and its deadline still counts."""
+        return self._turn_end
 
     def output_end(self) -> dict[int, int]:
         return self.writes.snapshot()[1]
@@ -871,22 +870,24 @@ def _wait_until_settled(
         if settle_deadline is None:
             settle_deadline = time.monotonic() + config.settle_timeout_s + config.delay_ms / 1000
         _, produced_end = source.progress()
-        _, processor_position = processor.progress()
-        processor_done = processor.idle() and _caught_up(processor_position, produced_end)
+        processor_idle, processor_position = processor.turn_end()
+        processor_done = processor_idle and _caught_up(processor_position, produced_end)
         sinks_done = processor_done and all(_caught_up(s.progress()[1], processor.output_end()) for s in sinks)
         if config.count == 0:  # nothing produced: every group has committed to its topic's end (resends among it)
-            processor_done = processor.idle() and committed_to_end(demo, processor.spec.group, output=False)
+            processor_done = processor_idle and committed_to_end(demo, processor.spec.group, output=False)
             sinks_done = processor_done and all(committed_to_end(demo, s.spec.group, output=True) for s in sinks)
         if sinks_done:
             progress(_progress_line(source, processor, sinks) + " — settled")
             return
         if time.monotonic() > settle_deadline:
-            behind = (
-                processor.location
-                if not processor_done
-                else next(s.spec.group for s in sinks if not _caught_up(s.progress()[1], processor.output_end()))
-            )
-            raise DemoError(f"demo did not settle within {config.settle_timeout_s:.0f}s: {behind} is behind")
+            if not processor_done:
+                busy = "" if processor_idle else "; records in memory or a write waiting for the broker"
+                behind = f"{processor.location} is behind: {_read_to(processor_position, produced_end)}{busy}"
+            else:
+                end = processor.output_end()
+                sink = next(s for s in sinks if not _caught_up(s.progress()[1], end))
+                behind = f"{sink.spec.group} is behind: {_read_to(sink.progress()[1], end)}"
+            raise DemoError(f"demo did not settle within {config.settle_timeout_s:.0f}s: {behind}")
 
 
 def committed_to_end(demo: _Demo, group: str, output: bool) -> bool:
@@ -898,6 +899,12 @@ def committed_to_end(demo: _Demo, group: str, output: bool) -> bool:
         raise DemoError(f"the end of {topic} is not known: {'; '.join(answer.errors)}")
     committed = admin.committed_offsets(group)
     return all((committed.get(position) or 0) >= end for position, (_, end) in answer.found.items())
+
+
+def _read_to(position: dict[int, int], end: dict[int, int]) -> str:
+    """Where a group has read to against the end it must reach: "read to 12/14 of partition 0, ..."."""
+    parts = (f"{position.get(p, 0)}/{offset} of partition {p}" for p, offset in sorted(end.items()))
+    return "read to " + ", ".join(parts)
 
 
 def _caught_up(position: dict[int, int], end: dict[int, int]) -> bool:
