@@ -124,7 +124,7 @@ def test_a_group_rewinding_after_decision_gets_duplicates_and_no_verdict_gets_wo
     try:
         decided = wait_for(store, job.verdicts_dir, lambda rows: len(rows) == 2 * MESSAGES)
         assert {(r["hop_kind"], r["verdict"]) for r in decided} == {("write", "DELIVERED"), ("read", "DELIVERED")}
-        time.sleep(20)  # well after decision: every state long dropped (state_rows is 0)
+        time.sleep(5)  # after decision: every state dropped (state_rows is 0)
 
         assert read_all(broker, topic, group, consuming, from_start=True) == MESSAGES  # the rewind
         rows = wait_for(
@@ -224,7 +224,7 @@ def test_a_processor_replaying_its_input_after_decision_writes_duplicates_the_de
     try:
         decided = wait_for(store, job.verdicts_dir, lambda rows: len(rows) == 4 * MESSAGES)
         assert {r["verdict"] for r in decided} == {"DELIVERED"}
-        time.sleep(15)  # well after decision: every state long dropped (state_rows is 0)
+        time.sleep(5)  # after decision: every state dropped (state_rows is 0)
 
         # the replay: the processor reads its input again from offset 0 and writes every record again
         assert read_all(broker, source, proc, emitters[proc], from_start=True, write_on=(writer, output)) == MESSAGES

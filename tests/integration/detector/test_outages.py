@@ -97,17 +97,18 @@ def live_demo(data: BrokerProcess, traces: BrokerProcess, tmp_path: Path, run_id
         count=300,
         rate_per_s=15,
         # every fault but the producer's injected retry: a retried copy held up by the freeze can land after its
-        # message was decided, and the sinks that read both keep DELIVERED in the streaming detector (its documented
-        # limit, docs/detector.md "Through an outage"; a full-suite run hit it once: 1420 of 1426 exact)
+        # message was decided (a full-suite run hit it once: 1420 of 1426 exact, when the sinks kept DELIVERED).
+        # The settle rules now name such a copy DUPLICATE at once (docs/reconciliation.md, row 7); this test has not
+        # yet been run with the retries back in through a freeze
         faults=replace(ALL_FAULTS, producer_retry=0.0),
         seed=20,
         run_id=run_id,
         delay_ms=1500,
         # three times the freeze: the groups keep their members even when the suite's load delays the heartbeats after
         # SIGCONT (at 25 s a full-suite run saw the enricher's group rebalance 40 s after the freeze, and the demo
-        # then never settled: a demo bug left for its own fix). (A rebalance makes the processor write again what it
-        # had not committed; a copy written after its message was decided shows at the write hop, not at the sinks'
-        # reads: a limit of the streaming detector, not of riding out the outage.)
+        # then never settled; the settle loop no longer waits on the processor's lock). A rebalance makes the
+        # processor write again what it had not committed, after its message was decided: the settle rules name
+        # each such copy DUPLICATE at once (test_late_evidence.py replays a processor's input for that).
         session_timeout_ms=45_000,
         progress_interval_s=60,
         settle_timeout_s=180,
