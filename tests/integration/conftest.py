@@ -101,12 +101,13 @@ def spark() -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[2,4]")  # as the product's local mode: a failed task is tried again
         .appName("khipu-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.driver.bindAddress", "127.0.0.1")  # the driver's listeners on loopback only
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.python.worker.faulthandler.enabled", "true")  # a Python worker that crashes says where
         .config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
         .getOrCreate()
     )

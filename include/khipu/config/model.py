@@ -311,12 +311,21 @@ class ResendSection(Section):
     )
 
 
+# Spark's local mode, every core; a task that fails (a Python worker that crashed, seen once in a broker outage) is
+# tried again, up to 4 times in all, instead of failing the batch and the detector's query with it (local mode's
+# default is 1 try: spark.task.maxFailures does not apply there)
+LOCAL_MASTER = "local[*,4]"
+
+
 class SparkSection(Section):
     title = "Spark jobs started by hand"
     doc = "docs/detector.md"
 
     master: str = setting(
-        "KHIPU_SPARK_MASTER", "local[*]", "The Spark master of spark/detector.py and spark/reconcile.py."
+        "KHIPU_SPARK_MASTER",
+        LOCAL_MASTER,
+        "The Spark master of spark/detector.py and spark/reconcile.py (local mode: every core, a failed task tried "
+        "up to 4 times).",
     )
     connections_file: Annotated[Path | None, Expect("a file path")] = setting(
         "KHIPU_CONNECTIONS_FILE",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
+from khipu.config.model import LOCAL_MASTER
 from khipu.settings import KhipuSettings, project_root
 
 KAFKA_CONNECTION_ID = "khipu_kafka"
@@ -100,8 +101,8 @@ def connections(settings: KhipuSettings) -> dict[str, dict[str, object]]:
         },
         SPARK_CONNECTION_ID: {
             "conn_type": "spark",
-            "description": "Spark in local mode on this machine",
-            "host": "local[*]",
+            "description": "Spark in local mode on this machine (a failed task tried up to 4 times)",
+            "host": LOCAL_MASTER,
             "extra": json.dumps({"deploy-mode": "client", "spark-binary": "spark-submit"}),
         },
         STORE_CONNECTION_ID: _store_connection(settings.store_url),

@@ -22,7 +22,7 @@ def test_defaults_are_the_detector_configs_and_the_state_folder() -> None:
     job, master = load_entry().parse_args([])
     assert job.detector == DetectorConfig()
     assert job.checkpoint_dir.parts[-2:] == ("detector", "checkpoint")
-    assert (job.lost_topic, job.trace_topic, master) == ("khipu.lost", "khipu.traces", "local[*]")
+    assert (job.lost_topic, job.trace_topic, master) == ("khipu.lost", "khipu.traces", "local[*,4]")
     assert job.trace_connection.bootstrap_servers == "127.0.0.1:9092" and job.cluster_connections == {}
     assert job.store_url.endswith("khipu.db")
 
