@@ -8,6 +8,7 @@ batch call are returned to the caller as text, so one bad group or topic does no
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -59,6 +60,12 @@ class TopicRetention:
     def compacted(self) -> bool:
         """Compaction removes records of this topic behind later ones of their key."""
         return "compact" in self.cleanup_policy
+
+
+# what a group coordinator answers while it loads its groups (a broker just started) or moves: ask again
+COORDINATOR_SETTLING = frozenset(
+    {KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,14 +280,27 @@ class KafkaAdmin:
         return Results(found, tuple(errors))
 
     def committed_offsets(self, group: str) -> dict[Position, int | None]:
-        """The group's committed offset per partition it ever committed (``None``: no valid commit)."""
+        """The group's committed offset per partition it ever committed (``None``: no valid commit). A coordinator
+        that is still loading its groups (a broker just restarted) or moving is asked again within ``timeout_s``,
+        as Kafka's own clients do; past it, or on any other error, :class:`KafkaUnavailable`."""
+        deadline, pause_s = time.monotonic() + self.timeout_s, 0.1
+        while True:
+            try:
+                return self._committed_offsets(group)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                settling = error is not None and error.code() in COORDINATOR_SETTLING
+                if not settling or time.monotonic() + pause_s >= deadline:
+                    raise self._unavailable(f"fetch the committed offsets of group {group!r}", exc) from None
+            time.sleep(pause_s)
+            pause_s = min(1.0, 2 * pause_s)
+
+    def _committed_offsets(self, group: str) -> dict[Position, int | None]:
         try:
             request = ConsumerGroupTopicPartitions(group)
             result = self._client.list_consumer_group_offsets([request], request_timeout=self.timeout_s)[group].result(
                 timeout=self.timeout_s
             )
-        except KafkaException as exc:
-            raise self._unavailable(f"fetch the committed offsets of group {group!r}", exc) from None
         except TimeoutError:  # the future's own wait ran out first (a broker that holds the request, e.g. frozen)
             raise KafkaUnavailable(
                 f"cannot fetch the committed offsets of group {group!r} on {self.connection.describe()}: "
