@@ -70,6 +70,22 @@ def read_all(
     return read
 
 
+def late_job(broker: BrokerProcess, registry: Path, store_url: str, tmp_path: Path, trace_topic: str) -> DetectorJob:
+    """The detector of these tests: their registry and store, a 1 s trigger, no lost topic."""
+    return DetectorJob(
+        registry_path=registry,
+        trace_connection=broker.connection(),
+        store_url=store_url,
+        checkpoint_dir=tmp_path / "checkpoint",
+        archive_dir=tmp_path / "archive",
+        verdicts_dir=tmp_path / "verdicts",
+        trace_topic=trace_topic,
+        lost_topic=None,
+        trigger_seconds=1.0,
+        detector=CONFIG,
+    )
+
+
 def wait_for(store: Store, verdicts_dir: Path, predicate: Any, timeout_s: float = 120) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout_s
     rows: list[dict[str, Any]] = []
@@ -107,18 +123,7 @@ def test_a_group_rewinding_after_decision_gets_duplicates_and_no_verdict_gets_wo
     producer.flush(10)
     assert read_all(broker, topic, group, consuming, from_start=False) == MESSAGES
 
-    job = DetectorJob(
-        registry_path=registry,
-        trace_connection=broker.connection(),
-        store_url=store_url,
-        checkpoint_dir=tmp_path / "checkpoint",
-        archive_dir=tmp_path / "archive",
-        verdicts_dir=tmp_path / "verdicts",
-        trace_topic=trace_topic,
-        lost_topic=None,
-        trigger_seconds=1.0,
-        detector=CONFIG,
-    )
+    job = late_job(broker, registry, store_url, tmp_path, trace_topic)
     started_ms = int(time.time() * 1000)
     queries = start_detector(spark, job)
     try:
@@ -207,18 +212,7 @@ def test_a_processor_replaying_its_input_after_decision_writes_duplicates_the_de
     assert read_all(broker, source, proc, emitters[proc], from_start=False, write_on=(writer, output)) == MESSAGES
     assert read_all(broker, output, sink, emitters[sink], from_start=False) == MESSAGES
 
-    job = DetectorJob(
-        registry_path=registry,
-        trace_connection=broker.connection(),
-        store_url=store_url,
-        checkpoint_dir=tmp_path / "checkpoint",
-        archive_dir=tmp_path / "archive",
-        verdicts_dir=tmp_path / "verdicts",
-        trace_topic=trace_topic,
-        lost_topic=None,
-        trigger_seconds=1.0,
-        detector=CONFIG,
-    )
+    job = late_job(broker, registry, store_url, tmp_path, trace_topic)
     started_ms = int(time.time() * 1000)
     queries = start_detector(spark, job)
     try:
