@@ -213,20 +213,26 @@ def _decide_pending(stored: Verdict | None, judged: Verdict) -> Change | None:
     return Change(decided, f"late evidence decided it: {judged.detail}")
 
 
-def _read_again(stored: Verdict | None, judged: Verdict) -> Change | None:
-    assert stored is not None
-    count = stored.count + judged.count
+def _late_duplicate(stored: Verdict, judged: Verdict, cause: Cause, detail: str, reason: str) -> Change:
+    """The stored receipt made a DUPLICATE by a late one: counts added, flagged, and keyed by the late state (a
+    replay of that state is recognised as such)."""
     duplicate = dataclasses.replace(
         stored,
         kind=VerdictKind.DUPLICATE,
-        cause=Cause.REWIND_REPLAY,
-        count=count,
+        cause=cause,
+        count=stored.count + judged.count,
         late_evidence=True,
-        first_seen_ms=judged.first_seen_ms,  # a replay of this late state is recognised as such
-        detail=f"offset {stored.offset} was read again at {clock(judged.observed_ms)}, after it was decided: "
-        f"{count} reads in all",
+        first_seen_ms=judged.first_seen_ms,
+        detail=detail,
     )
-    return Change(duplicate, f"read again: {shown_by(judged)}")
+    return Change(duplicate, f"{reason}: {shown_by(judged)}")
+
+
+def _read_again(stored: Verdict | None, judged: Verdict) -> Change | None:
+    assert stored is not None
+    count = stored.count + judged.count
+    detail = f"offset {stored.offset} was read again at {clock(judged.observed_ms)}, after it was decided: "
+    return _late_duplicate(stored, judged, Cause.REWIND_REPLAY, f"{detail}{count} reads in all", "read again")
 
 
 def _at_another_position(stored: Verdict | None, judged: Verdict) -> Change | None:
@@ -235,23 +241,14 @@ def _at_another_position(stored: Verdict | None, judged: Verdict) -> Change | No
     is written again by replay when its processor read its input record again (the judgement carries that cause,
     :func:`settle_batch`), else by a retry."""
     assert stored is not None
-    count = stored.count + judged.count
     if stored.kind is VerdictKind.DUPLICATE and stored.cause is not None:
         cause = stored.cause
     else:
         cause = judged.cause or Cause.PRODUCER_RETRY
     what = "written" if judged.hop_kind == "write" else "read"
-    duplicate = dataclasses.replace(
-        stored,
-        kind=VerdictKind.DUPLICATE,
-        cause=cause,
-        count=count,
-        late_evidence=True,
-        first_seen_ms=judged.first_seen_ms,  # a replay of this late state is recognised as such
-        detail=f"{what} again at offset {judged.offset} at {clock(judged.observed_ms)}, after it was decided at offset "
-        f"{stored.offset}: {count} in all",
-    )
-    return Change(duplicate, f"{what} again at another offset: {shown_by(judged)}")
+    detail = f"{what} again at offset {judged.offset} at {clock(judged.observed_ms)}, after it was decided at offset "
+    detail += f"{stored.offset}: {stored.count + judged.count} in all"
+    return _late_duplicate(stored, judged, cause, detail, f"{what} again at another offset")
 
 
 # A detector judgement: the first rule that holds gives what to store.
