@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from khipu.kafka.admin import one_group_per_coordinator
 from khipu.localstack.broker import BrokerSpec, formatted, start_broker
 from khipu.localstack.processes import port_open, stop_process_group
 
@@ -50,3 +51,39 @@ def test_topics_records_and_committed_offsets_survive_a_restart(tmp_path: Path) 
     finally:
         stop_process_group(second.pid)
     print(f"broker: first start (format + start) {first_start_s:.1f} s, restart {restart_s:.1f} s")
+
+
+def test_a_started_broker_takes_commits_at_once_and_each_group_lands_on_the_coordinator_partition_named(
+    tmp_path: Path,
+) -> None:
+    """start_broker returns only once every group coordinator has loaded, so a commit straight after it does not
+    meet "Coordinator load in progress" (a fresh-clone CI run met it in a fixture's first commit). The partition
+    each group's commit is written to is read back from __consumer_offsets itself."""
+    spec = BrokerSpec.scratch(tmp_path / "kafka")
+    broker = start_broker(spec, tmp_path / "broker.log")
+    try:
+        partitions = int(spec.properties()["offsets.topic.num.partitions"])
+        broker.admin().ensure_topics({"committed": 1})
+        groups = one_group_per_coordinator(partitions, prefix="landing-")
+        for group in groups:  # no retry here: each must succeed on the first try
+            committer = Consumer({"bootstrap.servers": spec.bootstrap_servers, "group.id": group})
+            committer.commit(offsets=[TopicPartition("committed", 0, 1)], asynchronous=False)
+            committer.close()
+        reader = Consumer(
+            {"bootstrap.servers": spec.bootstrap_servers, "group.id": "reader", "enable.auto.commit": False}
+        )
+        landed: dict[str, int] = {}
+        for p in range(partitions):
+            low, high = reader.get_watermark_offsets(TopicPartition("__consumer_offsets", p), timeout=10)
+            reader.assign([TopicPartition("__consumer_offsets", p, low)])
+            position = low
+            while position < high:
+                record = reader.poll(5)
+                assert record is not None, f"__consumer_offsets[{p}] gave nothing before its end {high}"
+                if record.error() is None:
+                    position = record.offset() + 1
+                    landed.update({g: p for g in groups if g.encode() in (record.key() or b"")})
+        reader.close()
+    finally:
+        stop_process_group(broker.pid)
+    assert landed == {g: p for p, g in enumerate(groups)}

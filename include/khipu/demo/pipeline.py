@@ -897,8 +897,8 @@ def committed_to_end(demo: _Demo, group: str, output: bool) -> bool:
     answer = admin.watermarks((topic, partition) for partition in range(demo.config.partitions))
     if answer.errors:
         raise DemoError(f"the end of {topic} is not known: {'; '.join(answer.errors)}")
-    committed = admin.committed_offsets(group)
-    return all((committed.get(position) or 0) >= end for position, (_, end) in answer.found.items())
+    committed = admin.committed_offsets(group, answer.found)
+    return all(committed.get(position, 0) >= end for position, (_, end) in answer.found.items())
 
 
 def _read_to(position: dict[int, int], end: dict[int, int]) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -66,6 +66,30 @@ class TopicRetention:
 COORDINATOR_SETTLING = frozenset(
     {KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR}
 )
+
+
+def group_partition(group: str, partitions: int) -> int:
+    """The partition of ``__consumer_offsets`` whose leader coordinates ``group``: Kafka's
+    ``Utils.abs(group.hashCode()) % partitions``, with Java's ``String.hashCode`` over UTF-16 code units."""
+    if partitions < 1:
+        raise ValueError(f"__consumer_offsets has at least one partition, not {partitions}")
+    units = group.encode("utf-16-be")
+    code = 0
+    for i in range(0, len(units), 2):
+        code = (31 * code + int.from_bytes(units[i : i + 2], "big")) & 0xFFFFFFFF
+    signed = code - (1 << 32) if code & 0x80000000 else code
+    return (0 if signed == -(1 << 31) else abs(signed)) % partitions
+
+
+def one_group_per_coordinator(partitions: int, prefix: str = "khipu-coordinator-probe-") -> list[str]:
+    """Group names that land one on each partition of ``__consumer_offsets``, in partition order: asking each
+    for its offsets reaches every group coordinator of the cluster."""
+    chosen: dict[int, str] = {}
+    n = 0
+    while len(chosen) < partitions:
+        chosen.setdefault(group_partition(f"{prefix}{n}", partitions), f"{prefix}{n}")
+        n += 1
+    return [chosen[p] for p in range(partitions)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,14 +303,15 @@ class KafkaAdmin:
             found[group] = GroupDescription(group, state, len(described.members or []), assigned)
         return Results(found, tuple(errors))
 
-    def committed_offsets(self, group: str) -> dict[Position, int | None]:
-        """The group's committed offset per partition it ever committed (``None``: no valid commit). A coordinator
+    def committed_offsets(self, group: str, positions: Iterable[Position] | None = None) -> dict[Position, int]:
+        """The group's committed offset per partition it has a commit for, among ``positions`` (by default every
+        partition of the cluster; a partition of a topic that does not exist has no commit). A coordinator
         that is still loading its groups (a broker just restarted) or moving is asked again within ``timeout_s``,
         as Kafka's own clients do; past it, or on any other error, :class:`KafkaUnavailable`."""
         deadline, pause_s = time.monotonic() + self.timeout_s, 0.1
         while True:
             try:
-                return self._committed_offsets(group)
+                return self._committed_offsets(group, positions)
             except KafkaException as exc:
                 error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
                 settling = error is not None and error.code() in COORDINATOR_SETTLING
@@ -295,21 +320,42 @@ class KafkaAdmin:
             time.sleep(pause_s)
             pause_s = min(1.0, 2 * pause_s)
 
-    def _committed_offsets(self, group: str) -> dict[Position, int | None]:
+    def _committed_offsets(self, group: str, positions: Iterable[Position] | None) -> dict[Position, int]:
+        """OffsetFetch for ``positions``, asked by a consumer of ``group`` that never joins it.
+
+        Not the admin call ListConsumerGroupOffsets: librdkafka (2.16.0 and earlier) crashes the whole process when
+        that call's answer is NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS, as a coordinator gives right after
+        a broker starts or moves (confluentinc/librdkafka#5040; tests/integration/test_broker.py met it). A
+        consumer handles those answers itself, asking the new coordinator again within the timeout."""
+        if positions is None:
+            positions = [(topic, p) for topic, parts in sorted(self.partitions().items()) for p in parts]
+        asked = [TopicPartition(topic, partition) for topic, partition in positions]
+        if not asked:
+            return {}
+        config: dict[str, Any] = {
+            **self.connection.client_config(),
+            "group.id": group,
+            "enable.auto.commit": False,
+            "socket.connection.setup.timeout.ms": 5000,
+            "error_cb": lambda error: self._client_errors.append(error.str()),
+        }
+        asker = Consumer(config)
         try:
-            request = ConsumerGroupTopicPartitions(group)
-            result = self._client.list_consumer_group_offsets([request], request_timeout=self.timeout_s)[group].result(
-                timeout=self.timeout_s
-            )
-        except TimeoutError:  # the future's own wait ran out first (a broker that holds the request, e.g. frozen)
-            raise KafkaUnavailable(
-                f"cannot fetch the committed offsets of group {group!r} on {self.connection.describe()}: "
-                f"no answer within {self.timeout_s:g} s{self._why()}"
-            ) from None
+            answered = asker.committed(asked, timeout=self.timeout_s)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if error is not None and error.code() == KafkaError._TIMED_OUT:  # a broker that holds it, e.g. frozen
+                raise KafkaUnavailable(
+                    f"cannot fetch the committed offsets of group {group!r} on {self.connection.describe()}: "
+                    f"no answer within {self.timeout_s:g} s{self._why()}"
+                ) from None
+            raise
+        finally:
+            asker.close()
         return {
-            (tp.topic, tp.partition): None if tp.offset == NO_OFFSET else tp.offset
-            for tp in result.topic_partitions or []
-            if tp.error is None
+            (tp.topic, tp.partition): tp.offset
+            for tp in answered
+            if tp.error is None and tp.offset != NO_OFFSET  # a partition the group never committed
         }
 
 

@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
+from khipu.kafka.admin import one_group_per_coordinator
 from khipu.localstack.processes import free_port, port_open, stop_process_group
 from khipu.settings import project_root
 
 KAFKA_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
 NODE_ID = 1
+PROBE_TOPIC = "khipu-coordinator-probe"  # never created: asking a group's offsets of it needs only the coordinator
 
 
 class BrokerError(RuntimeError):
@@ -257,13 +259,32 @@ def start_broker(spec: BrokerSpec, log_path: Path, ready_timeout_s: float = 90.0
         if process.poll() is not None:
             raise BrokerError(f"the broker exited with code {process.returncode} at start; see {log_path}")
         if port_open(spec.host, spec.port) and _answers(broker):
-            return broker
+            break
         if time.monotonic() > deadline:
             stop_process_group(process.pid)
             raise BrokerError(
                 f"the broker did not answer on {spec.bootstrap_servers} within {ready_timeout_s:.0f}s; see {log_path}"
             )
         time.sleep(0.1)
+
+
+    _wait_for_group_coordinators(broker, deadline, log_path)
+    return broker
+
+
+def _wait_for_group_coordinators(broker: BrokerProcess, deadline: float, log_path: Path) -> None:
+    """A broker answers metadata before its group coordinators have loaded ``__consumer_offsets`` (created on
+    the first group request, or read back after a restart); a commit then fails with "Coordinator load in
+    progress", which librdkafka does not retry. Ask one group of each of its partitions for its offsets, which
+    waits out the load, so a started broker takes commits at once."""
+    partitions = int(broker.spec.properties()["offsets.topic.num.partitions"])
+    admin = KafkaAdmin(broker.connection(), timeout_s=max(1.0, deadline - time.monotonic()))
+    try:
+        for group in one_group_per_coordinator(partitions):
+            admin.committed_offsets(group, [(PROBE_TOPIC, 0)])
+    except KafkaUnavailable as exc:
+        stop_process_group(broker.pid)
+        raise BrokerError(f"the broker's group coordinators did not load: {exc}; see {log_path}") from None
 
 
 def _answers(broker: BrokerProcess) -> bool:

@@ -75,9 +75,9 @@ def collect_snapshot(
         except KafkaUnavailable as exc:
             errors.append(f"committed offsets of group {group}: {exc}")
             continue
-        for (topic, partition), offset in offsets.items():
+        for (topic, partition), at in offsets.items():
             if topic in partitions_of:
-                committed[(group, topic, partition)] = offset
+                committed[(group, topic, partition)] = at
 
     positions = sorted({(topic, partition) for _, topic, partition in committed})
     watermarks = admin.watermarks(positions)

@@ -358,7 +358,8 @@ class Resender:
             groups = [c.group for c in stream.route.readers_of(TopicRef(cluster, topic))]
         try:
             admin = self._admins.get(cluster) or self._admins.setdefault(cluster, KafkaAdmin(self._connection(cluster)))
-            behind = [g for g in groups if (admin.committed_offsets(g).get((topic, partition)) or 0) <= offset]
+            position = (topic, partition)
+            behind = [g for g in groups if admin.committed_offsets(g, [position]).get(position, 0) <= offset]
         except (KafkaException, KafkaUnavailable) as exc:
             return f"produced to {where}; whether {', '.join(groups)} read it is not known ({exc}): no second copy"
         if behind:

@@ -32,7 +32,7 @@ class _FrozenThenBack:
         self.asked = 0
         self.back = False
 
-    def committed_offsets(self, group: str) -> dict[tuple[str, int], int | None]:
+    def committed_offsets(self, group: str) -> dict[tuple[str, int], int]:
         self.asked += 1
         if not self.back:
             raise TimeoutError

@@ -1,7 +1,9 @@
-"""A group coordinator that is still loading (a broker just restarted) is asked again; other errors are not.
+"""A group coordinator that is still loading (a broker just restarted) is asked again; other errors are not; and
+which coordinator a group has.
 
-The coordinator's answer is faked here: a real broker gives COORDINATOR_LOAD_IN_PROGRESS only in the moments after
-it starts, under load (a fresh-clone suite run met it once, test_broker.py's restart), which no test can time."""
+The coordinator's answer is faked in the first tests: a real broker's consumer client waits out a loading coordinator
+itself, so the answers that reach KafkaAdmin's own retry come only in moments no test can time. The real loading
+coordinator is met by every fresh broker's first start (tests/integration/test_broker.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
+from khipu.kafka.admin import group_partition, one_group_per_coordinator
 
 
 class Answers(KafkaAdmin):
@@ -22,7 +25,7 @@ class Answers(KafkaAdmin):
         super().__init__(KafkaConnection("127.0.0.1:9", cluster="local"), timeout_s=timeout_s)
         self.answers, self.asked = answers, 0
 
-    def _committed_offsets(self, group: str) -> dict[tuple[str, int], int | None]:
+    def _committed_offsets(self, group: str, positions: Any) -> dict[tuple[str, int], int]:
         answer = self.answers[min(self.asked, len(self.answers) - 1)]
         self.asked += 1
         if isinstance(answer, int):
@@ -50,3 +53,32 @@ def test_a_coordinator_that_keeps_loading_is_given_up_on_within_the_timeout() ->
     with pytest.raises(KafkaUnavailable, match="oordinator load in progress"):
         admin.committed_offsets("g")
     assert time.monotonic() - began < 1.6 and admin.asked >= 3
+
+
+@pytest.mark.parametrize(
+    ("group", "partitions", "expected"),
+    [
+        ("hello", 50, 99162322 % 50),  # Java: "hello".hashCode() == 99162322
+        ("", 10, 0),  # hashCode 0
+        ("polygenelubricants", 7, 0),  # hashCode Integer.MIN_VALUE, which Kafka's Utils.abs makes 0
+        ("Aa", 10, 2112 % 10),  # "Aa" and "BB" share hashCode 2112
+        ("BB", 10, 2112 % 10),
+        ("é", 100, 233 % 100),  # one UTF-16 unit
+        ("😀", 1000, (0xD83D * 31 + 0xDE00) % 1000),  # two UTF-16 units (a surrogate pair), as Java counts them
+        ("khipu-detector", 50, 28),  # hashCode -1930674078 (negative: its absolute value is taken), from Java 17
+        ("demo-enricher", 10, 4),  # hashCode 348605724, from Java 17
+        ("khipu-detector", 1, 0),
+    ],
+)
+def test_a_groups_coordinator_partition_is_javas_string_hash_as_kafka_takes_it(
+    group: str, partitions: int, expected: int
+) -> None:
+    assert group_partition(group, partitions) == expected
+
+
+def test_one_group_per_coordinator_names_a_group_for_each_partition_in_order() -> None:
+    groups = one_group_per_coordinator(10)
+    assert len(set(groups)) == 10
+    assert [group_partition(g, 10) for g in groups] == list(range(10))
+    with pytest.raises(ValueError, match="at least one partition"):
+        group_partition("g", 0)
