@@ -4,7 +4,8 @@ The streaming detector keys its state by a hash bucket of message ids, not by me
 read, one write and one timer per bucket and micro-batch instead of per message (every state call of
 Spark's Python ``transformWithState`` is a round trip to the JVM). A bucket's state is two Arrow
 tables, compressed: the traces of its messages in flight, and one row per message (when it was first
-seen, which hops were reported, the memo of when each group was first seen past it, when to look again).
+seen, which hops were reported and with how many copies, the memo of when each group was first seen past it,
+when to look again).
 
 An evaluation (:meth:`BucketJudge.evaluate`) takes the state, the bucket's new traces and the batch's
 time, and decides:
@@ -34,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from khipu.detector.clean import NONE, CleanGrid, delivered_cells, judge_clean
-from khipu.detector.decide import LookupUnavailable, decide, memo_key, resend_of
+from khipu.detector.decide import LookupUnavailable, decide, memo_key, reported_now, resend_of, to_report
 from khipu.detector.model import (
     CommittedLookup,
     DetectorConfig,
@@ -71,6 +72,9 @@ MESSAGE_STATE = pa.schema(
         ("memo", pa.binary()),  # clean: int64 per hop, when its group was first seen past the message
         ("passed_at", pa.string()),  # judged: decide's memo, JSON
         ("next_check_ms", pa.int64()),  # judged: when decide wants to look again
+        # judged: JSON, hop id -> the copies its reported verdict counted (null: a verdict that counts none); null
+        # while decide has reported nothing, when each emitted bit is the clean judge's DELIVERED (one copy)
+        ("reported", pa.string()),
     ]
 )
 VERDICT_COLUMNS = (  # a verdict as the processor emits it: its hop by number (RoutePlans.described says the rest)
@@ -132,7 +136,8 @@ class BucketState:
     @staticmethod
     def decode(blob: bytes) -> BucketState:
         """The state as :meth:`encode` wrote it; a state kept by an earlier version, whose traces lack columns
-        added since (trace format 3: key hash and flags), gets them as null (no key, every flag false)."""
+        added since (trace format 3: key hash and flags), gets them as null (no key, every flag false); its
+        messages lacking ``reported`` get it as null."""
         source = pa.BufferReader(blob)
         traces = ipc.open_stream(source).read_all()
         messages = ipc.open_stream(source).read_all()
@@ -146,6 +151,8 @@ class BucketState:
                     for field in TRACE_STATE
                 }
             ).cast(TRACE_STATE)
+        if "reported" not in messages.schema.names:  # kept before it was: every emitted bit counts as one copy
+            messages = messages.append_column(MESSAGE_STATE.field("reported"), pa.nulls(messages.num_rows, pa.string()))
         return BucketState(traces, messages.replace_schema_metadata(None), routes.decode() if routes else None)
 
 
@@ -184,6 +191,7 @@ class _Messages:
     memo: np.ndarray  # object (bytes)
     passed_at: np.ndarray  # object (str | None)
     next_check_ms: np.ndarray
+    reported: np.ndarray  # object (str | None)
 
     @staticmethod
     def of(table: pa.Table) -> _Messages:
@@ -195,12 +203,12 @@ class _Messages:
     def same_as(self, other: _Messages) -> bool:
         numbers = ("judged", "emitted", "next_check_ms")
         return all(np.array_equal(getattr(self, name), getattr(other, name)) for name in numbers) and all(
-            list(getattr(self, name)) == list(getattr(other, name)) for name in ("memo", "passed_at")
+            list(getattr(self, name)) == list(getattr(other, name)) for name in ("memo", "passed_at", "reported")
         )
 
     def table(self, keep: np.ndarray) -> pa.Table:
         columns = [self.ids, self.stream, self.first_seen_ms, self.judged, self.emitted, self.memo, self.passed_at,
-                   self.next_check_ms]  # fmt: skip
+                   self.next_check_ms, self.reported]  # fmt: skip
         return pa.Table.from_arrays(
             [pa.array(values[keep], type=field.type) for values, field in zip(columns, MESSAGE_STATE, strict=True)],
             schema=MESSAGE_STATE,
@@ -312,7 +320,7 @@ class BucketJudge:
             waiting: list[str] = []
             for position in by_rules:
                 try:
-                    verdicts, finished, memo_text, wanted = self._decide(
+                    verdicts, finished, memo_text, wanted, reported = self._decide(
                         messages, int(position), by_message.get(int(position), []), now_ms, read_to, lookups
                     )
                 except LookupUnavailable as exc:  # nobody answered: the message waits as it was, asked again soon
@@ -322,6 +330,7 @@ class BucketJudge:
                 if verdicts:
                     frames.append(_frame_of(verdicts, self._hop_number))
                     messages.emitted[position] |= self._bits(messages.stream[position], verdicts)
+                    messages.reported[position] = reported
                 done[position] = finished
                 messages.passed_at[position] = memo_text
                 messages.next_check_ms[position] = wanted
@@ -408,6 +417,7 @@ class BucketJudge:
                 pa.array([self._blank_memo.get(stream, b"") for stream in streams], pa.binary()),
                 pa.nulls(n, pa.string()),
                 pa.array(np.zeros(n, dtype=np.int64)),
+                pa.nulls(n, pa.string()),
             ],
             schema=MESSAGE_STATE,
         )
@@ -554,12 +564,14 @@ class BucketJudge:
         now_ms: int,
         read_to: int | None,
         lookups: Lookups,
-    ) -> tuple[list[Verdict], bool, str | None, int]:
+    ) -> tuple[list[Verdict], bool, str | None, int, str | None]:
+        """Decide one message: (what to report, whether it is decided, decide's memo, when to look again, what has
+        been reported of it then)."""
         plan = self.by_stream[messages.stream[position]]
         passed_at = messages.passed_at[position]
         traces = [trace_from_columns(row) for row in rows]
         if not traces:
-            return [], True, passed_at, 0
+            return [], True, passed_at, 0, messages.reported[position]
         memo = json.loads(passed_at) if passed_at else {}
         decision = decide(
             str(messages.ids[position]), plan.stream, traces, lookups.committed, memo,
@@ -567,10 +579,14 @@ class BucketJudge:
             lookups.record,
         )  # fmt: skip
         emitted = int(messages.emitted[position])
-        reported = {plan.hops[i].id for i in range(plan.size) if emitted >> i & 1}
-        fresh = [v for v in decision.verdicts if v.hop not in reported]
+        said = messages.reported[position]
+        reported: dict[str, int | None] = (
+            json.loads(said) if said else {plan.hops[i].id: 1 for i in range(plan.size) if emitted >> i & 1}
+        )
+        fresh = to_report(decision.verdicts, reported)
         wanted = max(int(decision.next_check_ms or now_ms), now_ms + 1)
-        return fresh, decision.done, json.dumps(dict(decision.passed_at)), wanted
+        now_said = json.dumps(reported_now(reported, fresh)) if fresh else said
+        return fresh, decision.done, json.dumps(dict(decision.passed_at)), wanted, now_said
 
     def _bits(self, stream: str, verdicts: Sequence[Verdict]) -> int:
         plan = self.by_stream[stream]

@@ -1128,3 +1128,28 @@ def decide(
     done = not open_hops
     next_check = None if done else min([*checks, first_seen_ms + config.max_wait_ms])
     return Decision(tuple(judged.values()), done, {**passed_at, **memo.maps[0]}, next_check)
+
+
+# -- what a message in flight reports -------------------------------------------------------------------
+
+
+def to_report(verdicts: Sequence[Verdict], reported: Mapping[str, int | None]) -> list[Verdict]:
+    """What one evaluation of a message still in flight reports, given what earlier ones reported (hop id -> the
+    traced copies its receipt counted: DELIVERED 1, a DUPLICATE its count, TRACE_LOST 0; None: not a receipt). A
+    hop's verdict is reported the first time it is decided, and again when the hop was reported as received and
+    more copies of it have been traced since: the message was written again (an at-least-once processor after its
+    rebalance) and the copy reached a hop already decided while the message was still in flight, so its DELIVERED
+    is now a DUPLICATE (or a DUPLICATE of more, or a TRACE_LOST now shown by a trace). The store takes that as the
+    same state's judgement on more evidence. Any other change waits for reconciliation: a LOST is not quietly
+    undone (its retraction says what contradicted it)."""
+
+    def more_copies(v: Verdict) -> bool:
+        before = reported[v.hop]
+        return v.kind in RECEIPT_KINDS and before is not None and v.count > before
+
+    return [v for v in verdicts if v.hop not in reported or more_copies(v)]
+
+
+def reported_now(reported: Mapping[str, int | None], verdicts: Sequence[Verdict]) -> dict[str, int | None]:
+    """What has been reported of a message once ``verdicts`` (from :func:`to_report`) are too."""
+    return {**reported, **{v.hop: v.count if v.kind in RECEIPT_KINDS else None for v in verdicts}}

@@ -312,6 +312,9 @@ class DetectorWriter:
             zip(verdicts.column("message_id").to_pylist(), verdicts.column("first_seen_ms").to_pylist(), strict=True)
         )
         again = {m for m, found in earlier.items() if any(d.first_seen_ms != first_seen.get(m) for d in found)}
+        # a hop its state reports again, now a DUPLICATE (decide.to_report): its DELIVERED may be in the archive
+        copies = verdicts.filter(pc.equal(verdicts.column("verdict"), "DUPLICATE")).column("message_id")
+        again |= set(copies.to_pylist()) & set(earlier)
         stale = self._older_than_the_index(verdicts, set(earlier))
         look_in = {m: {h for d in earlier[m] for h in (d.hour, _next_hour(d.hour))} for m in again}
         look_in.update(stale)

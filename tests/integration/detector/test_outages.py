@@ -96,16 +96,11 @@ def live_demo(data: BrokerProcess, traces: BrokerProcess, tmp_path: Path, run_id
         trace_topic=trace_topic,
         count=300,
         rate_per_s=15,
-        # every fault but the producer's injected retry: a retried copy held up by the freeze can land after its
-        # message was decided (a full-suite run hit it once: 1420 of 1426 exact, when the sinks kept DELIVERED).
-        # The settle rules now name such a copy DUPLICATE at once (docs/reconciliation.md, row 7); this test has not
-        # yet been run with the retries back in through a freeze. Nor the injected rebalance drop: right after a
-        # freeze its commit over the buffer waits up to 30 s for a coordinator the enricher had lost, twice, and the
-        # group then dropped the member: the enricher wrote ~130 messages again while they were still in flight, and
-        # the sinks' copies came after their hops were reported (a fresh-clone run, 263 of 1,478 hops DELIVERED where
-        # they read two copies). A hop the same state already reported is not reported again: a detector limit left
-        # for its own fix (the state keeps which hops it reported, not what it said of them)
-        faults=replace(ALL_FAULTS, producer_retry=0.0, rebalance_drop=0.0),
+        # every fault, the producer's injected retries and rebalance drops included: a copy a freeze holds up can land
+        # after its message was decided (the settle rules name it DUPLICATE at once: docs/reconciliation.md, row 7),
+        # or reach a hop already reported while its message is still in flight (reported again: decide.to_report; a
+        # fresh-clone run without it had 263 of 1,478 hops DELIVERED where the sinks read two copies)
+        faults=ALL_FAULTS,
         seed=20,
         run_id=run_id,
         delay_ms=1500,

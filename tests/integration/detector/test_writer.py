@@ -72,3 +72,38 @@ def test_a_trace_arriving_after_the_index_forgot_its_message_is_judged_as_if_it_
     kept, _, archived = forgotten
     assert ("p -> local/in", "DELIVERED", 1) in kept  # never made worse: not TRACE_LOST
     assert ("local/in -> s1", "DUPLICATE", 2) in kept and archived == 2  # the hop read again, nothing archived twice
+
+
+def test_a_hop_reported_again_by_its_state_with_more_copies_replaces_its_archived_delivered(tmp_path: Path) -> None:
+    """The bucket reports a hop again when more copies reached it while its message was in flight
+    (decide.to_report): the read hop was DELIVERED (archived, counted in its minute) and is now a DUPLICATE of two,
+    from the same state (same first_seen_ms). The store keeps the DUPLICATE, the archive's DELIVERED is replaced,
+    and the minute counts the hop once, as a duplicate."""
+    store_url = f"sqlite:///{tmp_path / 'khipu.db'}"
+    Store(store_url).migrate()
+    writer = DetectorWriter(store_url, str(tmp_path / "archive"), str(tmp_path / "verdicts"), None,
+                            KafkaConnection("127.0.0.1:9"), keep_pointers_ms=HOUR_MS, known_streams=("orders",),
+                            hops=PLANS.described())  # fmt: skip
+    sent = int(time.time() * 1000) - 60_000
+    state = {"message_id": "m1", "first_seen_ms": sent, "decided_ms": sent + 35_000, "observed_ms": sent}
+    writer._verdicts(rows({**state, "hop": READ, "verdict": "DELIVERED", "judged_by": "clean"}), 1)
+    again = {**state, "decided_ms": sent + 70_000, "judged_by": "decide", "observed_ms": sent + 40_000}
+    writer._verdicts(
+        rows(
+            {**again, "hop": READ, "verdict": "DUPLICATE", "cause": "producer_retry", "count": 2, "offset": 8},
+            {**again, "hop": WRITE, "verdict": "DUPLICATE", "cause": "producer_retry", "count": 2, "offset": 8},
+        ),
+        2,
+    )
+    store = Store(store_url)
+    kept = {(v["hop"], v["verdict"], v["cause"], v["count"]) for v in stored_verdicts(store, tmp_path / "verdicts")}
+    duplicate = ("DUPLICATE", "producer_retry", 2)
+    assert kept == {("local/in -> s1", *duplicate), ("p -> local/in", *duplicate)}
+    minutes = store.verdicts.read_metrics("orders")
+    by_hop: dict[str, dict[str, int]] = {}
+    for minute in minutes:
+        counts = by_hop.setdefault(minute["hop"], {"delivered": 0, "duplicate": 0})
+        counts["delivered"] += minute["delivered"]
+        counts["duplicate"] += minute["duplicate"]
+    assert by_hop["local/in -> s1"] == {"delivered": 0, "duplicate": 1}  # once, as what it is now
+    assert by_hop["p -> local/in"] == {"delivered": 0, "duplicate": 1}

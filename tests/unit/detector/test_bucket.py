@@ -21,9 +21,24 @@ import pyarrow as pa
 import pyarrow.ipc
 import pytest
 
-from khipu.detector.bucket import TRACE_STATE, BucketJudge, BucketState, Lookups, route_ids, routes_fingerprint
-from khipu.detector.decide import decide
-from khipu.detector.model import DetectorConfig, RecordFate, RecordState, Removal
+from khipu.detector.bucket import (
+    MESSAGE_STATE,
+    TRACE_STATE,
+    BucketJudge,
+    BucketState,
+    Lookups,
+    route_ids,
+    routes_fingerprint,
+)
+from khipu.detector.decide import decide, reported_now, to_report
+from khipu.detector.model import (
+    DetectorConfig,
+    PointerLookup,
+    RecordFate,
+    RecordState,
+    Removal,
+    nothing_pointed_at,
+)
 from khipu.detector.routes import RoutePlans, trace_hop_key
 from khipu.registry import parse_registry
 from khipu.registry.model import Registry
@@ -76,7 +91,7 @@ class _Alone:
     traces: list[Trace]
     first_seen: int
     memo: dict[str, int] = field(default_factory=dict)
-    emitted: set[str] = field(default_factory=set)
+    reported: dict[str, int | None] = field(default_factory=dict)  # hop id -> copies counted (to_report)
     next_check: int = 0
 
 
@@ -86,7 +101,9 @@ class OneByOne:
     def __init__(self, registry: Registry) -> None:
         self.registry, self.states = registry, {}  # type: ignore[var-annotated]
 
-    def evaluate(self, new: Sequence[Trace], now: int, world: World) -> list[Verdict]:
+    def evaluate(
+        self, new: Sequence[Trace], now: int, world: World, pointed_at: PointerLookup = nothing_pointed_at
+    ) -> list[Verdict]:
         states: dict[str, _Alone] = self.states
         touched = set()
         for trace in new:
@@ -101,13 +118,13 @@ class OneByOne:
             stream = self.registry.streams.get(state.traces[0].stream)
             assert stream is not None
             decision = decide(message_id, stream, state.traces, world.committed_of, state.memo, state.first_seen, now,
-                              CONFIG, removed=world.removed, record=world.record)  # fmt: skip
-            fresh = [v for v in decision.verdicts if v.hop not in state.emitted]
+                              CONFIG, pointed_at, removed=world.removed, record=world.record)  # fmt: skip
+            fresh = to_report(decision.verdicts, state.reported)
             out.extend(fresh)
             if decision.done:
                 del states[message_id]
                 continue
-            state.emitted |= {v.hop for v in fresh}
+            state.reported = reported_now(state.reported, fresh)
             state.memo = dict(decision.passed_at)
             state.next_check = max(int(decision.next_check_ms or now), now + 1)
         return out
@@ -163,9 +180,10 @@ def random_messages(rng: random.Random, count: int, world: World | None = None) 
         in_at, out_at = next_offset["in"], next_offset["out"]
         next_offset["in"] += 1
         next_offset["out"] += 1
-        faults, weights = ["none", "lost trace", "skip", "drop", "reread", "retry"], [60, 10, 8, 7, 8, 7]
+        faults = ["none", "lost trace", "skip", "drop", "reread", "retry", "written again"]
+        weights = [60, 10, 8, 7, 8, 7, 8]
         if world is not None:
-            faults, weights = [*faults, "committed", "aborted", "compacted"], [*weights, 10, 8, 6]
+            faults, weights = [*faults, "committed", "aborted", "compacted"], [*weights, 10, 8, 8]
         fault = rng.choices(faults, weights)[0]
         hops = [
             ("p", TraceType.SENT, "in", in_at, None),
@@ -174,6 +192,7 @@ def random_messages(rng: random.Random, count: int, world: World | None = None) 
             ("s1", TraceType.RECEIVED, "out", out_at, "s1"),
             ("s2", TraceType.RECEIVED, "out", out_at, "s2"),
         ]
+        later: list[tuple[int, tuple[str, TraceType, str, int, str | None]]] = []  # (batches later, hop)
         if fault == "lost trace":
             hops.pop(rng.randrange(len(hops)))
         elif fault == "skip":
@@ -182,6 +201,14 @@ def random_messages(rng: random.Random, count: int, world: World | None = None) 
             hops = hops[:2]
         elif fault == "reread":
             hops.append(rng.choice(hops[3:]))
+        elif fault == "written again":  # proc wrote it again (a rebalance); both sinks read the copy, batches later:
+            again_at, late = next_offset["out"], rng.randrange(1, 5)  # most while the message is still in flight
+            next_offset["out"] += 1
+            later = [(late, ("proc", TraceType.SENT, "out", again_at, None))]
+            for group in ("s1", "s2"):
+                later.append((late + rng.randrange(2), (group, TraceType.RECEIVED, "out", again_at, group)))
+            if rng.random() < 0.3:  # and a sink's trace of the first copy was lost
+                hops.pop(rng.choice([3, 4]))
         elif fault == "retry":
             hops.append(("p", TraceType.SENT, "in", next_offset["in"], None))
             next_offset["in"] += 1
@@ -198,10 +225,37 @@ def random_messages(rng: random.Random, count: int, world: World | None = None) 
                 uncommitted = kind is TraceType.RECEIVED and (fault == "aborted" or rng.random() < 0.5)
                 made = made._replace(transactional=kind is TraceType.SENT, read_uncommitted=uncommitted)
             out.append((arrives, made))
+        for late, (loc, kind, topic, offset, group) in later:
+            out.append((batch + late, trace(m, "orders", loc, kind, topic, offset, group, ts + 1_000 * late)))
     return out
 
 
 HOP_IDS = RoutePlans.of(REGISTRY).described()["hop"]
+
+
+RECEIPTS = ("DELIVERED", "DUPLICATE", "TRACE_LOST")  # the verdicts that count a hop's traced copies
+
+
+def report(v: Mapping[str, Any] | Verdict) -> tuple[Any, ...]:
+    """(message, hop, the state that reported it, kind, copies): what reported_again looks at."""
+    message_id, hop, kind, _, count, *_ = key(v)
+    first_seen = v["first_seen_ms"] if isinstance(v, Mapping) else v.first_seen_ms
+    return message_id, hop, int(first_seen), kind, count
+
+
+def reported_again(reports: Sequence[tuple[Any, ...]]) -> int:
+    """How many reports (:func:`report`, in the order made) were of a hop the same state reported before; each must
+    be what decide.to_report allows: a receipt counting more traced copies than the hop's previous receipt. (A state
+    started by traces arriving after the message was decided reports afresh: the store settles that.)"""
+    copies: dict[tuple[str, str, int], int | None] = {}
+    again = 0
+    for message_id, hop, first_seen, kind, count in reports:
+        if (message_id, hop, first_seen) in copies:
+            before = copies[(message_id, hop, first_seen)]
+            assert kind in RECEIPTS and before is not None and count > before, (message_id, hop, kind, count, before)
+            again += 1
+        copies[(message_id, hop, first_seen)] = count if kind in RECEIPTS else None
+    return again
 
 
 def key(v: Mapping[str, Any] | Verdict, hop_ids: Sequence[str] = HOP_IDS) -> tuple[Any, ...]:
@@ -229,6 +283,8 @@ def test_a_bucket_judges_every_message_as_decide_alone_does(seed: int) -> None:
     lookups = Lookups(world.committed_of, world.start_of, removed=world.removed, record=world.record)
     expected: list[tuple[Any, ...]] = []
     got: list[tuple[Any, ...]] = []
+    reports: list[tuple[Any, ...]] = []
+    expected_reports: list[tuple[Any, ...]] = []
     clean = judged = 0
     now = 100_000
     for step in range(40):
@@ -239,14 +295,20 @@ def test_a_bucket_judges_every_message_as_decide_alone_does(seed: int) -> None:
                 world.committed[(group, topic, 0)] = current + rng.randrange(0, 60)
         if step == 25:
             world.log_start[("out", 0)] = 3  # retention moved past the first records of out
-        expected += [key(v) for v in alone.evaluate(new, now, world)]
+        from_alone = alone.evaluate(new, now, world)
+        expected += [key(v) for v in from_alone]
         evaluation = bucket.evaluate(state, rows_of(new, REGISTRY) if new else None, now, lookups)
         state = BucketState.decode(evaluation.state.encode())  # as Spark keeps it between batches
-        got += [key(row) for row in evaluation.verdicts.to_dict("records")]
+        rows = evaluation.verdicts.to_dict("records")
+        got += [key(row) for row in rows]
+        reports += [report(row) for row in rows]
+        expected_reports += [report(v) for v in from_alone]
         clean += evaluation.clean_messages
         judged += evaluation.judged_messages
         now += rng.choice([5_000, 7_000, 20_000])
-    assert len(got) == len(set(got))  # no hop reported twice
+    again = reported_again(reports)  # a hop reported again only when more copies reached it
+    assert again == reported_again(expected_reports)
+    print(f"seed {seed}: {len(got)} verdicts, {again} of them a hop reported again with more copies")
     assert sorted(got) == sorted(expected)
     assert len(expected) > 300 and clean > judged  # most of the work was the clean judge's
     kinds = {v[2] for v in expected}
@@ -321,8 +383,9 @@ def test_state_kept_under_earlier_routes_is_judged_under_the_new_ones_as_decide_
 
 
 def test_a_state_kept_before_trace_format_3_is_judged_after_an_upgrade() -> None:
-    """A bucket's state written by the previous version (its traces without the key hash and flags) is read by
-    this one: new traces join it and the old ones are judged as traces without them."""
+    """A bucket's state written by an earlier version (its traces without the key hash and flags, its messages
+    without what was reported of them) is read by this one: new traces join it and the old ones are judged as
+    traces without them."""
     rng = random.Random(7)
     arrivals = random_messages(rng, 40)
     world = World()
@@ -331,12 +394,88 @@ def test_a_state_kept_before_trace_format_3_is_judged_after_an_upgrade() -> None
     first = judge.evaluate(BucketState.empty(), rows_of([t for b, t in arrivals if b == 0], REGISTRY), 100_000, lookups)
     older = first.state.traces.drop_columns(["key_hash", "tombstone", "transactional", "read_uncommitted"])
     sink = pa.BufferOutputStream()
-    for table in (older, first.state.messages):
+    for table in (older, first.state.messages.drop_columns(["reported"])):
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
     kept = BucketState.decode(bytes(sink.getvalue()))  # as Spark hands the previous version's blob back
     assert kept.traces.schema == TRACE_STATE and kept.traces.num_rows == first.state.traces.num_rows
     assert kept.traces.column("transactional").null_count == kept.traces.num_rows
+    assert kept.messages.schema == MESSAGE_STATE  # and its messages without what was reported of them
     later = judge.evaluate(kept, rows_of([t for b, t in arrivals if b == 1], REGISTRY), 105_000, lookups)
     again = judge.evaluate(first.state, rows_of([t for b, t in arrivals if b == 1], REGISTRY), 105_000, lookups)
     assert later.verdicts.to_dict("records") == again.verdicts.to_dict("records")  # judged as if never upgraded
+
+
+@pytest.mark.parametrize(
+    ("first_trace_lost", "s1_reports"),
+    [
+        (False, [("DELIVERED", None, 1), ("DUPLICATE", "producer_retry", 2)]),
+        (True, [("TRACE_LOST", None, 0), ("DELIVERED", None, 1)]),
+    ],
+)
+def test_copies_that_reach_a_reported_hop_while_the_message_is_in_flight_are_reported_at_once(
+    first_trace_lost: bool, s1_reports: list[tuple[Any, ...]]
+) -> None:
+    """The CI case of the one-broker freeze: an at-least-once processor, dropped from its group, wrote the message
+    again while the message was still in flight (s2 had not committed past it yet), after s1's verdict had been
+    reported; s1 then read the copy too. s1's hop is reported again, by the bucket and the one-message reference
+    alike: a DUPLICATE of two copies; or, when s1's first RECEIVED trace was lost (TRACE_LOST: its emitter's later
+    trace pointed back at it, as in the route-cluster freeze run), DELIVERED, the one receipt traced. Each hop's last
+    report is what decide says with every trace, as reconciliation would."""
+    world = World()
+    seq = iter(range(100))
+
+    def trace(loc: str, kind: TraceType, topic: str, offset: int, group: str | None, at: int) -> Trace:
+        return Trace("m", "orders", loc, "local", kind, at, topic, 0, offset, group, f"{loc}-e", next(seq), 100.0)
+
+    first = [
+        trace("p", TraceType.SENT, "in", 0, None, 1_000),
+        trace("proc", TraceType.RECEIVED, "in", 0, "proc", 1_010),
+        trace("proc", TraceType.SENT, "out", 0, None, 1_020),
+        trace("s1", TraceType.RECEIVED, "out", 0, "s1", 1_030),
+        trace("s2", TraceType.RECEIVED, "out", 0, "s2", 1_040),
+    ]
+    if first_trace_lost:
+        first.pop(3)
+
+    def pointed_at(location: str, cluster: str, topic: str, partition: int, offset: int) -> bool:
+        return first_trace_lost and (location, topic, offset) == ("s1", "out", 0)  # s1's next trace points back
+    copy = [
+        trace("proc", TraceType.SENT, "out", 1, None, 60_000),
+        trace("s1", TraceType.RECEIVED, "out", 1, "s1", 60_010),
+    ]
+    copy_read_by_s2 = [trace("s2", TraceType.RECEIVED, "out", 1, "s2", 95_000)]
+    world.committed.update({("proc", "in", 0): 1, ("s1", "out", 0): 1})  # s2 has not committed yet
+    alone, bucket = OneByOne(REGISTRY), BucketJudge(RoutePlans.of(REGISTRY), CONFIG)
+    lookups = Lookups(world.committed_of, world.start_of, pointed_at, removed=world.removed, record=world.record)
+    state = BucketState.empty()
+    got: list[dict[str, Any]] = []
+    expected: list[Verdict] = []
+    s1 = "local/out -> s1"
+    now = 100_000
+    for step, new in enumerate([first, [], copy, [], copy_read_by_s2, [], []]):
+        if step == 2:
+            world.committed[("s1", "out", 0)] = 2  # s1 read the copy and committed past it
+        if step == 4:
+            world.committed[("s2", "out", 0)] = 2
+        expected += alone.evaluate(new, now, world, pointed_at)
+        evaluation = bucket.evaluate(state, rows_of(new, REGISTRY) if new else None, now, lookups)
+        state = BucketState.decode(evaluation.state.encode())
+        got += evaluation.verdicts.to_dict("records")
+        if step == 1:  # s1's first report, while s2 and the processor's write are still open
+            assert [key(r)[2:5] for r in got if key(r)[1] == s1] == s1_reports[:1]
+            assert state.messages.num_rows == 1
+        now += 35_000
+    assert sorted(key(r) for r in got) == sorted(key(v) for v in expected)
+    assert reported_again([report(r) for r in got]) == 1
+    assert [key(r)[2:5] for r in got if key(r)[1] == s1] == s1_reports
+    last = {key(r)[1]: key(r)[2:5] for r in got}
+    def with_every_trace(memo: dict[str, int], at: int) -> Any:
+        return decide("m", REGISTRY.streams["orders"], [*first, *copy, *copy_read_by_s2], world.committed_of, memo,
+                      100_000, at, CONFIG, pointed_at, removed=world.removed, record=world.record)  # fmt: skip
+
+    seen = with_every_trace({}, now)  # the groups first seen past it now; judged once the grace has gone by
+    everything = with_every_trace(dict(seen.passed_at), now + CONFIG.grace_ms)
+    assert everything.done
+    assert last == {v.hop: key(v)[2:5] for v in everything.verdicts}
+    assert state.messages.num_rows == 0  # decided: nothing left in flight

@@ -156,7 +156,16 @@ def test_messages_whose_lookups_cannot_ask_wait_through_the_outage_and_end_as_wi
     the same verdicts (message, hop, kind, cause, count); none is reported twice; some waited."""
     from khipu.detector.bucket import BucketJudge, BucketState, Lookups
     from khipu.detector.routes import RoutePlans
-    from tests.unit.detector.test_bucket import CONFIG, REGISTRY, OneByOne, World, key, random_messages, rows_of
+    from tests.unit.detector.test_bucket import (
+        CONFIG,
+        REGISTRY,
+        OneByOne,
+        World,
+        key,
+        random_messages,
+        reported_again,
+        rows_of,
+    )  # fmt: skip
 
     rng = random.Random(seed)
     world = World()
@@ -192,7 +201,7 @@ def test_messages_whose_lookups_cannot_ask_wait_through_the_outage_and_end_as_wi
         state = BucketState.decode(evaluation.state.encode())
         got += [key(row)[:5] for row in evaluation.verdicts.to_dict("records")]
         now += rng.choice([5_000, 7_000, 20_000])
-    assert len(got) == len(set(got))  # no hop reported twice
+    reported_again(got)  # a hop reported again only when more copies reached it
     assert sorted(got) == sorted(expected)
     assert len(expected) > 300 and asked_in_outage[0] > 0  # messages did wait on a lookup that could not ask
     print(f"seed {seed}: {len(expected)} verdicts equal; {asked_in_outage[0]} lookups could not ask in the outage")
