@@ -1132,24 +1132,34 @@ def decide(
 
 # -- what a message in flight reports -------------------------------------------------------------------
 
+REPORTED_LOST = -1  # what reported_now keeps of a hop reported LOST (a receipt traced later contradicts it)
+
 
 def to_report(verdicts: Sequence[Verdict], reported: Mapping[str, int | None]) -> list[Verdict]:
     """What one evaluation of a message still in flight reports, given what earlier ones reported (hop id -> the
-    traced copies its receipt counted: DELIVERED 1, a DUPLICATE its count, TRACE_LOST 0; None: not a receipt). A
-    hop's verdict is reported the first time it is decided, and again when the hop was reported as received and
-    more copies of it have been traced since: the message was written again (an at-least-once processor after its
-    rebalance) and the copy reached a hop already decided while the message was still in flight, so its DELIVERED
-    is now a DUPLICATE (or a DUPLICATE of more, or a TRACE_LOST now shown by a trace). The store takes that as the
-    same state's judgement on more evidence. Any other change waits for reconciliation: a LOST is not quietly
-    undone (its retraction says what contradicted it)."""
+    traced copies its receipt counted: DELIVERED 1, a DUPLICATE its count, TRACE_LOST 0; REPORTED_LOST for a LOST;
+    None for anything else). A hop's verdict is reported the first time it is decided, and again when a receipt
+    traced since changes what was said: the message was written again (an at-least-once processor after its
+    rebalance) and the copy reached a hop already decided while the message was still in flight. Its DELIVERED is
+    then a DUPLICATE (or a DUPLICATE of more); its TRACE_LOST, DELIVERED; its LOST (the first copy's trace lost, no
+    pointer to it), a receipt, which the store turns into RETRACTED at once, saying what the hop got. Anything
+    else stays as reported (Kafka's ABORTED and SUPERSEDED are final)."""
 
-    def more_copies(v: Verdict) -> bool:
+    def changed_by_receipt(v: Verdict) -> bool:
         before = reported[v.hop]
-        return v.kind in RECEIPT_KINDS and before is not None and v.count > before
+        if v.kind not in RECEIPT_KINDS or before is None:
+            return False
+        return before == REPORTED_LOST or v.count > before
 
-    return [v for v in verdicts if v.hop not in reported or more_copies(v)]
+    return [v for v in verdicts if v.hop not in reported or changed_by_receipt(v)]
 
 
 def reported_now(reported: Mapping[str, int | None], verdicts: Sequence[Verdict]) -> dict[str, int | None]:
     """What has been reported of a message once ``verdicts`` (from :func:`to_report`) are too."""
-    return {**reported, **{v.hop: v.count if v.kind in RECEIPT_KINDS else None for v in verdicts}}
+
+    def kept(v: Verdict) -> int | None:
+        if v.kind in RECEIPT_KINDS:
+            return v.count
+        return REPORTED_LOST if v.kind is VerdictKind.LOST else None
+
+    return {**reported, **{v.hop: kept(v) for v in verdicts}}

@@ -13,7 +13,9 @@ a DELIVERED write hop turned into a false TRACE_LOST, a duplicate never reported
   record read again: DUPLICATE, rewind/replay; the id received or written again at another offset: DUPLICATE,
   by a retry, or by replay when the same late state shows its processor read its input again), and otherwise
   leaves it as it is. Either way the verdict is marked ``late_evidence``, and the next reconciliation
-  re-decides the message with all its traces.
+  re-decides the message with all its traces. (A state still in flight reports a hop again when a receipt traced
+  since changes it, :func:`khipu.detector.decide.to_report`: taken as the same state's judgement, but a LOST it
+  contradicts is RETRACTED all the same.)
 - **Reconciliation decides with all the traces it reads**, so its judgement replaces the stored
   one, in final form: a LOST still missing past the horizon is CONFIRMED_LOST; a stored LOST the
   full evidence contradicts is RETRACTED (saying what the hop really got and which trace showed
@@ -254,9 +256,9 @@ def _at_another_position(stored: Verdict | None, judged: Verdict) -> Change | No
 # A detector judgement: the first rule that holds gives what to store.
 DETECTOR_RULES: tuple[Rule, ...] = (
     (nothing_stored, _take),
+    (loss_contradicted, _retract),  # from the same state too: a receipt traced after the LOST was reported
     (same_state, _take_replay),
     (resend_arrived, _take_resent),
-    (loss_contradicted, _retract),
     (stored_is_final, _keep_with_late_evidence),
     (pending_received, _decide_pending),
     (same_record_read_again, _read_again),

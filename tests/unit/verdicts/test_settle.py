@@ -102,6 +102,11 @@ CASES = [
          "a fresh state's TRACE_LOST at another position is judged on less: kept, flagged"),
     Case(8, hop(L, cause=SKIP, count=0), hop(D, seen=FRESH), (R, None, 1, True),
          "a late RECEIVED trace contradicts the LOST: retracted at once, saying what the hop got"),
+    Case(42, hop(L, cause=SKIP, count=0), hop(D, offset=9), (R, None, 1, True),
+         "the same state, its message still in flight, reports the LOST hop again with the receipt of a copy "
+         "traced since (decide.to_report): retracted at once all the same, never quietly replaced"),
+    Case(43, hop(TL, count=0), hop(D, offset=9), (D, None, 1, False),
+         "the same state reports a TRACE_LOST hop again with the copy's traced receipt: replaced"),
     Case(9, hop(P), hop(D, seen=FRESH), (D, None, 1, True),
          "late traces decide a PENDING hop: taken, and reconciliation confirms it with all the traces"),
     Case(10, hop(D, late=True), hop(TL, seen=FRESH), None,
