@@ -30,12 +30,14 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Producer
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from khipu.detector import records
 from khipu.detector.clock import read_to_ms, source_offsets
 from khipu.detector.gaps import record_emitter_sequences
+from khipu.detector.jvm_errors import JvmCallFailed, compact_jvm_error, interrupted
 from khipu.detector.outage import WaitingReporter, write_with_retries
 from khipu.detector.parse import quarantine_reason
 from khipu.detector.processor import MALFORMED, MARK, STATS, TRACE, VERDICT
@@ -203,7 +205,15 @@ class DetectorWriter:
             clock = now
 
         # one Spark job per batch: the one collected table feeds every output, so nothing is cached
-        collected = batch.select(*sorted({*DECIDED_COLUMNS, *records.COLUMNS, *archive.SCHEMA.names})).toArrow()
+        try:
+            collected = batch.select(*sorted({*DECIDED_COLUMNS, *records.COLUMNS, *archive.SCHEMA.names})).toArrow()
+        except Py4JJavaError as exc:  # told short: Spark's check of a stop cannot read the whole Java stack
+            text = str(exc)
+            if interrupted(text):
+                log.info("batch %d interrupted (the query is stopping)", batch_id)
+            else:
+                log.error("batch %d: the JVM failed: %s", batch_id, text)
+            raise JvmCallFailed(compact_jvm_error(text)) from None
         lap("judge")
         # every output is keyed by the batch: while the store or the lost topic does not take them, written again
         write_with_retries(lambda: self._write(collected, batch_id, spent, lap), f"batch {batch_id}", self.reporter)
