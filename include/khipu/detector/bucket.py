@@ -72,8 +72,9 @@ MESSAGE_STATE = pa.schema(
         ("memo", pa.binary()),  # clean: int64 per hop, when its group was first seen past the message
         ("passed_at", pa.string()),  # judged: decide's memo, JSON
         ("next_check_ms", pa.int64()),  # judged: when decide wants to look again
-        # judged: JSON, hop id -> the copies its reported verdict counted (null: a verdict that counts none); null
-        # while decide has reported nothing, when each emitted bit is the clean judge's DELIVERED (one copy)
+        # judged: JSON, what decide.to_report needs of each reported hop (hop id -> the copies its receipt counted,
+        # -1 a LOST, null anything else), written when the message leaves the clean judge (each emitted bit is then
+        # its DELIVERED, one copy); null for a judged message only in a state kept before it was
         ("reported", pa.string()),
     ]
 )
@@ -284,6 +285,7 @@ class BucketJudge:
                 plan = self.by_stream[messages.stream[position]]
                 rows = before.get(int(position), [])
                 messages.passed_at[position] = json.dumps(_memo_of_rows(plan, messages.memo[position], rows))
+                messages.reported[position] = _reported_by_clean(plan, int(messages.emitted[position]))
                 messages.next_check_ms[position] = 0
             messages.judged |= turned
         done = unknown | expired
@@ -311,6 +313,7 @@ class BucketJudge:
             leaving = mine[~staying]  # decide takes them from here, with what the clean judge knew
             for local, position in zip(np.nonzero(~staying)[0], leaving, strict=True):
                 messages.passed_at[position] = json.dumps(_memo_of(plan, grid, judgement.memo_ms, int(local)))
+                messages.reported[position] = _reported_by_clean(plan, int(messages.emitted[position]))
                 messages.next_check_ms[position] = 0
             messages.judged[leaving] = True
 
@@ -580,8 +583,8 @@ class BucketJudge:
         )  # fmt: skip
         emitted = int(messages.emitted[position])
         said = messages.reported[position]
-        reported: dict[str, int | None] = (
-            json.loads(said) if said else {plan.hops[i].id: 1 for i in range(plan.size) if emitted >> i & 1}
+        reported: dict[str, int | None] = (  # kept before it was: what each emitted hop said is not known
+            json.loads(said) if said else {plan.hops[i].id: None for i in range(plan.size) if emitted >> i & 1}
         )
         fresh = to_report(decision.verdicts, reported)
         wanted = max(int(decision.next_check_ms or now_ms), now_ms + 1)
@@ -596,6 +599,12 @@ class BucketJudge:
             if verdict.hop in index:
                 bits |= 1 << index[verdict.hop]
         return bits
+
+
+def _reported_by_clean(plan: RoutePlan, emitted: int) -> str:
+    """What the clean judge reported of a message leaving it, as decide.to_report reads it: DELIVERED, one copy, for
+    each emitted hop (it reports nothing else)."""
+    return json.dumps({plan.hops[i].id: 1 for i in range(plan.size) if emitted >> i & 1})
 
 
 def _memo_of(plan: RoutePlan, grid: CleanGrid, memo: np.ndarray, local: int) -> dict[str, int]:

@@ -29,7 +29,10 @@ def compact_jvm_error(text: str) -> str:
     chain = [line[2:] for line in lines[1:2] if line.startswith(": ")]
     chain += [line.removeprefix("Caused by: ") for line in lines if line.startswith("Caused by: ")]
     told = [link if len(link) <= MAX_MESSAGE else link[:MAX_MESSAGE] + "..." for link in map(str.strip, chain)]
-    return "py4j.protocol.Py4JJavaError: " + call + "".join(f"\n: {link}" for link in told)
+    compact = "py4j.protocol.Py4JJavaError: " + call + "".join(f"\n: {link}" for link in told)
+    if interrupted(text) and not interrupted(compact):  # named only where the chain's lines do not show it
+        compact += "\n: " + next(name for name in INTERRUPTIONS if name in text)
+    return compact
 
 
 def interrupted(text: str) -> bool:

@@ -309,9 +309,10 @@ class KafkaAdmin:
         that is still loading its groups (a broker just restarted) or moving is asked again within ``timeout_s``,
         as Kafka's own clients do; past it, or on any other error, :class:`KafkaUnavailable`."""
         deadline, pause_s = time.monotonic() + self.timeout_s, 0.1
+        asked = None if positions is None else list(positions)  # asked again as it was on a retry
         while True:
             try:
-                return self._committed_offsets(group, positions)
+                return self._committed_offsets(group, asked)
             except KafkaException as exc:
                 error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
                 settling = error is not None and error.code() in COORDINATOR_SETTLING
@@ -336,6 +337,9 @@ class KafkaAdmin:
             **self.connection.client_config(),
             "group.id": group,
             "enable.auto.commit": False,
+            # what is committed, as the admin call answered: a read_committed consumer asks for stable offsets only
+            # and waits out every transactional commit still open (KIP-447), which a frozen processor holds open
+            "isolation.level": "read_uncommitted",
             "socket.connection.setup.timeout.ms": 5000,
             "error_cb": lambda error: self._client_errors.append(error.str()),
         }

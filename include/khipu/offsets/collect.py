@@ -53,6 +53,7 @@ def collect_snapshot(
     except KafkaUnavailable as exc:
         raise SnapshotError(str(exc)) from None
 
+    every_partition = [(topic, partition) for topic, parts in partitions_of.items() for partition in parts]
     groups = set(watched)
     if all_groups:
         try:
@@ -71,7 +72,7 @@ def collect_snapshot(
             for partition in partitions_of[topic]:
                 committed[(group, topic, partition)] = None  # watched partitions appear even before any commit
         try:
-            offsets = admin.committed_offsets(group)
+            offsets = admin.committed_offsets(group, every_partition)
         except KafkaUnavailable as exc:
             errors.append(f"committed offsets of group {group}: {exc}")
             continue

@@ -8,7 +8,7 @@ a DELIVERED write hop turned into a false TRACE_LOST, a duplicate never reported
 
 - **Late evidence never makes a verdict worse.** A detector judgement from a fresh state (its
   ``first_seen_ms`` differs from the stored verdict's) is late evidence: it replaces the stored
-  verdict only where it adds to it (a PENDING it shows was passed), turns it into what both together say
+  verdict only where it adds to it (a PENDING it shows was passed, a TRACE_LOST a trace now shows), turns it into what both together say
   where the detector can tell at once (a LOST contradicted by a receipt: RETRACTED; the same
   record read again: DUPLICATE, rewind/replay; the id received or written again at another offset: DUPLICATE,
   by a retry, or by replay when the same late state shows its processor read its input again), and otherwise
@@ -139,6 +139,17 @@ def pending_received(stored: Verdict | None, judged: Verdict) -> bool:
     return stored is not None and stored.kind is VerdictKind.PENDING and judged.kind in RECEIPT_KINDS
 
 
+def trace_found(stored: Verdict | None, judged: Verdict) -> bool:
+    """A TRACE_LOST hop (it happened, no trace showed it) that a late trace shows: the receipt it now shows is what
+    the rules say of the hop with that trace (a group that read the record again after a rebalance, its first
+    RECEIVED trace lost)."""
+    return (
+        stored is not None
+        and stored.kind is VerdictKind.TRACE_LOST
+        and judged.kind in (VerdictKind.DELIVERED, VerdictKind.DUPLICATE)
+    )
+
+
 def same_record_read_again(stored: Verdict | None, judged: Verdict) -> bool:
     """A group received the record again (it rewound): the stored receipt and the late one are at the
     same position of the same read hop."""
@@ -261,6 +272,7 @@ DETECTOR_RULES: tuple[Rule, ...] = (
     (resend_arrived, _take_resent),
     (stored_is_final, _keep_with_late_evidence),
     (pending_received, _decide_pending),
+    (trace_found, _decide_pending),
     (same_record_read_again, _read_again),
     (received_at_another_position, _at_another_position),
     (lambda stored, judged: True, _keep_with_late_evidence),  # judged on less than the stored verdict

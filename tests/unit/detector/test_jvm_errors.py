@@ -82,3 +82,16 @@ def test_the_compact_text_keeps_the_call_and_each_exception_of_the_chain() -> No
     assert failed[1].endswith("x...") and len(failed[1]) == len(": ") + 300 + len("...")  # cut at 300 characters
     assert failed[2] == ": java.lang.OutOfMemoryError: Java heap space"
     assert len(compact_jvm_error(STOPPED)) < 200 < len(STOPPED) // 50
+
+
+def test_an_interruption_named_only_off_the_chains_lines_is_kept() -> None:
+    """An interruption Spark would find in the whole text (here in a suppressed exception, indented) is named in the
+    compact text too, so that a stopping query is still seen as stopped."""
+    text = (
+        "An error occurred while calling o9.getResult.\n"
+        ": org.apache.spark.SparkException: Exception thrown in awaitResult: \n" + FRAME * 5
+        + "\tSuppressed: java.nio.channels.ClosedByInterruptException\n" + FRAME * 3
+    )  # fmt: skip
+    told = compact_jvm_error(text)
+    assert interrupted(text) and interrupted(told)
+    assert told.splitlines()[-1] == ": java.nio.channels.ClosedByInterruptException"

@@ -107,6 +107,9 @@ CASES = [
          "traced since (decide.to_report): retracted at once all the same, never quietly replaced"),
     Case(43, hop(TL, count=0), hop(D, offset=9), (D, None, 1, False),
          "the same state reports a TRACE_LOST hop again with the copy's traced receipt: replaced"),
+    Case(44, hop(TL, count=0), hop(D, seen=FRESH), (D, None, 1, True),
+         "a group read the record again after its message was decided, its first RECEIVED trace lost: the late "
+         "trace shows the receipt the TRACE_LOST stood for; taken, flagged (a one-broker freeze run, 1 of 1,458)"),
     Case(9, hop(P), hop(D, seen=FRESH), (D, None, 1, True),
          "late traces decide a PENDING hop: taken, and reconciliation confirms it with all the traces"),
     Case(10, hop(D, late=True), hop(TL, seen=FRESH), None,
