@@ -8,8 +8,8 @@ a DELIVERED write hop turned into a false TRACE_LOST, a duplicate never reported
 
 - **Late evidence never makes a verdict worse.** A detector judgement from a fresh state (its
   ``first_seen_ms`` differs from the stored verdict's) is late evidence: it replaces the stored
-  verdict only where it adds to it (a PENDING it shows was passed, a TRACE_LOST a trace now shows), turns it into what both together say
-  where the detector can tell at once (a LOST contradicted by a receipt: RETRACTED; the same
+  verdict only where it adds to it (a PENDING it shows was passed, a TRACE_LOST a trace now shows), turns it
+  into what both together say where the detector can tell at once (a LOST contradicted by a receipt: RETRACTED; the same
   record read again: DUPLICATE, rewind/replay; the id received or written again at another offset: DUPLICATE,
   by a retry, or by replay when the same late state shows its processor read its input again), and otherwise
   leaves it as it is. Either way the verdict is marked ``late_evidence``, and the next reconciliation
