@@ -82,13 +82,25 @@ def demo_traces(
     return DemoTraces(trace_topic, build_truth(read_ledger(config.ledger_path, run_id=run_id)), report.fault_counts)
 
 
-def detector_job(broker: BrokerProcess, tmp_path: Path, trace_topic: str, name: str, **options: Any) -> DetectorJob:
-    store_url = f"sqlite:///{tmp_path / f'{name}.db'}"
-    store = Store(store_url)
-    store.migrate()
-    store.close()
+def detector_job(
+    broker: BrokerProcess,
+    tmp_path: Path,
+    trace_topic: str,
+    name: str,
+    *,
+    registry: Path = REGISTRY,
+    store_url: str | None = None,
+    **options: Any,
+) -> DetectorJob:
+    """The tests' detector (1 s trigger, FAST settings unless ``detector`` is given), its paths named ``name``; a
+    SQLite store of its own, migrated, unless ``store_url`` names one the test set up."""
+    if store_url is None:
+        store_url = f"sqlite:///{tmp_path / f'{name}.db'}"
+        store = Store(store_url)
+        store.migrate()
+        store.close()
     return DetectorJob(
-        registry_path=REGISTRY,
+        registry_path=registry,
         trace_connection=broker.connection(),
         store_url=store_url,
         checkpoint_dir=tmp_path / f"{name}-checkpoint",

@@ -18,7 +18,7 @@ from confluent_kafka import TopicPartition
 
 from khipu.detector.committed import ClusterClients, CommittedOffsets
 from khipu.detector.decide import Lookups
-from khipu.detector.job import DETECTOR_QUERY, DetectorJob, start_detector
+from khipu.detector.job import DETECTOR_QUERY, start_detector
 from khipu.detector.model import DetectorConfig
 from khipu.localstack.broker import BrokerProcess
 from khipu.reconcile.run import reconcile
@@ -27,7 +27,7 @@ from khipu.registry import load_registry
 from khipu.store import Store
 from khipu.tracing import TracedConsumer, TracedProducer, TraceEmitter, TraceEmitterConfig, carry_trace_headers
 from khipu.verdicts.book import VerdictBook
-from tests.integration.detector.conftest import stored_verdicts
+from tests.integration.detector.conftest import detector_job, stored_verdicts
 
 pytestmark = pytest.mark.integration
 MESSAGES = 20
@@ -70,22 +70,6 @@ def read_all(
     return read
 
 
-def late_job(broker: BrokerProcess, registry: Path, store_url: str, tmp_path: Path, trace_topic: str) -> DetectorJob:
-    """The detector of these tests: their registry and store, a 1 s trigger, no lost topic."""
-    return DetectorJob(
-        registry_path=registry,
-        trace_connection=broker.connection(),
-        store_url=store_url,
-        checkpoint_dir=tmp_path / "checkpoint",
-        archive_dir=tmp_path / "archive",
-        verdicts_dir=tmp_path / "verdicts",
-        trace_topic=trace_topic,
-        lost_topic=None,
-        trigger_seconds=1.0,
-        detector=CONFIG,
-    )
-
-
 def wait_for(store: Store, verdicts_dir: Path, predicate: Any, timeout_s: float = 120) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout_s
     rows: list[dict[str, Any]] = []
@@ -123,7 +107,8 @@ def test_a_group_rewinding_after_decision_gets_duplicates_and_no_verdict_gets_wo
     producer.flush(10)
     assert read_all(broker, topic, group, consuming, from_start=False) == MESSAGES
 
-    job = late_job(broker, registry, store_url, tmp_path, trace_topic)
+    job = detector_job(broker, tmp_path, trace_topic, "late", registry=registry, store_url=store_url, lost_topic=None,
+                       detector=CONFIG)  # fmt: skip
     started_ms = int(time.time() * 1000)
     queries = start_detector(spark, job)
     try:
@@ -212,7 +197,8 @@ def test_a_processor_replaying_its_input_after_decision_writes_duplicates_the_de
     assert read_all(broker, source, proc, emitters[proc], from_start=False, write_on=(writer, output)) == MESSAGES
     assert read_all(broker, output, sink, emitters[sink], from_start=False) == MESSAGES
 
-    job = late_job(broker, registry, store_url, tmp_path, trace_topic)
+    job = detector_job(broker, tmp_path, trace_topic, "late", registry=registry, store_url=store_url, lost_topic=None,
+                       detector=CONFIG)  # fmt: skip
     started_ms = int(time.time() * 1000)
     queries = start_detector(spark, job)
     try:

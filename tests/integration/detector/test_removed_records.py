@@ -15,7 +15,6 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from khipu.alerting.cluster import evaluate_cluster
-from khipu.detector.job import DetectorJob
 from khipu.health.evaluate import HealthConfig
 from khipu.health.rules import PartitionStatus
 from khipu.localstack.broker import BrokerProcess
@@ -23,7 +22,7 @@ from khipu.offsets.collect import collect_snapshot
 from khipu.offsets.model import PartitionKey
 from khipu.store import Store
 from khipu.tracing import TracedProducer, TraceEmitter, TraceEmitterConfig
-from tests.integration.detector.conftest import FAST, run_detector_until
+from tests.integration.detector.conftest import detector_job, run_detector_until
 from tests.integration.helpers import consumer_config
 
 pytestmark = pytest.mark.integration
@@ -123,18 +122,7 @@ streams:
     run, rows = collect_snapshot(broker.connection(), watched, time.time_ns() // 1_000_000)
     store.snapshots.write(run, rows)
 
-    job = DetectorJob(
-        registry_path=registry,
-        trace_connection=broker.connection(),
-        store_url=store_url,
-        checkpoint_dir=tmp_path / "checkpoint",
-        archive_dir=tmp_path / "archive",
-        verdicts_dir=tmp_path / "verdicts",
-        trace_topic=traces,
-        lost_topic=None,
-        trigger_seconds=1.0,
-        detector=FAST,
-    )
+    job = detector_job(broker, tmp_path, traces, "removed", registry=registry, store_url=store_url, lost_topic=None)
     store.close()
     verdicts = run_detector_until(spark, job, 4 * MESSAGES)
 
