@@ -1,6 +1,6 @@
 """The backfill DAG under dag.test(): typed Params, a dry run that writes nothing, a real run that confirms
-and retracts on what retention kept, the same window again changing nothing, and bad windows (and one retention
-removed) refused with their reason.
+and retracts on what retention kept, the hourly reconcile DAG over the same hour changing nothing, and bad windows
+(and one retention removed) refused with their reason.
 
 Real parts: the session's Kafka broker (the stream's records, with their khipu headers, and the
 group's committed offset), spark-submit of spark/reconcile.py in local mode, a SQLite store.
@@ -154,8 +154,9 @@ def test_backfill_dry_run_then_retention_then_real_run_then_the_same_window_agai
 ) -> None:
     """A dry run writes nothing. Retention with the shortest limits the 1-minute horizon allows (3 h of
     reconciliation reach + 1 backfill hour) removes an archive hour 30 h old and keeps the window's, which then
-    backfills to the verdicts the traces say; the same window again changes nothing, and the removed one is
-    refused."""
+    backfills to the verdicts the traces say; the hourly DAG reconciling that hour again (the window it computes
+    holds the backfill's) changes nothing, and the removed hour is refused."""
+    import pendulum
     from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
@@ -196,10 +197,15 @@ def test_backfill_dry_run_then_retention_then_real_run_then_the_same_window_agai
     assert history == [(None, "LOST"), ("LOST", "RETRACTED")]
 
     after = store.verdicts.rows()
-    again = run_backfill({**window, "dry_run": False})
-    assert again.state == DagRunState.SUCCESS, states(again)
-    assert store.verdicts.rows() == after  # nothing changed the second time
-    assert states(again)["announce_confirmed_losses"] == "skipped"
+    hour = pendulum.from_format(backfill_env["hour"], "YYYY-MM-DD-HH", tz="UTC")
+    hourly = DagBag(dag_folder=str(DAGS)).get_dag("khipu_reconcile").test(logical_date=hour.add(hours=1))
+    assert hourly.state == DagRunState.SUCCESS, states(hourly)
+    checked = hourly.get_task_instance("check_window").xcom_pull(task_ids="check_window")
+    # by hand: the hour ending at the logical date, one horizon earlier, trimmed to the archive's first hour
+    assert checked["end_ms"] == int(hour.timestamp() * 1000) + HOUR_MS - HORIZON_MS
+    assert checked["start_ms"] == int(hour.timestamp() * 1000)
+    assert store.verdicts.rows() == after  # the same messages reconciled again: nothing changed
+    assert states(hourly)["announce_confirmed_losses"] == "skipped"
     assert len([h for h in store.verdicts.history("m-late") if h["hop"].endswith(group)]) == 2
 
     capfd.readouterr()
@@ -231,25 +237,6 @@ def test_a_bad_window_is_refused_with_its_reason_and_nothing_written(
     out, err = capfd.readouterr()
     assert reason in out + err  # the task log says why
     assert store.verdicts.rows() == before
-
-
-def test_the_hourly_dag_reconciles_the_hour_whose_horizon_passed(backfill_env: dict[str, Any]) -> None:
-    import pendulum
-    from airflow.dag_processing.dagbag import DagBag
-    from airflow.utils.state import DagRunState
-
-    store: Store = backfill_env["store"]
-    hour = pendulum.from_format(backfill_env["hour"], "YYYY-MM-DD-HH", tz="UTC")
-    dag = DagBag(dag_folder=str(DAGS)).get_dag("khipu_reconcile")
-    run = dag.test(logical_date=hour.add(hours=1))
-    assert run.state == DagRunState.SUCCESS, states(run)
-    window = run.get_task_instance("check_window").xcom_pull(task_ids="check_window")
-    # by hand: the hour ending at the logical date, one horizon earlier, trimmed to the archive's first hour
-    assert window["end_ms"] == int(hour.timestamp() * 1000) + HOUR_MS - HORIZON_MS
-    assert window["start_ms"] == int(hour.timestamp() * 1000)
-    assert verdicts(store)["m-gone"] == ("CONFIRMED_LOST", "LOST")  # first seen ten minutes into it
-    assert verdicts(store)["m-late"] == ("RETRACTED", "DELIVERED")
-    assert states(run)["announce_confirmed_losses"] == "success"
 
 
 def test_an_archive_still_behind_the_window_is_retried_when_scheduled_and_refused_when_backfilled(
