@@ -444,6 +444,7 @@ def test_copies_that_reach_a_reported_hop_while_the_message_is_in_flight_are_rep
 
     def pointed_at(location: str, cluster: str, topic: str, partition: int, offset: int) -> bool:
         return pointer and (location, topic, offset) == ("s1", "out", 0)  # s1's next trace points back
+
     copy = [
         trace("proc", TraceType.SENT, "out", 1, None, 60_000),
         trace("s1", TraceType.RECEIVED, "out", 1, "s1", 60_010),
@@ -474,6 +475,7 @@ def test_copies_that_reach_a_reported_hop_while_the_message_is_in_flight_are_rep
     assert reported_again([report(r) for r in got]) == 1
     assert [key(r)[2:5] for r in got if key(r)[1] == s1] == s1_reports
     last = {key(r)[1]: key(r)[2:5] for r in got}
+
     def with_every_trace(memo: dict[str, int], at: int) -> Any:
         return decide("m", REGISTRY.streams["orders"], [*first, *copy, *copy_read_by_s2], world.committed_of, memo,
                       100_000, at, CONFIG, pointed_at, removed=world.removed, record=world.record)  # fmt: skip
