@@ -34,9 +34,11 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from khipu.detector.job import (
@@ -383,7 +385,55 @@ def live_traffic(
     report.value = produced
 
 
-def live(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) -> None:
+def cpu_seconds(pids: Iterable[int]) -> dict[int, float]:
+    """User + system CPU seconds each of these processes has used so far (those still running)."""
+    used = {}
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        used[pid] = times.user + times.system
+    return used
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (/proc/stat: all but idle and iowait)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class CpuShare:
+    """Who used the CPUs between two readings: the producer process, the broker, and the detector (this process
+    with its Spark driver JVM and Python workers: every process below it but the producer)."""
+
+    at: float
+    producer: dict[int, float]
+    broker: dict[int, float]
+    detector: dict[int, float]
+    machine_s: float
+
+    @classmethod
+    def read(cls, producer: int, broker: int) -> CpuShare:
+        below = {child.pid for child in psutil.Process().children(recursive=True)} - {producer}
+        return cls(time.monotonic(), cpu_seconds([producer]), cpu_seconds([broker]),
+                   cpu_seconds([os.getpid(), *below]), machine_busy_s())  # fmt: skip
+
+    def since(self, start: CpuShare) -> str:
+        """Cores each used from ``start`` to this reading (a process that started in between counts from 0, one that
+        ended in between is left out)."""
+        wall = self.at - start.at
+
+        def cores(now: dict[int, float], then: dict[int, float]) -> float:
+            return sum(used - then.get(pid, 0.0) for pid, used in now.items()) / wall
+
+        return (f"producer {cores(self.producer, start.producer):.2f}, broker {cores(self.broker, start.broker):.2f}, "
+                f"detector {cores(self.detector, start.detector):.2f} (Spark driver JVM and Python workers); "
+                f"whole machine {(self.machine_s - start.machine_s) / wall:.2f} of {os.cpu_count()}")  # fmt: skip
+
+
+def live(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace, broker_pid: int) -> None:
     topic = "bench.live"
     KafkaAdmin(KafkaConnection(bootstrap)).ensure_topics({topic: TRACE_PARTITIONS})
     job = job_for(bootstrap, work, "live", topic, buckets=args.buckets)  # production defaults otherwise
@@ -400,10 +450,15 @@ def live(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) -> No
         traffic.start()
         window_from = started + args.warmup_s
         samples: list[tuple[float, int, int, int]] = []  # (time, produced, read, in flight)
+        cpu: list[CpuShare] = []  # read with the window's first and last samples
+        assert traffic.pid is not None
         while traffic.is_alive():
             time.sleep(5)
             beat = store.heartbeat.latest(DETECTOR_QUERY) or {}
             samples.append((time.time(), int(produced.value), read_rows(store), int(beat.get("state_rows") or 0)))
+            if window_from <= samples[-1][0] <= started + args.live_s:
+                reading = CpuShare.read(traffic.pid, broker_pid)
+                cpu = [cpu[0], reading] if cpu else [reading]
             if args.progress:
                 print(f"  {samples[-1][0] - started:5.0f} s: produced {samples[-1][1]:,}, read {samples[-1][2]:,}, "
                       f"{samples[-1][3]:,} in flight", flush=True)  # fmt: skip
@@ -436,6 +491,8 @@ def live(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) -> No
         f"{settled:.0f} s after the traffic ended ({total:,} traces in {ended - started:.0f} s)",
         flush=True,
     )
+    if len(cpu) == 2:
+        print(f"live: cores used over the same {cpu[1].at - cpu[0].at:.0f} s: {cpu[1].since(cpu[0])}", flush=True)
 
 
 def print_progress(beats: list[dict[str, Any]]) -> None:
@@ -656,7 +713,7 @@ def main() -> int:
         if "backlog" in parts:
             backlog(spark, broker.bootstrap_servers, work, args)
         if "live" in parts:
-            live(spark, broker.bootstrap_servers, work, args)
+            live(spark, broker.bootstrap_servers, work, args, broker.pid)
         if "latency" in parts:
             lost_latency(spark, broker.bootstrap_servers, work, args)
         if "state" in parts:
