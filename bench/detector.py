@@ -6,7 +6,7 @@
    group holding 10 % of the messages in flight;
 3. live: traces produced at a steady rate (25,000/s by default) for minutes, the groups committing a second
    behind, the slow group two minutes behind on 10 % of the messages: does the detector keep up, with how
-   many messages in flight and how much state;
+   many messages in flight and how much state, and the cores the producer, the broker and the detector each used;
 4. LOST latency: from the responsible group's commit passing a lost message to its LOST verdict in the
    store, p50 / p95, with the production default settings (grace, trigger, recheck, batch bound);
 5. state: bytes per message in flight at two traffic levels (10x apart, the same messages in flight);
