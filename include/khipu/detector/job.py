@@ -2,11 +2,12 @@
 
 One query, ``khipu_detector``, reads the trace topic once with Spark's own Kafka source
 (``format("kafka")``, the ``spark-sql-kafka-0-10`` connector from ``.jvm/spark-kafka/``), decodes it
-once in the JVM, and sends every record through the stateful processor, keyed by a hash bucket of
-message ids (:mod:`khipu.detector.processor`); what comes out — verdicts, and the records themselves —
-is written per micro-batch by :class:`khipu.detector.outputs.DetectorWriter`: verdicts (store,
-verdict archive, lost topic, metrics), the raw-trace archive, quarantine, back-pointers and emitter
-sequences. Its progress is kept in ``checkpoint_dir/khipu_detector``.
+once in the JVM and shuffles every record once by a hash bucket of message ids. From that one shuffle
+the stateful processor (:mod:`khipu.detector.processor`) reads what judging needs, and the records
+themselves go beside it (:func:`judged_and_records`); both are written per micro-batch by
+:class:`khipu.detector.outputs.DetectorWriter`: verdicts (store, verdict archive, lost topic,
+metrics), the raw-trace archive, quarantine, back-pointers and emitter sequences. Its progress is
+kept in ``checkpoint_dir/khipu_detector``.
 
 Its secrets come from the connections file a supervisor writes (:mod:`khipu.detector.launch`).
 """
@@ -40,7 +41,15 @@ from khipu.detector.model import DETECTOR_QUERY, DetectorConfig
 from khipu.detector.outage import SOURCE_OPTIONS, OutageWatch, WaitingReporter
 from khipu.detector.outputs import BatchFigures, BatchKeys, DetectorWriter, HeartbeatListener, ReadProgress
 from khipu.detector.parse import parse_traces
-from khipu.detector.processor import INPUT_SCHEMA, MALFORMED, MARK, OUTPUT_SCHEMA, TRACE, VerdictProcessor
+from khipu.detector.processor import (
+    JUDGED_COLUMNS,
+    MALFORMED,
+    MARK,
+    OUTPUT_SCHEMA,
+    RECORD_SCHEMA,
+    TRACE,
+    VerdictProcessor,
+)
 from khipu.detector.routes import HOP_KEY_FIELDS, HOP_KEY_SEPARATOR, RoutePlans
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
 from khipu.kafka.admin import TRACE_TOPIC_CONFIG
@@ -180,10 +189,10 @@ def read_traces(spark: SparkSession, job: DetectorJob) -> DataFrame:
 
 
 def prepare(parsed: DataFrame, plans: RoutePlans, buckets: int) -> DataFrame:
-    """The processor's input (:data:`khipu.detector.processor.INPUT_SCHEMA`): every parsed record with its kind,
+    """Every parsed record (:data:`khipu.detector.processor.RECORD_SCHEMA`) with its kind,
     its bucket (a hash of the message id; an emitter mark's of its emitter) and, for a trace, the number of its
     hop (``-1``: no hop of the registry's routes), found by its hop key (:func:`khipu.detector.routes.hop_key`,
-    built here from the same fields). Lists travel as text to keep the Python side cheap."""
+    built here from the same fields). Lists travel as text, as the writer reads them."""
     keys = plans.hop_keys()
     actor = F.coalesce(F.when(F.col("type") == "SENT", F.col("location")).otherwise(F.col("group")), F.lit(""))
     key = F.concat_ws(HOP_KEY_SEPARATOR, *[actor if name == "actor" else F.col(name) for name in HOP_KEY_FIELDS])
@@ -201,8 +210,35 @@ def prepare(parsed: DataFrame, plans: RoutePlans, buckets: int) -> DataFrame:
         "prev_offsets": F.array_join("prev_offsets", ","),
         "received": F.to_json("received"),
     }
-    names = [part.split()[0].strip("`") for part in INPUT_SCHEMA.split(", ")]
+    names = [part.split()[0].strip("`") for part in RECORD_SCHEMA.split(", ")]
     return parsed.select(*[columns[name].alias(name) if name in columns else F.col(f"`{name}`") for name in names])
+
+
+SHARED_COLUMN = "_shared"  # the processor's input column that keeps its shuffle the records' (never read)
+
+
+def judged_and_records(records: DataFrame, processor: VerdictProcessor, partitions: int) -> DataFrame:
+    """The records shuffled once by bucket, and what the processor decides from them, in one frame: the records
+    with their own columns (``kind`` trace, mark or malformed), verdict and stats rows with the processor's
+    (:data:`khipu.detector.processor.OUTPUT_SCHEMA`); a column the other side lacks is null.
+
+    The processor reads only :data:`~khipu.detector.processor.JUDGED_COLUMNS`. Left at that, Spark's column
+    pruning would give its side a shuffle of those columns of its own, and read and decode the topic twice;
+    one column referring to every other one, computed only for what is not a trace (and never read), keeps
+    both sides on the same shuffle, which Spark then runs once (``ReusedExchange`` in the plan). The processor's
+    side comes first in the union: as the union's first child the records' side would keep an alias the other
+    side's copy drops (of the line number ``posexplode`` gives), and the two shuffles would no longer be equal."""
+    shuffled = records.repartition(partitions, "bucket")  # what the processor's grouping by bucket needs
+    rest = [name for name in shuffled.columns if name not in JUDGED_COLUMNS]
+    shared = F.when(F.col("kind") != TRACE, F.xxhash64(*[F.col(f"`{name}`") for name in rest]))
+    judged = (
+        shuffled.select(*[F.col(f"`{name}`") for name in JUDGED_COLUMNS], shared.alias(SHARED_COLUMN))
+        .groupBy("bucket")
+        .transformWithStateInPandas(
+            statefulProcessor=processor, outputStructType=OUTPUT_SCHEMA, outputMode="Update", timeMode="ProcessingTime"
+        )
+    )
+    return judged.unionByName(shuffled, allowMissingColumns=True)
 
 
 def warn_unless_stamped_by_the_broker(job: DetectorJob) -> None:
@@ -262,13 +298,8 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         earlier_routes,
         RecordFates(clients),
     )
-    judged = (
-        prepare(parse_traces(read_traces(spark, job), registry.streams), plans, job.buckets)
-        .groupBy("bucket")
-        .transformWithStateInPandas(
-            statefulProcessor=processor, outputStructType=OUTPUT_SCHEMA, outputMode="Update", timeMode="ProcessingTime"
-        )
-    )
+    records = prepare(parse_traces(read_traces(spark, job), registry.streams), plans, job.buckets)
+    judged = judged_and_records(records, processor, job.shuffle_partitions)
     writer = DetectorWriter(
         job.store_url,
         str(job.archive_dir),

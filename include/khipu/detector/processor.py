@@ -1,10 +1,12 @@
 """The stateful processor: Spark's ``transformWithStateInPandas`` keyed by a hash bucket of message ids.
 
 Per bucket and micro-batch: one state read, one state write, at most one timer change
-(:mod:`khipu.detector.bucket` holds the state and the judging). Every parsed record of the trace
-topic passes through it once, so the job reads and decodes the topic once for everything it writes:
-traces (for the archive), emitter marks and malformed records leave unchanged, with the verdicts,
-and one ``stats`` row per bucket evaluated (messages in flight and state bytes, for the heartbeat).
+(:mod:`khipu.detector.bucket` holds the state and the judging). It reads only what judging needs of
+each trace (:data:`JUDGED_COLUMNS`) and yields only what it decides: verdicts, and one ``stats`` row
+per bucket evaluated (messages in flight and state bytes, for the heartbeat). The records themselves
+(traces for the archive, emitter marks, malformed records) reach the writer beside it, from the same
+shuffle (:func:`khipu.detector.job.judged_and_records`): every column of every record crossing into
+Python and back cost more than the judging.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ from khipu.detector.routes import RoutePlans
 from khipu.registry.model import Registry
 
 TRACE, MARK, MALFORMED, VERDICT, STATS = "trace", "mark", "malformed", "verdict", "stats"
-# what enters the processor: every parsed record of the trace topic, with its bucket and (traces) hop
-INPUT_SCHEMA = (
+# every parsed record of the trace topic, with its kind, its bucket and (traces) hop (khipu.detector.job.prepare)
+RECORD_SCHEMA = (
     "bucket int, kind string, message_id string, stream string, location string, cluster string, type string, "
     "timestamp_ms long, topic string, partition int, offset long, `group` string, emitter_id string, "
     "emitter_seq long, sampling_percent double, attributes string, key_hash string, tombstone boolean, "
@@ -53,12 +55,15 @@ INPUT_SCHEMA = (
     "raw_value binary, source_topic string, source_partition int, source_offset long, source_line int, "
     "kafka_timestamp_ms long"
 )
-# what leaves it: the input's columns, and the verdicts' and the stats' own
-# (a verdict names its hop by number, in ``hop``: RoutePlans.described says the rest; the writer fills it in)
+# what the processor reads: a record's kind (it judges traces, and leaves the rest), its bucket, and a trace as a bucket
+# keeps it (the job adds one column of its own, never read: khipu.detector.job.judged_and_records)
+JUDGED_COLUMNS = ("bucket", "kind", *TRACE_STATE.names)
+# what leaves it: verdicts (a verdict names its hop by number, in ``hop``: RoutePlans.described says the rest; the
+# writer fills it in) and stats rows
 OUTPUT_SCHEMA = (
-    f"{INPUT_SCHEMA}, verdict string, cause string, count int, observed_ms long, latency_ms long, "
-    "e2e_latency_ms long, decided_ms long, detail string, first_seen_ms long, judged_by string, in_flight long, "
-    "state_bytes long"
+    "bucket int, kind string, message_id string, hop int, verdict string, cause string, count int, partition int, "
+    "offset long, observed_ms long, latency_ms long, e2e_latency_ms long, decided_ms long, detail string, "
+    "first_seen_ms long, judged_by string, in_flight long, state_bytes long"
 )
 OUTPUT_COLUMNS = [part.split()[0].strip("`") for part in OUTPUT_SCHEMA.split(", ")]
 STATE_SCHEMA = "blob binary"  # the bucket's messages in flight (BucketState.encode)
@@ -99,14 +104,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
     ) -> Iterator[pd.DataFrame]:
         frames = [frame for frame in rows if len(frame)]
         batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (frames[0] if frames else None)
-        traces = None
-        if batch is not None:
-            kinds = batch["kind"].to_numpy()
-            passing = batch[kinds != TRACE]
-            if len(passing):
-                yield _shaped(passing)
-            traces = batch[kinds == TRACE]
-            yield _shaped(traces)
+        traces = batch[batch["kind"].to_numpy() == TRACE] if batch is not None else None
         yield from self._evaluate(int(key[0]), traces, timerValues.getCurrentProcessingTimeInMs(), fired=False)
 
     def handleExpiredTimer(

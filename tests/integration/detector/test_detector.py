@@ -45,7 +45,7 @@ MALFORMED = [
 
 
 def test_verdicts_equal_the_ground_truth_with_every_fault_and_malformed_traces_are_quarantined(
-    broker: BrokerProcess, spark: Any, tmp_path: Path
+    broker: BrokerProcess, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     demo = demo_traces(broker, tmp_path, "acc", count=200, seed=5)  # every fault, even when a drop takes a planned skip
     assert {f.value for f in Fault} <= set(demo.fault_counts), demo.fault_counts
@@ -64,10 +64,15 @@ def test_verdicts_equal_the_ground_truth_with_every_fault_and_malformed_traces_a
         verdicts = wait_until_settled(
             job.store_url, len(observable_messages(demo.truth)), verdicts_dir=job.verdicts_dir
         )
+        capsys.readouterr()
+        queries[0].explain()  # the last batch's physical plan
+        plan = capsys.readouterr().out
     finally:
         for query in queries:
             query.stop()
 
+    # one read and one decoding of the topic, one shuffle: the processor's side and the records' share it
+    assert plan.count("+- Exchange ") == 1 and plan.count("+- ReusedExchange ") == 1, plan
     result = score(demo.truth, verdicts)
     assert result.exact, (result.wrong, result.missing, result.extra)
     assert result.matched == result.expected > 600

@@ -1,5 +1,5 @@
 """The stateful processor under Spark's TwsTester (pandas mode): one state per bucket of messages, verdicts on
-time and once, state dropped when decided, every record passed through for the archive."""
+time and once, state dropped when decided; it yields what it decides only (the records reach the writer beside it)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pyarrow as pa
 from khipu.detector.bucket import BucketState
 from khipu.detector.model import DetectorConfig
 from khipu.detector.outputs import DECIDED_COLUMNS, expand_verdicts
-from khipu.detector.processor import INPUT_SCHEMA, MARK, STATS, TRACE, VERDICT, VerdictProcessor
+from khipu.detector.processor import JUDGED_COLUMNS, MARK, STATS, TRACE, VERDICT, VerdictProcessor
 from khipu.detector.routes import RoutePlans, trace_hop_key
 from khipu.trace.model import Trace
 from tests.routes import PROC_IN, PROC_OUT, S1, S2, SRC
@@ -19,7 +19,7 @@ from tests.unit.detector.test_decide import STREAM, clean, recv
 
 REGISTRY = type("R", (), {"streams": {"orders": STREAM}})()
 CONFIG = DetectorConfig(grace_ms=30_000, max_wait_ms=900_000, recheck_ms=5_000)
-INPUT_COLUMNS = [part.split()[0].strip("`") for part in INPUT_SCHEMA.split(", ")]
+INPUT_COLUMNS = [*JUDGED_COLUMNS, "_shared"]  # as the job builds them (khipu.detector.job.judged_and_records)
 HOPS = RoutePlans.of(REGISTRY).hop_keys()  # type: ignore[arg-type]
 
 
@@ -54,12 +54,11 @@ def frame(traces: list[Trace], message_id: str = "m1", marks: int = 0) -> pd.Dat
                 "sampling_percent": t.sampling_percent,
                 "attributes": None,
                 "hop": HOPS.get(trace_hop_key(t), -1),
-                "prev_offsets": "4,3",
             }
         )
     for n in range(marks):
         rows.append({"bucket": 0, "kind": MARK, "location": "s1", "emitter_id": "s1-e", "emitter_seq": 90 + n,
-                     "timestamp_ms": 5, "received": '[["local","out",0,7]]'})  # fmt: skip
+                     "timestamp_ms": 5, "_shared": 12345})  # fmt: skip
     return pd.DataFrame(rows, columns=INPUT_COLUMNS)
 
 
@@ -99,15 +98,15 @@ def test_a_delivered_message_is_decided_when_its_grace_ends_and_its_state_is_dro
     assert tws.peekValueState("bucket", 0) is None  # nothing in flight: no state at all
 
 
-def test_every_record_passes_through_once_for_the_archive_with_a_stats_row() -> None:
+def test_only_what_it_decides_leaves_it_marks_are_left_to_the_records_beside_it() -> None:
     tws = new_tester(PAST)
     tws.setProcessingTime(10_000)
     out = tws.testInPandas(0, frame(clean(), marks=2))
-    assert list(out["kind"]).count(TRACE) == 5 and list(out["kind"]).count(MARK) == 2
-    passed = out[out["kind"] == TRACE]
-    assert sorted(passed["offset"]) == [5, 5, 7, 7, 7] and set(passed["prev_offsets"]) == {"4,3"}
-    stats = out[out["kind"] == STATS]
-    assert list(stats["in_flight"]) == [1] and int(stats["state_bytes"].iloc[0]) > 0
+    assert list(out["kind"]) == [STATS]  # nothing decided yet; the traces and marks are not echoed back
+    assert list(out["in_flight"]) == [1] and int(out["state_bytes"].iloc[0]) > 0  # the marks are not messages
+    later = tws.setProcessingTime(40_000)
+    assert sorted(later["kind"]) == [STATS] + [VERDICT] * 5
+    assert not {TRACE, MARK} & set(later["kind"])
 
 
 def test_a_skipped_message_is_reported_lost_once_with_its_cause_by_the_rules() -> None:
