@@ -1,7 +1,8 @@
 """What a micro-batch's records say of the trace channel, computed on the driver over the batch as one Arrow table.
 
-The processor lets every record of the trace topic through (:mod:`khipu.detector.processor`); the writer
-collects the few columns these need once, and this module reads them with pyarrow (no Python per record):
+Every record of the trace topic reaches the writer beside the processor's verdicts
+(:func:`khipu.detector.job.judged_and_records`); the writer collects the few columns these need once, and
+this module reads them with pyarrow (no Python per record):
 
 - :func:`pointers`: positions an emitter says it received — the back-pointers of RECEIVED traces and the
   ``received`` lists of emitter marks — whose own RECEIVED trace is not in the batch (what tells a lost
@@ -27,7 +28,7 @@ POSITION_SCHEMA = pa.schema(
     [("location", pa.string()), ("cluster", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
      ("offset", pa.int64())]
 )  # fmt: skip
-# the processor's output columns these need
+# the records' columns these need
 COLUMNS = (
     "kind", "location", "cluster", "type", "topic", "partition", "offset", "prev_offsets", "received", "emitter_id",
     "emitter_seq", "timestamp_ms", "raw_value", "source_topic", "source_partition", "source_offset", "source_line",
