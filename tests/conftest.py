@@ -41,9 +41,7 @@ os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 # waits overlap. (xdist's own ``loadgroup`` marks do nothing under pytest 9.2: it renames the test ids to group
 # them, and pytest 9 no longer takes a new id that way.)
 PIPELINE_TESTS = ("tests/integration/dags/", "tests/integration/demo/", "tests/integration/detector/",
-                  "tests/integration/reconcile/",
-                  # a detector end to end, moved from the rest: the two scopes were 23.2 and 25.9 min (2026-11-28)
-                  "tests/integration/resend/test_demo_recovery.py")  # fmt: skip
+                  "tests/integration/reconcile/")  # fmt: skip
 # pipeline tests with brokers and a PostgreSQL server of their own, run with the rest to even out the two workers'
 # time (2026-11-28, fresh clone: the pipelines' scope 26.2 min of tests, the rest's 18.6; the outage tests 5 to 7)
 WITH_THE_REST = ("tests/integration/detector/test_outages.py",)
