@@ -46,7 +46,6 @@ from khipu.detector.processor import (
     MALFORMED,
     MARK,
     OUTPUT_SCHEMA,
-    RECORD_SCHEMA,
     TRACE,
     VerdictProcessor,
 )
@@ -188,8 +187,19 @@ def read_traces(spark: SparkSession, job: DetectorJob) -> DataFrame:
     return reader.load()
 
 
+# every parsed record of the trace topic, with its kind, its bucket and (traces) hop: what prepare makes
+RECORD_SCHEMA = (
+    "bucket int, kind string, message_id string, stream string, location string, cluster string, type string, "
+    "timestamp_ms long, topic string, partition int, offset long, `group` string, emitter_id string, "
+    "emitter_seq long, sampling_percent double, attributes string, key_hash string, tombstone boolean, "
+    "transactional boolean, read_uncommitted boolean, hop int, prev_offsets string, received string, "
+    "raw_value binary, source_topic string, source_partition int, source_offset long, source_line int, "
+    "kafka_timestamp_ms long"
+)
+
+
 def prepare(parsed: DataFrame, plans: RoutePlans, buckets: int) -> DataFrame:
-    """Every parsed record (:data:`khipu.detector.processor.RECORD_SCHEMA`) with its kind,
+    """Every parsed record (:data:`RECORD_SCHEMA`) with its kind,
     its bucket (a hash of the message id; an emitter mark's of its emitter) and, for a trace, the number of its
     hop (``-1``: no hop of the registry's routes), found by its hop key (:func:`khipu.detector.routes.hop_key`,
     built here from the same fields). Lists travel as text, as the writer reads them."""

@@ -46,15 +46,6 @@ from khipu.detector.routes import RoutePlans
 from khipu.registry.model import Registry
 
 TRACE, MARK, MALFORMED, VERDICT, STATS = "trace", "mark", "malformed", "verdict", "stats"
-# every parsed record of the trace topic, with its kind, its bucket and (traces) hop (khipu.detector.job.prepare)
-RECORD_SCHEMA = (
-    "bucket int, kind string, message_id string, stream string, location string, cluster string, type string, "
-    "timestamp_ms long, topic string, partition int, offset long, `group` string, emitter_id string, "
-    "emitter_seq long, sampling_percent double, attributes string, key_hash string, tombstone boolean, "
-    "transactional boolean, read_uncommitted boolean, hop int, prev_offsets string, received string, "
-    "raw_value binary, source_topic string, source_partition int, source_offset long, source_line int, "
-    "kafka_timestamp_ms long"
-)
 # what the processor reads: a record's kind (it judges traces, and leaves the rest), its bucket, and a trace as a bucket
 # keeps it (the job adds one column of its own, never read: khipu.detector.job.judged_and_records)
 JUDGED_COLUMNS = ("bucket", "kind", *TRACE_STATE.names)

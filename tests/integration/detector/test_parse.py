@@ -64,7 +64,7 @@ def test_traces_marks_pointers_and_quarantine_from_kafka_rows(spark: Any) -> Non
         json.dumps({**json.loads(encode_trace(sent)), "stream": "nope"}).encode(),
     ]
     parsed = parse_traces(kafka_rows(spark, values), STREAMS).cache()
-    batch = prepare(parsed, PLANS, 4).toArrow()  # what the processor lets through, as the writer collects it
+    batch = prepare(parsed, PLANS, 4).toArrow()  # the records, as the writer collects them
 
     assert sorted((r.message_id, r.type, r.offset) for r in valid(parsed).collect()) == [
         ("m10", "RECEIVED", 10),
@@ -330,7 +330,7 @@ def test_a_batch_record_is_read_line_by_line_and_only_its_malformed_lines_are_qu
     assert {r.kafka_timestamp_ms for r in parsed.select("kafka_timestamp_ms").collect()} == {
         int(AT.timestamp() * 1000)
     }  # every line carries its record's time
-    batch = prepare(parsed, PLANS, 4).toArrow()  # what the processor lets through, as the writer collects it
+    batch = prepare(parsed, PLANS, 4).toArrow()  # the records, as the writer collects them
     bad = sorted(((r["source_offset"], r["source_line"]), r["raw_value"]) for r in records.malformed(batch))
     assert bad == [((1, 1), bad_line), ((3, 0), values[3]), ((5, 0), None)]
     with pytest.raises(TraceDecodeError) as caught:

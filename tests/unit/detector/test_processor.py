@@ -9,6 +9,7 @@ import pandas as pd
 import pyarrow as pa
 
 from khipu.detector.bucket import BucketState
+from khipu.detector.job import SHARED_COLUMN
 from khipu.detector.model import DetectorConfig
 from khipu.detector.outputs import DECIDED_COLUMNS, expand_verdicts
 from khipu.detector.processor import JUDGED_COLUMNS, MARK, STATS, TRACE, VERDICT, VerdictProcessor
@@ -19,7 +20,7 @@ from tests.unit.detector.test_decide import STREAM, clean, recv
 
 REGISTRY = type("R", (), {"streams": {"orders": STREAM}})()
 CONFIG = DetectorConfig(grace_ms=30_000, max_wait_ms=900_000, recheck_ms=5_000)
-INPUT_COLUMNS = [*JUDGED_COLUMNS, "_shared"]  # as the job builds them (khipu.detector.job.judged_and_records)
+INPUT_COLUMNS = [*JUDGED_COLUMNS, SHARED_COLUMN]  # as the job builds them (khipu.detector.job.judged_and_records)
 HOPS = RoutePlans.of(REGISTRY).hop_keys()  # type: ignore[arg-type]
 
 
@@ -58,7 +59,7 @@ def frame(traces: list[Trace], message_id: str = "m1", marks: int = 0) -> pd.Dat
         )
     for n in range(marks):
         rows.append({"bucket": 0, "kind": MARK, "location": "s1", "emitter_id": "s1-e", "emitter_seq": 90 + n,
-                     "timestamp_ms": 5, "_shared": 12345})  # fmt: skip
+                     "timestamp_ms": 5, SHARED_COLUMN: 12345})  # fmt: skip
     return pd.DataFrame(rows, columns=INPUT_COLUMNS)
 
 
