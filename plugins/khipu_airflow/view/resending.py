@@ -65,6 +65,13 @@ class ResendPanel:
     offers: list[Offer] = field(default_factory=list)
     run: ResendRunView | None = None
     next_refusal: str | None = None  # why the run shown cannot be followed by a real resend (None: it can)
+    following: str | None = None  # the run id the page follows
+    unread: str | None = None  # why that run could not be read just now (Airflow did not answer): asked again
+
+    @property
+    def reloads(self) -> bool:
+        """The page reloads itself: the run it follows has not ended, or could not be read just now."""
+        return self.following is not None and (self.run is None or not self.run.finished)
 
 
 def panel(
@@ -79,13 +86,20 @@ def panel(
     if runs is None:
         return None
     offers = [Offer(loss, resend_refusal(viewer, registry, loss.stream)) for loss in confirmed_losses(report)]
-    run = read_run(runs.run(request, run_id), report.message_id) if run_id else None  # NotThisLoss: 404
-    if not offers and run is None:
+    run, unread = None, None
+    if run_id:
+        try:
+            run = read_run(runs.run(request, run_id), report.message_id)  # NotThisLoss: 404
+        except ResendRefused as exc:
+            if exc.status < 500:  # refused (not theirs, not found): the page says so
+                raise
+            unread = str(exc)  # Airflow did not answer now: the page says so and asks again, still following
+    if not offers and run is None and unread is None:
         return None
     refusal = None
     if run is not None:
         refusal = real_run_refusal(run, run.loss) or resend_refusal(viewer, registry, run.loss.stream)
-    return ResendPanel(offers, run, refusal)
+    return ResendPanel(offers, run, refusal, run_id or None, unread)
 
 
 def add_routes(

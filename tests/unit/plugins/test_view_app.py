@@ -352,3 +352,53 @@ def test_each_confirmed_loss_shows_its_resend_state_and_ledger(seeded: tuple[Tes
     assert states == ["failed", "produced"] and "recovery hook raised" in page and "for demo-sink-audit only" in page
     api = client.get("/api/v1/messages/view-resent-1").json()
     assert [e["state"] for e in api["resends"]] == ["failed", "produced"]
+
+
+class _AirflowSlowOnce:
+    """The resend DAG's runs as Airflow's API would give them, but its first answer never comes (the API timing out
+    under load, as the view's own client reports it). A fake: a real Airflow cannot be made to time out on one
+    request at will; the real one behind the page is tested in a browser (tests/integration/view/test_view_resend.py)."""
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.conf, self.asked = conf, 0
+
+    def trigger(self, request: Request, conf: Any, note: str) -> str:
+        raise AssertionError("nothing is triggered here")
+
+    def run(self, request: Request, run_id: str) -> Any:
+        from khipu.report.resending import RunSeen
+        from khipu_airflow.view.resending import ResendRefused
+
+        self.asked += 1
+        if self.asked == 1:
+            raise ResendRefused(503, "Airflow's API did not answer (ReadTimeout: timed out)")
+        state = "running" if self.asked == 2 else "success"
+        result = {"summary": "1 would_resend", "outcomes": []} if state == "success" else None
+        return RunSeen(run_id, state, self.conf, result)
+
+
+def test_a_followed_run_airflow_does_not_answer_for_is_still_followed(tmp_path: Path) -> None:
+    """The page follows a resend run by reloading itself until it ends. When Airflow's API does not answer one of
+    those reloads, the page says so and keeps reloading (before, it answered an error page with no reload: the
+    person following the run was left on it)."""
+    from khipu.report.resending import Loss, run_conf
+
+    url = f"sqlite:///{tmp_path / 'khipu.db'}"
+    store = Store(url)
+    store.migrate()
+    registry = load_registry(ROOT / "config" / "registry.yaml")
+    data = seed(store, tmp_path / "archive", registry, NOW_MS)
+    runs = _AirflowSlowOnce(run_conf(Loss(data.dropped, STREAM, ENRICH_WRITE), dry_run=True))
+    sources = ViewSources(lambda: store, lambda: registry, tmp_path / "archive", "local", lambda: NOW_MS)
+    app = create_app(sources, token_check, lambda n: n, resend_runs=runs)
+    client = TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"})
+    reloads = "location.reload()"
+
+    pages = [client.get(f"/messages/{data.dropped}", params={"resend_run": "manual__1"}) for _ in range(3)]
+    assert [page.status_code for page in pages] == [200, 200, 200]
+    unread, running, ended = (page.text for page in pages)
+    assert 'data-testid="resend-run-unread"' in unread and "did not answer (ReadTimeout" in unread
+    assert reloads in unread and 'data-testid="resend-run"' not in unread  # still following, though not read
+    assert 'data-state="running"' in running and reloads in running
+    assert 'data-state="success"' in ended and reloads not in ended and "resend-run-unread" not in ended
+    assert runs.asked == 3
