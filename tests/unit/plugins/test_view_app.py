@@ -357,7 +357,8 @@ def test_each_confirmed_loss_shows_its_resend_state_and_ledger(seeded: tuple[Tes
 class _AirflowSlowOnce:
     """The resend DAG's runs as Airflow's API would give them, but its first answer never comes (the API timing out
     under load, as the view's own client reports it). A fake: a real Airflow cannot be made to time out on one
-    request at will; the real one behind the page is tested in a browser (tests/integration/view/test_view_resend.py)."""
+    request at will; the real one behind the page is tested in a browser
+    (tests/integration/view/test_view_resend.py)."""
 
     def __init__(self, conf: dict[str, Any]) -> None:
         self.conf, self.asked = conf, 0
