@@ -15,8 +15,8 @@ time, and decides:
   traces or its own next check is due (a message leaves the clean judge for good once it does).
 
 A decided message's rows go at once: state follows messages in flight, not traffic. Pure but for
-the lookups passed in (committed offsets, log starts, pointers, removals, the read-to clock), so it is
-tested without Spark; :mod:`khipu.detector.processor` is the thin adapter to Spark's state API.
+the lookups passed in (committed offsets and their history, log starts, pointers, removals, the read-to
+clock), so it is tested without Spark; :mod:`khipu.detector.processor` is the thin adapter to Spark's state API.
 """
 
 from __future__ import annotations
@@ -34,14 +34,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from khipu.detector.clean import NONE, CleanGrid, delivered_cells, judge_clean
+from khipu.detector.clean import CleanGrid, delivered_cells, judge_clean
 from khipu.detector.decide import LookupUnavailable, decide, memo_key, reported_now, resend_of, to_report
 from khipu.detector.model import (
+    NONE,
+    CommitHistoryLookup,
     CommittedLookup,
     DetectorConfig,
     PointerLookup,
     RecordLookup,
     RemovalLookup,
+    no_history,
     nothing_asked,
     nothing_pointed_at,
     nothing_removed,
@@ -167,6 +170,7 @@ class Lookups:
     removed: RemovalLookup = nothing_removed
     read_to: Callable[[int], int | None] | None = None  # given the batch's time: how far the trace topic is read
     record: RecordLookup = nothing_asked  # a record's fate in its log: its transaction's outcome, compaction
+    history: CommitHistoryLookup = no_history  # when the groups' committed offsets were seen
 
 
 @dataclass(frozen=True)
@@ -503,6 +507,7 @@ class BucketJudge:
         done_before = ((messages.emitted[mine][:, None] >> np.arange(hops, dtype=np.int64)) & 1).astype(bool)
         first_seen = messages.first_seen_ms[mine].astype(np.int64)
         committed = np.full((n, hops), NONE, dtype=np.int64)
+        passed_since = np.full((n, hops), NONE, dtype=np.int64)
         log_start = np.full((n, hops), NONE, dtype=np.int64)
         overdue = clock_ms - first_seen >= self.config.grace_ms
         for hop_number, hop in enumerate(plan.hops):
@@ -517,6 +522,10 @@ class BucketJudge:
                 found = lookups.committed(hop.topic.cluster, hop.group or "", hop.topic.topic, int(value))
                 if found is not None:
                     committed[positioned[parts == value], hop_number] = found
+                history = lookups.history(hop.topic.cluster, hop.group or "", hop.topic.topic, int(value))
+                if history is not None:
+                    rows_here = positioned[parts == value]
+                    passed_since[rows_here, hop_number] = history.passed_since_all(offset[rows_here, topic])
             unread = positioned[(committed[positioned, hop_number] <= offset[positioned, topic]) & overdue[positioned]]
             for value in np.unique(partition[unread, topic]):
                 start = lookups.log_start(hop.topic.cluster, hop.topic.topic, int(value))
@@ -524,7 +533,7 @@ class BucketJudge:
                     log_start[unread[partition[unread, topic] == value], hop_number] = start
         return CleanGrid(
             present, ts, has_position, partition, offset, first_seen, memo, done_before, committed, log_start,
-            transactional, committed_read, uncommitted,
+            transactional, committed_read, uncommitted, passed_since,
         )  # fmt: skip
 
     def _delivered(
@@ -579,7 +588,7 @@ class BucketJudge:
         decision = decide(
             str(messages.ids[position]), plan.stream, traces, lookups.committed, memo,
             int(messages.first_seen_ms[position]), now_ms, self.config, lookups.pointed_at, read_to, lookups.removed,
-            lookups.record,
+            lookups.record, lookups.history,
         )  # fmt: skip
         emitted = int(messages.emitted[position])
         said = messages.reported[position]

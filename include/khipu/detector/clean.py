@@ -7,8 +7,8 @@ a resend. For such messages the rules reduce to a few comparisons per hop, done 
 a grid of messages x hops:
 
 - a read hop whose topic shows the message is settled once its group's committed offset passed the position
-  (a group that keeps its offsets outside Kafka: once its receipt did; first seen at ``memo``) and the grace has
-  run out on the clock;
+  (a group that keeps its offsets outside Kafka: once its receipt did; first seen at ``memo``, which starts at the
+  commit history's first sight of it when there is one) and the grace has run out on the clock;
 - a write hop is judged once no read hop holding it back (the readers of its topic, and a processor's
   input) is open;
 - a topic with no trace, which a processor that wrote the message on must have read, is *implied*;
@@ -36,10 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from khipu.detector.model import DetectorConfig
+from khipu.detector.model import NONE, DetectorConfig
 from khipu.detector.routes import RoutePlan
 
-NONE = np.iinfo(np.int64).min  # no value: below every offset and time
 Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
 
@@ -61,6 +60,8 @@ class CleanGrid:
     transactional: Bools  # (n, T) the message's SENT trace on the topic says a transactional producer wrote it
     committed_read: Bools  # (n, T) a read_committed group's receipt on the topic (proof its transaction committed)
     uncommitted: Bools  # (n, H) read hops: the receipt is a read_uncommitted group's
+    # (n, H) read hops: when the commit history first saw the group past the position (NONE: it does not show it)
+    passed_since_ms: Ints
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,8 @@ def judge_clean(plan: RoutePlan, grid: CleanGrid, now_ms: int, clock_ms: int, co
             passed |= positioned & present[:, hop]
         # an unread record that may have left the log: decide asks whether it was removed (expired, truncated)
         out |= positioned & ~passed & overdue & (grid.log_start[:, hop] > offset)
-        memo[:, hop] = np.where(passed & (memo[:, hop] == NONE), now_ms, memo[:, hop])
+        first_seen_past = _first_seen_past(plan, grid, hop, positioned & (grid.committed[:, hop] > offset), now_ms)
+        memo[:, hop] = np.where(passed & (memo[:, hop] == NONE), first_seen_past, memo[:, hop])
         seen = memo[:, hop]
         settled_here = passed & (clock_ms - seen >= grace)
         out |= settled_here & ~present[:, hop]  # settled without its receive: LOST or TRACE_LOST
@@ -154,6 +156,20 @@ def judge_clean(plan: RoutePlan, grid: CleanGrid, now_ms: int, clock_ms: int, co
     deliver &= ~grid.emitted
     done = ~open_hops.any(axis=1)
     return CleanJudgement(~out, deliver & ~out[:, None], done & ~out, memo, np.maximum(next_check, now_ms + 1))
+
+
+def _first_seen_past(plan: RoutePlan, grid: CleanGrid, read: int, by_commit: Bools, now_ms: int) -> Ints:
+    """decide's ``first_seen_past_ms``: where the commit passed the position and the history shows when, that time
+    (never before the record was written: its SENT trace's time), never after now; now elsewhere."""
+    topic = plan.hop_topic[read]
+    written = np.full(grid.present.shape[0], NONE, dtype=np.int64)
+    for write in plan.writers[topic]:  # decide's "when written": the earliest SENT at the position
+        stamped = grid.present[:, write]
+        earlier = stamped & ((written == NONE) | (grid.timestamp_ms[:, write] < written))
+        written = np.where(earlier, grid.timestamp_ms[:, write], written)
+    since = grid.passed_since_ms[:, read]
+    known = by_commit & (since != NONE)
+    return np.where(known, np.minimum(np.maximum(since, written), now_ms), now_ms)
 
 
 def _arrived_past(plan: RoutePlan, read: int, present: Bools, has_position: Bools, implied: Bools) -> Bools:

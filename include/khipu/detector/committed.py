@@ -1,6 +1,7 @@
 """What the detector asks of the clusters: committed offsets (the broker first, the snapshot store when it cannot
-answer), log starts (the snapshot store when fresh, the broker otherwise), and what a record's log says of it
-(its transaction's outcome, compaction: :class:`RecordFates`); stream progress and back-pointers from the store.
+answer) and when each was first seen (:class:`CommitHistories`), log starts (the snapshot store when fresh, the
+broker otherwise), and what a record's log says of it (its transaction's outcome, compaction: :class:`RecordFates`);
+stream progress and back-pointers from the store.
 
 One provider per Python worker, cached per (cluster, group) for ``cache_ms``: deciding a
 micro-batch of messages costs a few group lookups, not one per message.
@@ -14,11 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from confluent_kafka import KafkaException
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 
 from khipu.detector.decide import Lookups, LookupUnavailable
-from khipu.detector.model import RecordFate, RecordState, Removal
+from khipu.detector.model import CommitHistory, RecordFate, RecordState, Removal
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable, TopicRetention
 from khipu.kafka.records import Isolation, LogReader
 from khipu.store import RemovalEvidence, Store
@@ -173,6 +175,53 @@ class ClusterClients:
         return self._store
 
 
+HISTORY_KEEP_MS = 3_600_000  # how long a worker remembers a committed offset it saw (past any maximum wait in use)
+
+
+class CommitHistories:
+    """Every committed offset a Python worker was told, per (cluster's bootstrap servers, group, topic, partition),
+    with when it was first told (after the answer came: the commit was made by then), for ``keep_ms``: the
+    :class:`khipu.detector.model.CommitHistory` the rules start a group's grace from. Only a change is kept (the
+    first sight of each offset). An offset lower than the last one seen (a rewind, a topic made again) starts the
+    partition's history over: before it, the history would say the group was past records it has not read.
+
+    A worker keeps one (:data:`WORKER_HISTORIES`) across the tasks it runs, so a history outlives one micro-batch;
+    a worker started afresh starts with none, and the rules fall back to the time they first see the commit."""
+
+    def __init__(self, keep_ms: int = HISTORY_KEEP_MS) -> None:
+        self.keep_ms = keep_ms
+        self._seen: dict[tuple[str, str, str, int], tuple[list[int], list[int]]] = {}
+        self._built: dict[tuple[str, str, str, int], CommitHistory] = {}
+
+    def saw(self, where: str, group: str, offsets: Mapping[tuple[str, int], int], at_ms: int) -> None:
+        for (topic, partition), committed in offsets.items():
+            key = (where, group, topic, partition)
+            times, values = self._seen.setdefault(key, ([], []))
+            if values and committed == values[-1]:
+                continue
+            if values and (committed < values[-1] or at_ms < times[-1]):  # went back: what it said no longer holds
+                times.clear()
+                values.clear()
+            times.append(at_ms)
+            values.append(committed)
+            if at_ms - times[0] > self.keep_ms:
+                kept = next(i for i, t in enumerate(times) if at_ms - t <= self.keep_ms)
+                del times[:kept], values[:kept]
+            self._built.pop(key, None)
+
+    def history(self, where: str, group: str, topic: str, partition: int) -> CommitHistory | None:
+        key = (where, group, topic, partition)
+        if key not in self._built:
+            seen = self._seen.get(key)
+            if not seen or not seen[0]:
+                return None
+            self._built[key] = CommitHistory(np.asarray(seen[0], dtype=np.int64), np.asarray(seen[1], dtype=np.int64))
+        return self._built[key]
+
+
+WORKER_HISTORIES = CommitHistories()  # this process's (a Spark Python worker runs one task after another)
+
+
 class CommittedOffsets:
     """``lookup(cluster, group, topic, partition)`` -> the group's committed offset, or None when unknown.
 
@@ -184,7 +233,12 @@ class CommittedOffsets:
     per back-off, not one per group and batch."""
 
     def __init__(
-        self, clients: ClusterClients, store_fresh_ms: int = 15_000, cache_ms: int = 2_000, clock_ms: Any = None
+        self,
+        clients: ClusterClients,
+        store_fresh_ms: int = 15_000,
+        cache_ms: int = 2_000,
+        clock_ms: Any = None,
+        histories: CommitHistories | None = None,
     ) -> None:
         self.clients = clients
         self.store_fresh_ms = store_fresh_ms
@@ -192,11 +246,26 @@ class CommittedOffsets:
         self._clock_ms = clock_ms
         self._cache: dict[tuple[str, str], tuple[int, dict[tuple[str, int], int]]] = {}
         self._backoff = Backoff("cluster")
+        self._histories = histories  # None: the worker's own (WORKER_HISTORIES)
 
     def __getstate__(self) -> dict[str, Any]:  # shipped to executors without live clients or stale answers
         state = dict(self.__dict__)
         state.update(_cache={}, _backoff=Backoff("cluster"))
+        if self._histories is WORKER_HISTORIES:
+            state["_histories"] = None  # the receiving worker's own, not a copy of this one's
         return state
+
+    @property
+    def histories(self) -> CommitHistories:
+        return self._histories if self._histories is not None else WORKER_HISTORIES
+
+    def history(self, cluster: str, group: str, topic: str, partition: int) -> CommitHistory | None:
+        """When the group's committed offset on the partition was seen, as this worker asked it
+        (:class:`CommitHistories`); None: not asked yet, or the cluster has no connection."""
+        connection = self.clients.clusters.get(cluster)
+        if connection is None:
+            return None
+        return self.histories.history(connection.bootstrap_servers, group, topic, partition)
 
     def _now(self) -> int:
         return int(self._clock_ms()) if self._clock_ms else time.time_ns() // 1_000_000
@@ -210,6 +279,9 @@ class CommittedOffsets:
         if cached is None or now - cached[0] >= self.cache_ms:
             cached = (now, self._fetch(cluster, group, now))
             self._cache[(cluster, group)] = cached
+            connection = self.clients.clusters.get(cluster)
+            if connection is not None:  # told now, so committed by now (taken after the answer, not before asking)
+                self.histories.saw(connection.bootstrap_servers, group, cached[1], self._now())
         return cached[1].get((topic, partition))
 
     def _fetch(self, cluster: str, group: str, now: int) -> dict[tuple[str, int], int]:
@@ -540,7 +612,7 @@ def _reason(exc: BaseException) -> str:
 
 def cluster_lookups(clients: ClusterClients, store_url: str) -> Lookups:
     """What the rules ask of the clusters and the store, as reconciliation asks it (the detector's processor holds
-    the same lookups): committed offsets, pointers, removals from the log, records' fates."""
-    return Lookups(
-        CommittedOffsets(clients), PointedPositions(store_url), RecordRemovals(clients), RecordFates(clients)
-    )
+    the same lookups): committed offsets and their history, pointers, removals from the log, records' fates."""
+    committed = CommittedOffsets(clients)
+    pointed, removals, fates = PointedPositions(store_url), RecordRemovals(clients), RecordFates(clients)
+    return Lookups(committed, pointed, removals, fates, committed.history)

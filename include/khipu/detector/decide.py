@@ -1,7 +1,7 @@
 """The verdict of every hop a message reached, from its traces, its route and committed offsets.
 
-A pure function: the traces gathered so far, the stream's route, the lookups (committed offsets,
-pointers, removals from the log), the memo of when each group was first seen past the message,
+A pure function: the traces gathered so far, the stream's route, the lookups (committed offsets and
+their history, pointers, removals from the log), the memo of when each group was first seen past the message,
 and ``now`` come in; verdicts, whether the message is decided, the updated memo and when to look
 again go out. The streaming detector's stateful processor and the reconciliation batch both
 apply it: there is one implementation of the rules.
@@ -12,8 +12,12 @@ ordered rule table per hop kind in which the first rule that holds gives the ver
 When a hop is settled (ready to be judged):
 
 - A read hop (topic -> group) once the group's committed offset has passed every position of
-  the message on that topic and ``grace_ms`` has gone by since that was first seen: until then
-  the message is simply on its way, however long that takes (up to ``max_wait_ms``). A record
+  the message on that topic and ``grace_ms`` has gone by since that was first seen (on the read-to
+  clock: every trace written before then has been read). "First seen" is the commit history's first
+  sight of the group past it, when the history kept shows it (never before the record was written),
+  else the evaluation's: a detector reading the message late does not add its own lateness to the
+  wait. Until then the message is simply on its way, however long that takes (up to
+  ``max_wait_ms``). A record
   that left the log before the group got to it (the partition's log start passed it while the
   group's committed offset had not) is settled the same way: the group can never read it (on a compacted
   topic only once the group has gone past: a later record of its key it reads makes it SUPERSEDED).
@@ -46,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from khipu.detector.model import (
+    CommitHistoryLookup,
     CommittedLookup,
     DetectorConfig,
     PointerLookup,
@@ -54,6 +59,7 @@ from khipu.detector.model import (
     RecordState,
     Removal,
     RemovalLookup,
+    no_history,
     nothing_asked,
     nothing_pointed_at,
     nothing_removed,
@@ -90,6 +96,7 @@ class Lookups:
     pointed_at: PointerLookup = nothing_pointed_at
     removed: RemovalLookup = nothing_removed
     record: RecordLookup = nothing_asked
+    history: CommitHistoryLookup = no_history  # when committed offsets were seen: a commit seen before its message
 
 
 # -- the evidence: a message's traces, by hop and by position ---------------------------------------------
@@ -324,6 +331,21 @@ def implied_read_settles_ms(moment: Moment) -> int:
     return moment.first_seen_ms + moment.config.grace_ms
 
 
+def first_seen_past_ms(moment: Moment, hop: Hop, position: Position) -> int:
+    """When the group's commit was first seen past a position it is past now: the first time the commit history
+    kept of it shows it past (the commit came at or before then), but never before the record was written (a
+    history of a topic made again, or of offsets set ahead of the log, says nothing of this record); now when the
+    history does not show it. So a detector that reads the message late (behind on the trace topic) waits the grace
+    from the commit, not from its own late reading."""
+    assert hop.group is not None
+    history = moment.lookups.history(hop.topic.cluster, hop.group, hop.topic.topic, position[0])
+    since = history.passed_since_ms(position[1]) if history is not None else None
+    if since is None:
+        return moment.now_ms
+    written = moment.evidence.positions_for(hop).get(position)
+    return min(moment.now_ms, since if written is None else max(since, written))
+
+
 def read_progress(moment: Moment, hop: Hop, memo: Mapping[str, int]) -> ReadProgress:
     """Settled once the group's committed offset passed every position of the message (or the record left
     the log first; for a group that keeps its offsets outside Kafka, once it received the record there) and the
@@ -364,7 +386,11 @@ def read_progress(moment: Moment, hop: Hop, memo: Mapping[str, int]) -> ReadProg
                     removals[(partition, offset)] = gone
         if passed or (partition, offset) in removals:
             key = memo_key(hop, (partition, offset))
-            seen = passed_at[key] = memo.get(key, moment.now_ms)
+            seen = memo.get(key)
+            if seen is None:
+                by_commit = committed is not None and committed > offset
+                seen = first_seen_past_ms(moment, hop, (partition, offset)) if by_commit else moment.now_ms
+            passed_at[key] = seen
             if moment.clock_ms - seen < config.grace_ms:
                 settled = False
                 checks.append(seen + config.grace_ms)
@@ -1065,6 +1091,7 @@ def decide(
     read_to_ms: int | None = None,
     removed: RemovalLookup = nothing_removed,
     record: RecordLookup = nothing_asked,
+    history: CommitHistoryLookup = no_history,
 ) -> Decision:
     """Judge every hop the message reached (see the module doc).
 
@@ -1074,7 +1101,8 @@ def decide(
     from traces it has not read yet. ``removed`` says whether a record left its log before a group
     got to it (expiry or truncation; see :class:`khipu.detector.model.Removal`); ``record`` what the log says of
     the record at a position (its transaction's outcome, or compaction: :class:`khipu.detector.model.RecordFate`),
-    asked only where the traces cannot tell.
+    asked only where the traces cannot tell. ``history``: when the groups' committed offsets were seen
+    (:class:`khipu.detector.model.CommitHistory`): a commit seen before the message was read starts its grace.
     """
     evidence = gather(traces)
     sources = [t for hop, ts in evidence.sent.items() if stream.route.is_source(hop) for t in ts]
@@ -1082,7 +1110,7 @@ def decide(
         message_id=message_id,
         stream=stream,
         evidence=evidence,
-        lookups=Lookups(committed, pointed_at, removed, record),
+        lookups=Lookups(committed, pointed_at, removed, record, history),
         config=config,
         now_ms=now_ms,
         clock_ms=now_ms if read_to_ms is None else min(now_ms, read_to_ms),

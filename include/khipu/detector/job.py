@@ -297,9 +297,10 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         finally:
             store.close()
     earlier_routes = known_routes(job.checkpoint_dir / DETECTOR_QUERY, plans)
+    committed = CommittedOffsets(clients)
     processor = VerdictProcessor(
         registry,
-        CommittedOffsets(clients),
+        committed,
         job.detector,
         PointedPositions(job.store_url),
         StreamReadProgress(job.store_url, (DETECTOR_QUERY,)),
@@ -307,6 +308,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         removals.log_start,
         earlier_routes,
         RecordFates(clients),
+        committed.history,
     )
     records = prepare(parse_traces(read_traces(spark, job), registry.streams), plans, job.buckets)
     judged = judged_and_records(records, processor, job.shuffle_partitions)

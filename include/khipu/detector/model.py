@@ -1,10 +1,14 @@
-"""The detector's settings, and what its rules may ask of the world (committed offsets, removals, pointers)."""
+"""The detector's settings, and what its rules may ask of the world (committed offsets and their history, removals,
+pointers, records' fates)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+
+import numpy as np
+import numpy.typing as npt
 
 from khipu.config import DetectorSection, default, load
 from khipu.errors import InvalidSetting
@@ -46,6 +50,48 @@ class DetectorConfig:
 
 # committed(cluster, group, topic, partition) -> the group's committed offset (next to read), or None
 CommittedLookup = Callable[[str, str, str, int], int | None]
+
+NONE = np.iinfo(np.int64).min  # no value (in arrays of offsets and times): below every offset and time
+
+
+@dataclass(frozen=True)
+class CommitHistory:
+    """A group's committed offset on one partition as it was seen over time, oldest first: at ``seen_ms[i]`` it was
+    ``committed[i]``, and the offsets never go back (a history that saw them go back, a rewind or a topic made
+    again, starts over from there). So the group was past ``offset`` at the first time its committed offset was
+    above it: the commit itself came at or before that time."""
+
+    seen_ms: npt.NDArray[np.int64]
+    committed: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, seen: Sequence[tuple[int, int]]) -> CommitHistory:
+        """From (time, committed offset) pairs, oldest first, their offsets never going back."""
+        times = np.asarray([t for t, _ in seen], dtype=np.int64)
+        offsets = np.asarray([c for _, c in seen], dtype=np.int64)
+        if len(seen) > 1 and (bool((np.diff(times) < 0).any()) or bool((np.diff(offsets) < 0).any())):
+            raise ValueError(f"a commit history goes forward in time and offset, not {list(seen)}")
+        return cls(times, offsets)
+
+    def passed_since_ms(self, offset: int) -> int | None:
+        """When the group was first seen past ``offset`` (its committed offset above it); None: never in this
+        history."""
+        at = int(np.searchsorted(self.committed, offset, side="right"))
+        return int(self.seen_ms[at]) if at < len(self.seen_ms) else None
+
+    def passed_since_all(self, offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """:meth:`passed_since_ms` of each offset, :data:`NONE` where never."""
+        at = np.searchsorted(self.committed, offsets, side="right")
+        padded = np.append(self.seen_ms, NONE)
+        return padded[np.minimum(at, len(self.seen_ms))]
+
+
+# history(cluster, group, topic, partition) -> when the group's committed offsets were seen, or None: not kept
+CommitHistoryLookup = Callable[[str, str, str, int], CommitHistory | None]
+
+
+def no_history(cluster: str, group: str, topic: str, partition: int) -> CommitHistory | None:
+    return None
 
 
 @dataclass(frozen=True, slots=True)

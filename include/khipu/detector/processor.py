@@ -33,11 +33,13 @@ from khipu.detector.bucket import (
     RouteIds,
 )
 from khipu.detector.model import (
+    CommitHistoryLookup,
     CommittedLookup,
     DetectorConfig,
     PointerLookup,
     RecordLookup,
     RemovalLookup,
+    no_history,
     nothing_asked,
     nothing_pointed_at,
     nothing_removed,
@@ -73,6 +75,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
         log_start: LogStartLookup | None = None,
         earlier_routes: Mapping[str, RouteIds] | None = None,
         record: RecordLookup = nothing_asked,
+        history: CommitHistoryLookup = no_history,
     ) -> None:
         self.registry, self.config = registry, config
         self.lookups = Lookups(
@@ -82,6 +85,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
             removed=removed,
             read_to=read_to,
             record=record,
+            history=history,
         )
         self.judge = BucketJudge(RoutePlans.of(registry), config, earlier_routes)
 

@@ -267,7 +267,6 @@ def start_broker(spec: BrokerSpec, log_path: Path, ready_timeout_s: float = 90.0
             )
         time.sleep(0.1)
 
-
     _wait_for_group_coordinators(broker, deadline, log_path)
     return broker
 

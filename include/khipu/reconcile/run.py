@@ -574,7 +574,7 @@ def _pointer_lookup(pointed: Collection[PointerKey], lookups: Lookups) -> Lookup
             return True
         return lookups.pointed_at(location, cluster, topic, partition, offset)
 
-    return Lookups(lookups.committed, pointed_at, lookups.removed, lookups.record)
+    return dataclasses.replace(lookups, pointed_at=pointed_at)
 
 
 def kafka_record_namer(connections: Mapping[str, KafkaConnection]) -> RecordNamer:

@@ -15,9 +15,17 @@ import numpy as np
 import pytest
 
 from khipu.detector.bucket import BucketJudge, BucketState, Lookups
-from khipu.detector.clean import NONE, CleanGrid, delivered_cells, judge_clean
+from khipu.detector.clean import CleanGrid, delivered_cells, judge_clean
 from khipu.detector.decide import decide, memo_key, resend_of
-from khipu.detector.model import UNKNOWN_FATE, DetectorConfig, RecordFate, RecordState, Removal
+from khipu.detector.model import (
+    NONE,
+    UNKNOWN_FATE,
+    CommitHistory,
+    DetectorConfig,
+    RecordFate,
+    RecordState,
+    Removal,
+)
 from khipu.detector.routes import RoutePlan, RoutePlans
 from khipu.registry import parse_registry
 from khipu.registry.model import Hop, HopKind, Registry, Stream, TopicRef
@@ -37,6 +45,12 @@ class World:
     committed: Mapping[tuple[str, str], int | None]
     log_start: Mapping[str, int | None]
     fates: Mapping[tuple[str, int], RecordFate] = field(default_factory=dict)  # (topic, offset) -> the log's answer
+    # (group, topic) -> when its committed offsets were seen: ((time, committed), ...), oldest first
+    history: Mapping[tuple[str, str], tuple[tuple[int, int], ...]] = field(default_factory=dict)
+
+    def history_of(self, cluster: str, group: str, topic: str, partition: int) -> CommitHistory | None:
+        seen = self.history.get((group, topic))
+        return CommitHistory.of(seen) if seen else None
 
     def committed_of(self, cluster: str, group: str, topic: str, partition: int) -> int | None:
         return self.committed.get((group, topic))
@@ -67,6 +81,7 @@ def grid_of(
     offset = np.full((n, topics), NONE, dtype=np.int64)
     memo = np.full((n, hops), NONE, dtype=np.int64)
     committed = np.full((n, hops), NONE, dtype=np.int64)
+    passed_since = np.full((n, hops), NONE, dtype=np.int64)
     log_start = np.full((n, hops), NONE, dtype=np.int64)
     done_before = np.zeros((n, hops), dtype=bool)
     transactional = np.zeros((n, topics), dtype=bool)
@@ -94,6 +109,9 @@ def grid_of(
                 memo[m, hop] = memos[m].get(key, NONE)
                 value = world.committed.get((h.group or "", h.topic.topic))
                 committed[m, hop] = NONE if value is None else value
+                history = world.history_of("local", h.group or "", h.topic.topic, int(partition[m, topic]))
+                since = history.passed_since_ms(int(offset[m, topic])) if history is not None else None
+                passed_since[m, hop] = NONE if since is None else since
                 start = world.log_start.get(h.topic.topic)
                 log_start[m, hop] = NONE if start is None else start
     return CleanGrid(
@@ -110,6 +128,7 @@ def grid_of(
         transactional=transactional,
         committed_read=committed_read,
         uncommitted=uncommitted,
+        passed_since_ms=passed_since,
     )
 
 
@@ -144,6 +163,7 @@ def both_ways(
         read_to_ms=read_to_ms,
         removed=world.removed,
         record=world.record,
+        history=world.history_of,
     )
     if not judged.in_domain[0]:
         return False, {}, False, {}
@@ -216,13 +236,14 @@ def test_the_clean_judge_agrees_with_the_rule_table(case: object) -> None:
     'not mine' where decide says anything but DELIVERED."""
     committed = dict(case.committed)  # type: ignore[attr-defined]
     removed = dict(case.removed)  # type: ignore[attr-defined]
-    world = World(committed, {topic: r.log_start for (_, topic), r in removed.items()}, case.fates)  # type: ignore[attr-defined]
+    starts = {topic: r.log_start for (_, topic), r in removed.items()}
+    world = World(committed, starts, case.fates, case.history)  # type: ignore[attr-defined]
     now = case.now_ms  # type: ignore[attr-defined]
     memo: dict[str, int] = {}
     if case.passed_for_ms is not None:  # type: ignore[attr-defined]
         first = decide(
             "m1", case.stream, case.traces, world.committed_of, {}, 1000, now - case.passed_for_ms, CONFIG,  # type: ignore[attr-defined]
-            removed=world.removed, record=world.record,
+            removed=world.removed, record=world.record, history=world.history_of,
         )  # fmt: skip
         memo = dict(first.passed_at)
     answer = both_ways(case.stream, case.traces, world, memo, 1000, now, None, CONFIG)  # type: ignore[attr-defined]
@@ -317,13 +338,18 @@ def random_message(
         seq += 1
     committed: dict[tuple[str, str], int | None] = {}
     memo: dict[str, int] = {}
+    history: dict[tuple[str, str], tuple[tuple[int, int], ...]] = {}
     shown = {t.topic for t in traces}
     settled = rng.random() < 0.3  # every group long past the message: most hops are decided
     for hop in plan.hops:
         if hop.kind is HopKind.READ:
             partition, offset = positions[hop.topic]
             choices = [offset + 1] if settled else [None, offset - 3, offset, *[offset + 1, offset + 9] * 3]
-            committed[(hop.group or "", hop.topic.topic)] = rng.choice(choices)
+            now_at = committed[(hop.group or "", hop.topic.topic)] = rng.choice(choices)
+            if now_at is not None and rng.random() < 0.5:  # seen before: at the offset, then past it, from then on
+                passed = base + rng.choice([-400_000, -5_000, 0, 150, 20_000, 60_000])
+                steps = [(passed - 3_000, offset), (passed, offset + 1), (passed + 2_000, max(now_at, offset + 1))]
+                history[(hop.group or "", hop.topic.topic)] = tuple(step for step in steps if step[1] <= now_at)
             if hop.topic.topic in shown and (settled or rng.random() < 0.6):  # first seen past it a while ago
                 memo[memo_key(hop, (partition, offset))] = now_ms - (
                     300_000 if settled else rng.choice([0, 5_000, 40_000])
@@ -332,7 +358,7 @@ def random_message(
     emitted = {hop.id for hop in plan.hops if rng.random() < 0.1}
     states = [RecordState.VISIBLE] * 3 + [RecordState.ABORTED, RecordState.OPEN, RecordState.COMPACTED]
     fates = {(topic.topic, positions[topic][1]): RecordFate(rng.choice(states)) for topic in plan.topics}
-    return traces, World(committed, log_start, fates), memo, emitted
+    return traces, World(committed, log_start, fates, history), memo, emitted
 
 
 @pytest.mark.parametrize("route", range(len(ROUTES)))
@@ -357,7 +383,7 @@ def test_the_clean_judge_agrees_with_decide_on_random_messages(route: int) -> No
             delivered += bool(answer[1])
             finished += answer[2]
     # the domain is most of what is clean, and its answers are not only "wait"
-    assert in_domain > 0.45 * judged and delivered > 0.05 * judged and finished > 0.03 * judged, (
+    assert in_domain > 0.45 * judged and delivered > 0.05 * judged and finished > 0.025 * judged, (
         judged,
         in_domain,
         delivered,

@@ -13,7 +13,16 @@ from typing import NamedTuple
 import pytest
 
 from khipu.detector.decide import decide
-from khipu.detector.model import UNKNOWN_FATE, DetectorConfig, DetectorConfigError, RecordFate, RecordState, Removal
+from khipu.detector.model import (
+    UNKNOWN_FATE,
+    CommitHistory,
+    CommitHistoryLookup,
+    DetectorConfig,
+    DetectorConfigError,
+    RecordFate,
+    RecordState,
+    Removal,
+)
 from khipu.registry import parse_registry
 from khipu.registry.model import Registry, Stream
 from khipu.trace.keys import key_hash
@@ -130,6 +139,8 @@ class Case(NamedTuple):
     # (topic, offset) -> what the log says of the record there (not listed: the lookup could not say)
     fates: Mapping[tuple[str, int], RecordFate] = MappingProxyType({})
     registry: Registry = FAN_OUT_REGISTRY  # the route (FAN_OUT, or a variant of it)
+    # (group, topic) -> when the group's committed offsets were seen: ((time, committed), ...), oldest first
+    history: Mapping[tuple[str, str], tuple[tuple[int, int], ...]] = MappingProxyType({})
 
     @property
     def stream(self) -> Stream:
@@ -173,6 +184,14 @@ COMPACTED_NO_KEY = RecordFate(RecordState.COMPACTED, compacted_topic=True, detai
 GONE_KEY_AT_12 = RecordFate(RecordState.GONE, later_of_key=12, compacted_topic=True, detail="below the log start")
 GONE_NO_KEY = RecordFate(RecordState.GONE, compacted_topic=True, detail="below the log start")
 EOS_PAST = {("proc", "in"): 6, ("s1", "out"): 10, ("s2", "out"): 10}
+
+
+def seen_past(at_ms: int) -> dict[tuple[str, str], tuple[tuple[int, int], ...]]:
+    """A commit history that saw every group reach the message's position at ``at_ms - 5_000`` and go past it at
+    ``at_ms`` (PAST's offsets)."""
+    return {key: ((at_ms - 5_000, offset - 1), (at_ms, offset)) for key, offset in PAST.items()}
+
+
 A, SUP = VerdictKind.ABORTED, VerdictKind.SUPERSEDED
 
 
@@ -437,8 +456,40 @@ CASES = [
          True, "case 56 at the maximum wait: s2 still has not received it and cannot be asked how far it read: "
          "PENDING, handed to reconciliation; the write into out is judged on its own",
          registry=EXTERNAL_OFFSETS_REGISTRY),
+    Case(58, clean(), PAST, None, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (D, None, 1), S2: (D, None, 1)},
+         True, "this evaluation is the first to see the commits (a detector behind on the trace topic reads the "
+         "message late), but the commit history saw every group go past it at 20 s: the grace ran from then, not "
+         "from the late reading (case 2 without a history waits)", history=seen_past(20_000)),
+    Case(59, clean(skip={S1}), PAST, None, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1),
+          S1: (L, Cause.SKIPPED_BY_CONSUMER, 0), S2: (D, None, 1)}, True,
+         "case 5's loss judged at the evaluation that first sees it: the history saw s1 go past out@7 50 s ago "
+         "without its receipt, and every trace written before then plus the grace has been read",
+         history=seen_past(20_000)),
+    Case(60, clean(), PAST, None, 70_000, {}, False,
+         "the history saw the groups go past it 20 s ago: the grace (30 s) runs from then and has not run out",
+         history=seen_past(50_000)),
+    Case(61, clean(), PAST, None, 25_000, {}, False,
+         "a history that saw the groups past these offsets before the records were written (a topic made again, "
+         "offsets set ahead of the log) says nothing of them: the grace runs from the write (in@5 at 1 s, out@7 at "
+         "1.2 s), 24 s ago", history=seen_past(-50_000)),
+    Case(62, clean(), PAST, None, 35_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (D, None, 1), S1: (D, None, 1), S2: (D, None, 1)},
+         True, "case 61 once the grace after the writes has run out (34 s): settled, though this evaluation is the "
+         "first to see the commits", history=seen_past(-50_000)),
 ]
 # fmt: on
+
+
+def histories_of(case: Case) -> CommitHistoryLookup:
+    """The case's commit histories as the rules ask for them."""
+
+    def history(cluster: str, group: str, topic: str, partition: int) -> CommitHistory | None:
+        seen = case.history.get((group, topic))
+        return CommitHistory.of(seen) if seen else None
+
+    return history
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"case{c.number}" for c in CASES])
@@ -455,16 +506,17 @@ def test_verdict_rule_table(case: Case) -> None:
     def record(cluster: str, topic: str, partition: int, offset: int, key: str | None) -> RecordFate:
         return case.fates.get((topic, offset), UNKNOWN_FATE)
 
+    history = histories_of(case)
     passed_at: dict[str, int] = {}
     if case.passed_for_ms is not None:
         first = decide(
             "m1", case.stream, case.traces, committed, {}, 1000, case.now_ms - case.passed_for_ms, CONFIG,
-            removed=removed, record=record,
+            removed=removed, record=record, history=history,
         )  # fmt: skip
         passed_at = dict(first.passed_at)
     decision = decide(
         "m1", case.stream, case.traces, committed, passed_at, 1000, case.now_ms, CONFIG, pointed_at, removed=removed,
-        record=record,
+        record=record, history=history,
     )  # fmt: skip
     got = {v.hop: (v.kind, v.cause, v.count) for v in decision.verdicts}
     assert got == case.expected, case.reason

@@ -42,6 +42,7 @@ class _FrozenThenBack:
 class _Clients:
     def __init__(self, admin: _FrozenThenBack) -> None:
         self._admin = admin
+        self.clusters = {"local": KafkaConnection("127.0.0.1:9")}
 
     def admin(self, cluster: str) -> Any:
         return self._admin

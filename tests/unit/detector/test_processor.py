@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from khipu.detector.bucket import BucketState
 from khipu.detector.job import SHARED_COLUMN
-from khipu.detector.model import DetectorConfig
+from khipu.detector.model import CommitHistory, CommitHistoryLookup, DetectorConfig, no_history
 from khipu.detector.outputs import DECIDED_COLUMNS, expand_verdicts
 from khipu.detector.processor import JUDGED_COLUMNS, MARK, STATS, TRACE, VERDICT, VerdictProcessor
 from khipu.detector.routes import RoutePlans, trace_hop_key
@@ -63,10 +63,10 @@ def frame(traces: list[Trace], message_id: str = "m1", marks: int = 0) -> pd.Dat
     return pd.DataFrame(rows, columns=INPUT_COLUMNS)
 
 
-def new_tester(committed: dict[tuple[str, str], int]) -> Any:
+def new_tester(committed: dict[tuple[str, str], int], history: CommitHistoryLookup = no_history) -> Any:
     from pyspark.sql.streaming.tws_tester import TwsTester
 
-    processor = VerdictProcessor(REGISTRY, Offsets(committed), CONFIG)  # type: ignore[arg-type]
+    processor = VerdictProcessor(REGISTRY, Offsets(committed), CONFIG, history=history)  # type: ignore[arg-type]
     return TwsTester(processor, timeMode="ProcessingTime", outputMode="Update")
 
 
@@ -97,6 +97,20 @@ def test_a_delivered_message_is_decided_when_its_grace_ends_and_its_state_is_dro
     assert sorted(verdicts(out)["verdict"]) == ["DELIVERED"] * 5
     assert set(verdicts(out)["judged_by"]) == {"clean"}
     assert tws.peekValueState("bucket", 0) is None  # nothing in flight: no state at all
+
+
+def test_a_message_read_after_its_commits_were_seen_waits_the_grace_from_the_commits() -> None:
+    """The detector behind on the trace topic: the groups' commits were seen past the message 45 s before the
+    batch that reads it (the history a worker keeps), so its grace has run out at its first evaluation."""
+
+    def history(cluster: str, group: str, topic: str, partition: int) -> CommitHistory | None:
+        return CommitHistory.of([(15_000, PAST[(group, topic)])])
+
+    tws = new_tester(PAST, history)
+    tws.setProcessingTime(60_000)
+    out = verdicts(tws.testInPandas(0, frame(clean())))
+    assert sorted(out["verdict"]) == ["DELIVERED"] * 5 and set(out["judged_by"]) == {"clean"}
+    assert tws.peekValueState("bucket", 0) is None  # decided at once: nothing held in flight
 
 
 def test_only_what_it_decides_leaves_it_marks_are_left_to_the_records_beside_it() -> None:
