@@ -159,8 +159,8 @@ def judge_clean(plan: RoutePlan, grid: CleanGrid, now_ms: int, clock_ms: int, co
 
 
 def _first_seen_past(plan: RoutePlan, grid: CleanGrid, read: int, by_commit: Bools, now_ms: int) -> Ints:
-    """decide's ``first_seen_past_ms``: where the commit passed the position and the history shows when, that time
-    (never before the record was written: its SENT trace's time), never after now; now elsewhere."""
+    """decide's ``first_seen_past_ms``: where the commit passed the position and the history shows when, at or after
+    the record's write (its SENT trace's time), that time (never after now); now elsewhere."""
     topic = plan.hop_topic[read]
     written = np.full(grid.present.shape[0], NONE, dtype=np.int64)
     for write in plan.writers[topic]:  # decide's "when written": the earliest SENT at the position
@@ -168,8 +168,8 @@ def _first_seen_past(plan: RoutePlan, grid: CleanGrid, read: int, by_commit: Boo
         earlier = stamped & ((written == NONE) | (grid.timestamp_ms[:, write] < written))
         written = np.where(earlier, grid.timestamp_ms[:, write], written)
     since = grid.passed_since_ms[:, read]
-    known = by_commit & (since != NONE)
-    return np.where(known, np.minimum(np.maximum(since, written), now_ms), now_ms)
+    known = by_commit & (since != NONE) & (written != NONE) & (since >= written)
+    return np.where(known, np.minimum(since, now_ms), now_ms)
 
 
 def _arrived_past(plan: RoutePlan, read: int, present: Bools, has_position: Bools, implied: Bools) -> Bools:

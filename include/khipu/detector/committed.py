@@ -175,28 +175,38 @@ class ClusterClients:
         return self._store
 
 
-HISTORY_KEEP_MS = 3_600_000  # how long a worker remembers a committed offset it saw (past any maximum wait in use)
+HISTORY_KEEP_MS = 3_600_000  # how long a worker remembers a committed offset after it last changed
 
 
 class CommitHistories:
     """Every committed offset a Python worker was told, per (cluster's bootstrap servers, group, topic, partition),
-    with when it was first told (after the answer came: the commit was made by then), for ``keep_ms``: the
-    :class:`khipu.detector.model.CommitHistory` the rules start a group's grace from. Only a change is kept (the
-    first sight of each offset). An offset lower than the last one seen (a rewind, a topic made again) starts the
-    partition's history over: before it, the history would say the group was past records it has not read.
+    with when it was first told (after the answer came: the commit was made by then, on this worker's clock): the
+    :class:`khipu.detector.model.CommitHistory` the rules start a group's grace from. Only changes are kept (the
+    first sight of each offset), each for ``keep_ms`` after the partition's latest change (forgetting only makes a
+    wait longer). An offset lower than the last one seen (a rewind, a topic made again) starts the partition's history
+    over, and a partition a group's answer no longer names (its topic deleted) is forgotten: before either, the history
+    would say the group was past records it has not read. (A history older than a record's write is not used for it
+    either: :func:`khipu.detector.decide.first_seen_past_ms`.)
 
     A worker keeps one (:data:`WORKER_HISTORIES`) across the tasks it runs, so a history outlives one micro-batch;
     a worker started afresh starts with none, and the rules fall back to the time they first see the commit."""
 
     def __init__(self, keep_ms: int = HISTORY_KEEP_MS) -> None:
         self.keep_ms = keep_ms
-        self._seen: dict[tuple[str, str, str, int], tuple[list[int], list[int]]] = {}
+        self._seen: dict[tuple[str, str], dict[tuple[str, int], tuple[list[int], list[int]]]] = {}
         self._built: dict[tuple[str, str, str, int], CommitHistory] = {}
 
     def saw(self, where: str, group: str, offsets: Mapping[tuple[str, int], int], at_ms: int) -> None:
+        """The group's committed offsets as an answer gave them at ``at_ms`` (an empty answer says nothing: a group
+        not known, or a cluster that did not answer)."""
+        if not offsets:
+            return
+        partitions = self._seen.setdefault((where, group), {})
+        for gone in [position for position in partitions if position not in offsets]:
+            del partitions[gone]
+            self._built.pop((where, group, *gone), None)
         for (topic, partition), committed in offsets.items():
-            key = (where, group, topic, partition)
-            times, values = self._seen.setdefault(key, ([], []))
+            times, values = partitions.setdefault((topic, partition), ([], []))
             if values and committed == values[-1]:
                 continue
             if values and (committed < values[-1] or at_ms < times[-1]):  # went back: what it said no longer holds
@@ -207,12 +217,12 @@ class CommitHistories:
             if at_ms - times[0] > self.keep_ms:
                 kept = next(i for i, t in enumerate(times) if at_ms - t <= self.keep_ms)
                 del times[:kept], values[:kept]
-            self._built.pop(key, None)
+            self._built.pop((where, group, topic, partition), None)
 
     def history(self, where: str, group: str, topic: str, partition: int) -> CommitHistory | None:
         key = (where, group, topic, partition)
         if key not in self._built:
-            seen = self._seen.get(key)
+            seen = self._seen.get((where, group), {}).get((topic, partition))
             if not seen or not seen[0]:
                 return None
             self._built[key] = CommitHistory(np.asarray(seen[0], dtype=np.int64), np.asarray(seen[1], dtype=np.int64))

@@ -14,10 +14,9 @@ When a hop is settled (ready to be judged):
 - A read hop (topic -> group) once the group's committed offset has passed every position of
   the message on that topic and ``grace_ms`` has gone by since that was first seen (on the read-to
   clock: every trace written before then has been read). "First seen" is the commit history's first
-  sight of the group past it, when the history kept shows it (never before the record was written),
-  else the evaluation's: a detector reading the message late does not add its own lateness to the
-  wait. Until then the message is simply on its way, however long that takes (up to
-  ``max_wait_ms``). A record
+  sight of the group past it, when the history kept shows it at or after the record's write, else the
+  evaluation's: a detector reading the message late does not add its own lateness to the wait. Until
+  then the message is simply on its way, however long that takes (up to ``max_wait_ms``). A record
   that left the log before the group got to it (the partition's log start passed it while the
   group's committed offset had not) is settled the same way: the group can never read it (on a compacted
   topic only once the group has gone past: a later record of its key it reads makes it SUPERSEDED).
@@ -333,17 +332,18 @@ def implied_read_settles_ms(moment: Moment) -> int:
 
 def first_seen_past_ms(moment: Moment, hop: Hop, position: Position) -> int:
     """When the group's commit was first seen past a position it is past now: the first time the commit history
-    kept of it shows it past (the commit came at or before then), but never before the record was written (a
-    history of a topic made again, or of offsets set ahead of the log, says nothing of this record); now when the
-    history does not show it. So a detector that reads the message late (behind on the trace topic) waits the grace
-    from the commit, not from its own late reading."""
+    kept of it shows it past (the commit came at or before then), when that is at or after the record's own write;
+    now otherwise. A history that saw the group past the offset before the record there was written (a topic made
+    again, a broker that answered at the same address before) says nothing of this record, and neither does one
+    when the write time is not known: the wait then starts now, as without a history. So a detector that reads the
+    message late (behind on the trace topic) waits the grace from the commit, not from its own late reading."""
     assert hop.group is not None
+    written = moment.evidence.positions_for(hop).get(position)
+    if written is None:
+        return moment.now_ms
     history = moment.lookups.history(hop.topic.cluster, hop.group, hop.topic.topic, position[0])
     since = history.passed_since_ms(position[1]) if history is not None else None
-    if since is None:
-        return moment.now_ms
-    written = moment.evidence.positions_for(hop).get(position)
-    return min(moment.now_ms, since if written is None else max(since, written))
+    return moment.now_ms if since is None or since < written else min(moment.now_ms, since)
 
 
 def read_progress(moment: Moment, hop: Hop, memo: Mapping[str, int]) -> ReadProgress:

@@ -382,7 +382,8 @@ def test_the_clean_judge_agrees_with_decide_on_random_messages(route: int) -> No
             in_domain += 1
             delivered += bool(answer[1])
             finished += answer[2]
-    # the domain is most of what is clean, and its answers are not only "wait"
+    # the domain is most of what is clean, and its answers are not only "wait" (floors, not measures: on the widest
+    # route, with the random commit histories, 89 of 3,000 messages finish inside the domain)
     assert in_domain > 0.45 * judged and delivered > 0.05 * judged and finished > 0.025 * judged, (
         judged,
         in_domain,

@@ -54,6 +54,18 @@ def test_only_changes_are_kept_and_a_rewind_starts_the_history_over() -> None:
     assert histories.history("broker:9092", "g", "orders", 1) is None
 
 
+def test_a_partition_an_answer_no_longer_names_is_forgotten_an_empty_answer_says_nothing() -> None:
+    histories = CommitHistories()
+    histories.saw("b", "g", {("orders", 0): 50, ("audit", 0): 7}, 1_000)
+    histories.saw("b", "g", {}, 2_000)  # a group not known, or no answer: nothing is forgotten
+    assert histories.history("b", "g", "orders", 0) is not None
+    histories.saw("b", "g", {("audit", 0): 9}, 3_000)  # orders was deleted: Kafka drops its committed offsets
+    assert histories.history("b", "g", "orders", 0) is None
+    histories.saw("b", "g", {("orders", 0): 60, ("audit", 0): 9}, 4_000)  # made again, and read to 60
+    again = histories.history("b", "g", "orders", 0)
+    assert again is not None and again.passed_since_ms(30) == 4_000  # not 1,000: that was the deleted topic
+
+
 def test_a_history_keeps_what_it_saw_for_its_keep_time_only() -> None:
     histories = CommitHistories(keep_ms=10_000)
     for at in range(0, 30_001, 1_000):

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from khipu.detector.committed import CommittedOffsets, PointedPositions
+from khipu.detector.committed import CommitHistories, CommittedOffsets, PointedPositions
 from khipu.detector.decide import LookupUnavailable
 from khipu.detector.model import DETECTOR_QUERY
 from khipu.detector.outage import OutageWatch, WaitingReporter, backoff_ms, heartbeat_waiting, write_with_retries
@@ -53,7 +53,7 @@ class _Clients:
 
 def test_a_committed_offset_lookup_that_times_out_is_not_known_and_asked_again_with_a_bounded_back_off() -> None:
     admin, now = _FrozenThenBack(), [0]
-    lookup = CommittedOffsets(_Clients(admin), cache_ms=0, clock_ms=lambda: now[0])  # type: ignore[arg-type]
+    lookup = CommittedOffsets(_Clients(admin), cache_ms=0, clock_ms=lambda: now[0], histories=CommitHistories())  # type: ignore[arg-type]
     assert lookup("local", "g", "orders", 0) is None  # not known: the hop waits (never "not committed")
     asked_at = []
     for now[0] in range(0, 150_000, 250):
