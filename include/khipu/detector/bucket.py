@@ -519,13 +519,13 @@ class BucketJudge:
                 continue
             parts = partition[positioned, topic]
             for value in np.unique(parts):
+                here = positioned[parts == value]
                 found = lookups.committed(hop.topic.cluster, hop.group or "", hop.topic.topic, int(value))
                 if found is not None:
-                    committed[positioned[parts == value], hop_number] = found
+                    committed[here, hop_number] = found
                 history = lookups.history(hop.topic.cluster, hop.group or "", hop.topic.topic, int(value))
                 if history is not None:
-                    rows_here = positioned[parts == value]
-                    passed_since[rows_here, hop_number] = history.passed_since_all(offset[rows_here, topic])
+                    passed_since[here, hop_number] = history.passed_since_all(offset[here, topic])
             unread = positioned[(committed[positioned, hop_number] <= offset[positioned, topic]) & overdue[positioned]]
             for value in np.unique(partition[unread, topic]):
                 start = lookups.log_start(hop.topic.cluster, hop.topic.topic, int(value))

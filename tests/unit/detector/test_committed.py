@@ -8,14 +8,13 @@ the same lookup against a real broker.
 from __future__ import annotations
 
 import pickle
-from typing import Any
 
 import numpy as np
 import pytest
 
 from khipu.detector.committed import WORKER_HISTORIES, CommitHistories, CommittedOffsets
 from khipu.detector.model import NONE, CommitHistory
-from khipu.kafka import KafkaConnection
+from tests.unit.detector.test_outage import StandInClients
 
 
 def test_a_history_says_when_the_group_first_went_past_an_offset() -> None:
@@ -85,18 +84,6 @@ class _Admin:
         return {("orders", 0): self.committed}
 
 
-class _Clients:
-    def __init__(self, admin: _Admin) -> None:
-        self._admin = admin
-        self.clusters = {"local": KafkaConnection("127.0.0.1:9")}
-
-    def admin(self, cluster: str) -> Any:
-        return self._admin
-
-    def store(self) -> None:
-        return None
-
-
 def test_the_lookup_records_each_answer_at_the_time_it_came_back() -> None:
     admin, clock = _Admin(), [1_000]
     histories = CommitHistories()
@@ -105,7 +92,7 @@ def test_the_lookup_records_each_answer_at_the_time_it_came_back() -> None:
         clock[0] += 10  # the clock moves while the broker answers
         return clock[0]
 
-    lookup = CommittedOffsets(_Clients(admin), cache_ms=2_000, clock_ms=now, histories=histories)  # type: ignore[arg-type]
+    lookup = CommittedOffsets(StandInClients(admin), cache_ms=2_000, clock_ms=now, histories=histories)  # type: ignore[arg-type]
     assert lookup("local", "g", "orders", 0) == 5
     admin.committed = 9
     clock[0] = 2_500  # within the cache: not asked, nothing new seen
@@ -119,10 +106,10 @@ def test_the_lookup_records_each_answer_at_the_time_it_came_back() -> None:
 
 
 def test_a_lookup_shipped_to_a_worker_uses_that_workers_history() -> None:
-    lookup = CommittedOffsets(_Clients(_Admin()))  # type: ignore[arg-type]
+    lookup = CommittedOffsets(StandInClients(_Admin()))  # type: ignore[arg-type]
     assert lookup.histories is WORKER_HISTORIES
     shipped = pickle.loads(pickle.dumps(lookup))
     assert shipped.histories is WORKER_HISTORIES  # the process's own, not a copy of the sender's
     own = CommitHistories()
-    kept = pickle.loads(pickle.dumps(CommittedOffsets(_Clients(_Admin()), histories=own)))  # type: ignore[arg-type]
+    kept = pickle.loads(pickle.dumps(CommittedOffsets(StandInClients(_Admin()), histories=own)))  # type: ignore[arg-type]
     assert kept.histories is not WORKER_HISTORIES and isinstance(kept.histories, CommitHistories)

@@ -39,8 +39,10 @@ class _FrozenThenBack:
         return {("orders", 0): 7}
 
 
-class _Clients:
-    def __init__(self, admin: _FrozenThenBack) -> None:
+class StandInClients:
+    """ClusterClients with one stand-in admin client for the cluster "local", and no store."""
+
+    def __init__(self, admin: Any) -> None:
         self._admin = admin
         self.clusters = {"local": KafkaConnection("127.0.0.1:9")}
 
@@ -53,7 +55,7 @@ class _Clients:
 
 def test_a_committed_offset_lookup_that_times_out_is_not_known_and_asked_again_with_a_bounded_back_off() -> None:
     admin, now = _FrozenThenBack(), [0]
-    lookup = CommittedOffsets(_Clients(admin), cache_ms=0, clock_ms=lambda: now[0], histories=CommitHistories())  # type: ignore[arg-type]
+    lookup = CommittedOffsets(StandInClients(admin), cache_ms=0, clock_ms=lambda: now[0], histories=CommitHistories())  # type: ignore[arg-type]
     assert lookup("local", "g", "orders", 0) is None  # not known: the hop waits (never "not committed")
     asked_at = []
     for now[0] in range(0, 150_000, 250):
