@@ -20,6 +20,7 @@ import heapq
 import json
 import logging
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -882,11 +883,12 @@ def _wait_until_settled(
         if time.monotonic() > settle_deadline:
             if not processor_done:
                 busy = "" if processor_idle else "; records in memory or a write waiting for the broker"
-                behind = f"{processor.location} is behind: {_read_to(processor_position, produced_end)}{busy}"
+                behind = (f"{processor.location} is behind: {_read_to(processor_position, produced_end)}{busy}; "
+                          f"{_where(processor)}")  # fmt: skip
             else:
                 end = processor.output_end()
                 sink = next(s for s in sinks if not _caught_up(s.progress()[1], end))
-                behind = f"{sink.spec.group} is behind: {_read_to(sink.progress()[1], end)}"
+                behind = f"{sink.spec.group} is behind: {_read_to(sink.progress()[1], end)}; {_where(sink)}"
             raise DemoError(f"demo did not settle within {config.settle_timeout_s:.0f}s: {behind}")
 
 
@@ -899,6 +901,19 @@ def committed_to_end(demo: _Demo, group: str, output: bool) -> bool:
         raise DemoError(f"the end of {topic} is not known: {'; '.join(answer.errors)}")
     committed = admin.committed_offsets(group, answer.found)
     return all(committed.get(position, 0) >= end for position, (_, end) in answer.found.items())
+
+
+def _where(component: _Component) -> str:
+    """Where ``component``'s thread is now, as its innermost calls: what a component that stopped reading waits on
+    (a client call that does not return, or a poll loop that gets nothing)."""
+    frame = sys._current_frames().get(component.ident or -1)
+    if frame is None:
+        return "its thread has ended"
+    calls: list[str] = []
+    while frame is not None and len(calls) < 4:
+        calls.append(f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})")
+        frame = frame.f_back
+    return "its thread is in " + " <- ".join(calls)
 
 
 def _read_to(position: dict[int, int], end: dict[int, int]) -> str:
