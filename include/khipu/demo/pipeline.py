@@ -72,6 +72,7 @@ _TRANSIENT = frozenset(
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 5.0
 _FAULT_COMMIT_S = 30.0  # how long the injected rebalance drop waits to know its commit over the buffer landed
 _CLOSE_COMMIT_S = 10.0  # how long a stopping consumer waits to know its last commit landed
+_FAULT_ANSWER_S = 30.0  # how long a sink asks for what an injected fault needs before leaving the fault out
 
 
 class DemoError(RuntimeError):
@@ -266,10 +267,19 @@ class _GaveUp(Exception):
     """A call to the cluster was not answered before the demo stopped, or was refused for good."""
 
 
-def until_answered(call: Callable[[], Any], who: str, what: str, stop: threading.Event) -> Any:
+def until_answered(
+    call: Callable[[], Any],
+    who: str,
+    what: str,
+    stop: threading.Event,
+    limit_s: float | None = None,
+    refresh: Callable[[], Any] | None = None,
+) -> Any:
     """``call()``, asked again with back-off while the cluster answers a transient error (an outage, a coordinator
-    or leader not yet known); :class:`_GaveUp` once the demo stops meanwhile or on an error asking again cannot
-    fix (the caller then leaves out what needed the answer)."""
+    or leader not yet known), after ``refresh()`` (a client's metadata, which a leader moved by a broker's restart
+    leaves stale: librdkafka refreshes it on its own only every 5 minutes for a consumer that does not fetch
+    meanwhile); :class:`_GaveUp` once the demo stops meanwhile, past ``limit_s``, or on an error asking again
+    cannot fix (the caller then leaves out what needed the answer)."""
     wait, started = _RETRY_FIRST_S, time.monotonic()
     while True:
         try:
@@ -278,10 +288,17 @@ def until_answered(call: Callable[[], Any], who: str, what: str, stop: threading
             error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
             if error is None or not (error.retriable() or error.code() in _TRANSIENT):
                 raise _GaveUp(f"{who}: {what} refused: {exc}") from exc
-            log.warning("%s: %s not answered (%s) after %.0f s; asking again", who, what, error.str(),
-                        time.monotonic() - started)  # fmt: skip
+            spent = time.monotonic() - started
+            if limit_s is not None and spent + wait > limit_s:
+                raise _GaveUp(f"{who}: {what} not answered within {limit_s:.0f} s ({error.str()})") from exc
+            log.warning("%s: %s not answered (%s) after %.0f s; asking again", who, what, error.str(), spent)
         if stop.wait(wait):
             raise _GaveUp(f"{who}: {what} not answered before the demo stopped")
+        if refresh is not None:
+            try:
+                refresh()
+            except KafkaException as exc:  # asked again anyway: the call says what is wrong
+                log.warning("%s: metadata not refreshed before asking again: %s", who, exc)
         wait = min(2 * wait, _RETRY_MAX_S)
 
 
@@ -697,6 +714,8 @@ class _Sink(_ConsumerComponent):
                     self.spec.group,
                     f"the end of {self.topic}[{record.partition}] (for the injected skip)",
                     self.demo.stop,
+                    limit_s=_FAULT_ANSWER_S,  # the sink does not read meanwhile: a fault is not worth a stall
+                    refresh=lambda: self.consumer.list_topics(self.topic, timeout=5),
                 )
             except _GaveUp as exc:  # not skipped: it reads on, and the ledger records no skip
                 log.warning("%s; the skip is left out", exc)

@@ -54,3 +54,14 @@ def test_a_stopping_demo_gives_up_asking() -> None:
     with pytest.raises(pipeline._GaveUp, match="not answered before the demo stopped"):
         until_answered(call, "sink", "the end", stop)
     assert len(asked) == 1
+
+
+def test_metadata_is_refreshed_before_each_retry_and_past_its_limit_it_gives_up_naming_the_error() -> None:
+    refreshed: list[int] = []
+    call, asked = answers_after([KafkaError.NOT_LEADER_FOR_PARTITION] * 2, "end")
+    assert until_answered(call, "sink", "the end", threading.Event(), refresh=lambda: refreshed.append(1)) == "end"
+    assert (len(asked), len(refreshed)) == (3, 2)  # a stale leader: the metadata asked again before each retry
+    call, asked = answers_after([KafkaError.NOT_LEADER_FOR_PARTITION] * 1_000, "end")
+    with pytest.raises(pipeline._GaveUp, match=r"the end not answered within 0 s \(.*[Ll]eader"):
+        until_answered(call, "sink", "the end", threading.Event(), limit_s=0.1)
+    assert 2 <= len(asked) < 20  # retries of 10-20 ms until 100 ms had gone by, then no more
