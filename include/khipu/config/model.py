@@ -231,10 +231,7 @@ class DetectorSection(Section):
         "KHIPU_DETECTOR_MAX_WAIT_MS", 900_000, "Undecided this long after its first trace: PENDING."
     )
     recheck_ms: Milliseconds = setting(
-        "KHIPU_DETECTOR_RECHECK_MS",
-        2_000,
-        "How often an undecided message looks at committed offsets again, and how often each worker's commit watch "
-        "asks for them between batches.",
+        "KHIPU_DETECTOR_RECHECK_MS", 2_000, "How often an undecided message looks at committed offsets again."
     )
     open_transaction_wait_ms: Milliseconds = setting(
         "KHIPU_DETECTOR_OPEN_TRANSACTION_WAIT_MS",

@@ -10,11 +10,9 @@ micro-batch of messages costs a few group lookups, not one per message.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,7 +21,7 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 
 from khipu.detector.decide import Lookups, LookupUnavailable
 from khipu.detector.model import CommitHistory, RecordFate, RecordState, Removal
-from khipu.kafka import GroupCommits, KafkaAdmin, KafkaConnection, KafkaUnavailable, TopicRetention
+from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable, TopicRetention
 from khipu.kafka.records import Isolation, LogReader
 from khipu.store import RemovalEvidence, Store
 from khipu.store.engine import StoreUnavailable
@@ -197,158 +195,41 @@ class CommitHistories:
         self.keep_ms = keep_ms
         self._seen: dict[tuple[str, str], dict[tuple[str, int], tuple[list[int], list[int]]]] = {}
         self._built: dict[tuple[str, str, str, int], CommitHistory] = {}
-        self._asked: dict[tuple[str, str], int] = {}  # when the newest answer taken in was asked for
-        self._lock = threading.Lock()  # the commit watch's thread tells it too (CommitWatch)
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {name: value for name, value in self.__dict__.items() if name != "_lock"}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _lock=threading.Lock())
-
-    def saw(
-        self, where: str, group: str, offsets: Mapping[tuple[str, int], int], at_ms: int, asked_ms: int | None = None
-    ) -> None:
-        """The group's committed offsets as an answer gave them at ``at_ms``, asked for at ``asked_ms`` (an empty
-        answer says nothing: a group not known, or a cluster that did not answer). Two askers (a lookup and the
-        commit watch) can be answered out of order: an answer asked for before the newest one taken in is older
-        news, and is left out; one taken in at an earlier time than the newest sight (or a clock set back) counts
-        from that sight (a later time: a longer wait, never a shorter one)."""
+    def saw(self, where: str, group: str, offsets: Mapping[tuple[str, int], int], at_ms: int) -> None:
+        """The group's committed offsets as an answer gave them at ``at_ms`` (an empty answer says nothing: a group
+        not known, or a cluster that did not answer)."""
         if not offsets:
             return
-        with self._lock:
-            if asked_ms is not None:
-                if asked_ms < self._asked.get((where, group), asked_ms):
-                    return
-                self._asked[(where, group)] = asked_ms
-            partitions = self._seen.setdefault((where, group), {})
-            for gone in [position for position in partitions if position not in offsets]:
-                del partitions[gone]
-                self._built.pop((where, group, *gone), None)
-            for (topic, partition), committed in offsets.items():
-                times, values = partitions.setdefault((topic, partition), ([], []))
-                if values and committed == values[-1]:
-                    continue
-                if values and committed < values[-1]:  # went back: what it said no longer holds
-                    times.clear()
-                    values.clear()
-                seen_ms = max(at_ms, times[-1]) if times else at_ms
-                times.append(seen_ms)
-                values.append(committed)
-                if seen_ms - times[0] > self.keep_ms:
-                    kept = next(i for i, t in enumerate(times) if seen_ms - t <= self.keep_ms)
-                    del times[:kept], values[:kept]
-                self._built.pop((where, group, topic, partition), None)
+        partitions = self._seen.setdefault((where, group), {})
+        for gone in [position for position in partitions if position not in offsets]:
+            del partitions[gone]
+            self._built.pop((where, group, *gone), None)
+        for (topic, partition), committed in offsets.items():
+            times, values = partitions.setdefault((topic, partition), ([], []))
+            if values and committed == values[-1]:
+                continue
+            if values and (committed < values[-1] or at_ms < times[-1]):  # went back: what it said no longer holds
+                times.clear()
+                values.clear()
+            times.append(at_ms)
+            values.append(committed)
+            if at_ms - times[0] > self.keep_ms:
+                kept = next(i for i, t in enumerate(times) if at_ms - t <= self.keep_ms)
+                del times[:kept], values[:kept]
+            self._built.pop((where, group, topic, partition), None)
 
     def history(self, where: str, group: str, topic: str, partition: int) -> CommitHistory | None:
         key = (where, group, topic, partition)
-        with self._lock:
-            if key not in self._built:
-                seen = self._seen.get((where, group), {}).get((topic, partition))
-                if not seen or not seen[0]:
-                    return None
-                self._built[key] = CommitHistory(
-                    np.asarray(seen[0], dtype=np.int64), np.asarray(seen[1], dtype=np.int64)
-                )
-            return self._built[key]
+        if key not in self._built:
+            seen = self._seen.get((where, group), {}).get((topic, partition))
+            if not seen or not seen[0]:
+                return None
+            self._built[key] = CommitHistory(np.asarray(seen[0], dtype=np.int64), np.asarray(seen[1], dtype=np.int64))
+        return self._built[key]
 
 
 WORKER_HISTORIES = CommitHistories()  # this process's (a Spark Python worker runs one task after another)
-WATCH_IDLE_MS = 600_000  # a group no lookup asked about for this long is no longer watched
-
-
-@dataclass
-class _Watched:
-    commits: GroupCommits
-    histories: CommitHistories
-    every_ms: int
-    wanted_ms: int  # when a lookup last asked about the group
-    due_ms: int = 0  # when to ask next
-    failures: int = 0
-    answer: tuple[int, dict[tuple[str, int], int]] | None = field(default=None)  # (asked at, offsets): the newest
-
-
-class CommitWatch:
-    """Asks, from a thread of its own, for the committed offsets of every group a lookup of this process asked about
-    in the last ``idle_ms``, every ``every_ms`` (the detector's ``recheck_ms``), and tells the group's history
-    (:class:`CommitHistories`). Without it a commit is first seen when a micro-batch next asks, and a LOST waits its
-    grace from then; with it, from within ``every_ms`` of the commit, between batches too. Its newest answer also
-    answers lookups (:class:`CommittedOffsets`), so a batch does not wait on asking the broker itself.
-
-    Each group is asked by a consumer of its own that never joins it (:class:`khipu.kafka.GroupCommits`). A
-    cluster that does not answer is asked again after 1 s, doubling to 30 s (quietly: the lookups, which then ask
-    themselves, say so). One per process (:data:`WORKER_WATCH`), started by the first lookup that wants it, and
-    started afresh in a forked child."""
-
-    def __init__(self, idle_ms: int = WATCH_IDLE_MS) -> None:
-        self.idle_ms = idle_ms
-        self._reset()
-        os.register_at_fork(after_in_child=self._reset)
-
-    def _reset(self) -> None:
-        self._lock = threading.Lock()
-        self._watched: dict[tuple[str, str], _Watched] = {}
-        self._thread: threading.Thread | None = None
-        self._wake = threading.Event()
-
-    def follow(self, connection: KafkaConnection, group: str, histories: CommitHistories, every_ms: int) -> None:
-        """Watch ``group`` on ``connection``'s cluster (again) from now."""
-        key = (connection.bootstrap_servers, group)
-        now = _now_ms()
-        with self._lock:
-            watched = self._watched.get(key)
-            if watched is None:
-                self._watched[key] = _Watched(GroupCommits(connection, group), histories, max(every_ms, 100), now)
-                self._wake.set()
-            else:
-                watched.wanted_ms = now
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="khipu-commit-watch", daemon=True)
-                self._thread.start()
-
-    def answer(self, connection: KafkaConnection, group: str, fresh_ms: int) -> dict[tuple[str, int], int] | None:
-        """The group's committed offsets as the watch's newest answer gave them, if it was asked for within
-        ``fresh_ms``; None otherwise."""
-        with self._lock:
-            watched = self._watched.get((connection.bootstrap_servers, group))
-            answer = watched.answer if watched is not None else None
-        if answer is None or _now_ms() - answer[0] > fresh_ms:
-            return None
-        return answer[1]
-
-    def watching(self) -> list[tuple[str, str]]:
-        with self._lock:
-            return sorted(self._watched)
-
-    def _run(self) -> None:
-        while True:
-            now = _now_ms()
-            with self._lock:
-                for key in [k for k, w in self._watched.items() if now - w.wanted_ms > self.idle_ms]:
-                    self._watched.pop(key).commits.close()
-                due = [(key, w) for key, w in self._watched.items() if w.due_ms <= now]
-                self._wake.clear()
-            for (where, group), watched in due:
-                asked = _now_ms()
-                try:
-                    offsets = watched.commits.committed()
-                except Exception as exc:  # the lookups ask (and say why) meanwhile
-                    watched.failures += 1
-                    watched.due_ms = _now_ms() + min(MOST_RETRY_MS, FIRST_RETRY_MS << min(watched.failures - 1, 5))
-                    if not isinstance(exc, CLUSTER_UNAVAILABLE):  # not a cluster's silence: a fault of ours
-                        log.exception("commit watch: asking for the committed offsets of %s failed", group)
-                    continue
-                answered = _now_ms()  # told now, so committed by now
-                watched.histories.saw(where, group, offsets, answered, asked_ms=asked)
-                with self._lock:
-                    watched.answer, watched.failures = (asked, offsets), 0
-                    watched.due_ms = asked + watched.every_ms
-            with self._lock:
-                next_due = min((w.due_ms for w in self._watched.values()), default=_now_ms() + 1_000)
-            self._wake.wait(max(0.01, (next_due - _now_ms()) / 1000))
-
-
-WORKER_WATCH = CommitWatch()  # this process's
 
 
 class CommittedOffsets:
@@ -368,7 +249,6 @@ class CommittedOffsets:
         cache_ms: int = 2_000,
         clock_ms: Any = None,
         histories: CommitHistories | None = None,
-        watch_ms: int | None = None,
     ) -> None:
         self.clients = clients
         self.store_fresh_ms = store_fresh_ms
@@ -377,7 +257,6 @@ class CommittedOffsets:
         self._cache: dict[tuple[str, str], tuple[int, dict[tuple[str, int], int]]] = {}
         self._backoff = Backoff("cluster")
         self._histories = histories  # None: the worker's own (WORKER_HISTORIES)
-        self.watch_ms = watch_ms  # how often the worker's commit watch asks (CommitWatch); None or 0: no watch
 
     def __getstate__(self) -> dict[str, Any]:  # shipped to executors without live clients or stale answers
         state = dict(self.__dict__)
@@ -408,18 +287,11 @@ class CommittedOffsets:
         now = self._now()
         cached = self._cache.get((cluster, group))
         if cached is None or now - cached[0] >= self.cache_ms:
-            connection = self.clients.clusters.get(cluster)
-            watched = None
-            if connection is not None and self.watch_ms:
-                WORKER_WATCH.follow(connection, group, self.histories, self.watch_ms)
-                watched = WORKER_WATCH.answer(connection, group, self.cache_ms)  # told the history already
-            if watched is not None:
-                cached = (now, watched)
-            else:
-                cached = (now, self._fetch(cluster, group, now))
-                if connection is not None:  # told now, so committed by now (taken after the answer, not before)
-                    self.histories.saw(connection.bootstrap_servers, group, cached[1], self._now(), asked_ms=now)
+            cached = (now, self._fetch(cluster, group, now))
             self._cache[(cluster, group)] = cached
+            connection = self.clients.clusters.get(cluster)
+            if connection is not None:  # told now, so committed by now (taken after the answer, not before asking)
+                self.histories.saw(connection.bootstrap_servers, group, cached[1], self._now())
         return cached[1].get((topic, partition))
 
     def _fetch(self, cluster: str, group: str, now: int) -> dict[tuple[str, int], int]:

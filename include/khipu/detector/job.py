@@ -297,7 +297,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         finally:
             store.close()
     earlier_routes = known_routes(job.checkpoint_dir / DETECTOR_QUERY, plans)
-    committed = CommittedOffsets(clients, watch_ms=job.detector.recheck_ms)  # commits seen between batches too
+    committed = CommittedOffsets(clients)
     processor = VerdictProcessor(
         registry,
         committed,

@@ -1,10 +1,9 @@
 """Khipu's one Kafka layer: typed connection settings (secrets apart) and the admin wrapper."""
 
-from khipu.kafka.admin import GroupCommits, GroupDescription, KafkaAdmin, TopicRetention
+from khipu.kafka.admin import GroupDescription, KafkaAdmin, TopicRetention
 from khipu.kafka.connection import KafkaConnection, KafkaConnectionError, KafkaUnavailable, Secret
 
 __all__ = [
-    "GroupCommits",
     "GroupDescription",
     "KafkaAdmin",
     "KafkaConnection",

@@ -113,26 +113,3 @@ def test_a_lookup_shipped_to_a_worker_uses_that_workers_history() -> None:
     own = CommitHistories()
     kept = pickle.loads(pickle.dumps(CommittedOffsets(StandInClients(_Admin()), histories=own)))  # type: ignore[arg-type]
     assert kept.histories is not WORKER_HISTORIES and isinstance(kept.histories, CommitHistories)
-
-
-def test_an_answer_overtaken_by_a_newer_one_is_left_out_and_an_earlier_time_counts_from_the_newest_sight() -> None:
-    histories = CommitHistories()
-    histories.saw("b", "g", {("t", 0): 9}, 2_000, asked_ms=1_900)  # the watch, asked at 1,900
-    histories.saw("b", "g", {("t", 0): 5}, 2_050, asked_ms=1_500)  # a lookup asked before it, answered after
-    history = histories.history("b", "g", "t", 0)
-    assert history is not None and history.committed.tolist() == [9]  # older news: not a rewind to 5
-    histories.saw("b", "g", {("t", 0): 12}, 1_950, asked_ms=1_950)  # asked later, answered "before" the last sight
-    history = histories.history("b", "g", "t", 0)
-    assert history is not None and history.seen_ms.tolist() == [2_000, 2_000] and history.committed.tolist() == [9, 12]
-    histories.saw("b", "g", {("t", 0): 3}, 2_100, asked_ms=2_100)  # a real rewind still starts it over
-    history = histories.history("b", "g", "t", 0)
-    assert history is not None and history.committed.tolist() == [3]
-
-
-def test_a_history_shipped_to_another_process_keeps_what_it_saw() -> None:
-    histories = CommitHistories()
-    histories.saw("b", "g", {("t", 0): 9}, 2_000)
-    copy = pickle.loads(pickle.dumps(histories))
-    copy.saw("b", "g", {("t", 0): 10}, 3_000)  # its own lock: usable
-    history = copy.history("b", "g", "t", 0)
-    assert history is not None and history.committed.tolist() == [9, 10]
