@@ -276,10 +276,11 @@ def until_answered(
     refresh: Callable[[], Any] | None = None,
 ) -> Any:
     """``call()``, asked again with back-off while the cluster answers a transient error (an outage, a coordinator
-    or leader not yet known), after ``refresh()`` (a client's metadata, which a leader moved by a broker's restart
-    leaves stale: librdkafka refreshes it on its own only every 5 minutes for a consumer that does not fetch
-    meanwhile); :class:`_GaveUp` once the demo stops meanwhile, past ``limit_s``, or on an error asking again
-    cannot fix (the caller then leaves out what needed the answer)."""
+    or leader not yet known), after ``refresh()`` (a client's metadata: after a freeze the broker is fenced and
+    unfenced, and a consumer that asked for a partition's end without polling meanwhile was answered "Not leader for
+    partition"; librdkafka's periodic refresh comes every 5 minutes); :class:`_GaveUp` once the demo stops
+    meanwhile, past ``limit_s``, or on an error asking again cannot fix (the caller then leaves out what needed the
+    answer)."""
     wait, started = _RETRY_FIRST_S, time.monotonic()
     while True:
         try:
