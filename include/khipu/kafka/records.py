@@ -122,6 +122,8 @@ def find_by_header(
                 if message.error().code() == KafkaError._PARTITION_EOF:  # read to the end: not there
                     return None
                 raise KafkaException(message.error())
+            if message.offset() >= high:  # past the end asked for (the records before it were markers)
+                return None
             if (header, value) in _headers(message):
                 return int(message.offset())
             if message.offset() + 1 >= high:

@@ -7,13 +7,13 @@ and tallied is each line, so the counts are of traces, not of records.
 from __future__ import annotations
 
 import secrets
-import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException
 
+from khipu.kafka.log_end import NotReadToEnd, read_to_ends
 from khipu.registry.model import Hop
 from khipu.trace.codec import TraceDecodeError, decode_record, split_record
 from khipu.trace.model import EmitterMark, Trace
@@ -54,13 +54,9 @@ def tally_traces(records: Iterable[Trace | EmitterMark | TraceDecodeError]) -> T
 def read_trace_topic(
     bootstrap_servers: str, topic: str, timeout_s: float = 30.0
 ) -> list[Trace | EmitterMark | TraceDecodeError]:
-    """Every trace and mark of ``topic`` from its beginning to its end as of now, decoded (or the decode error):
-    each line of a batch record in order, a record of one trace as itself.
-
-    A partition's end is where it first reports end-of-partition (librdkafka derives it from the
-    fetch responses' high watermark); the partition is paused there, so records that arrive
-    while the others are still being read are left out and a live topic is read to an end too.
-    """
+    """Every trace and mark of ``topic`` from its beginning to where it ended when asked, decoded (or the decode
+    error): each line of a batch record in order, a record of one trace as itself. A live topic is read to an end
+    too (:func:`khipu.kafka.log_end.read_to_ends`)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap_servers,
@@ -76,33 +72,16 @@ def read_trace_topic(
         if topic_meta is None or topic_meta.error is not None or not topic_meta.partitions:
             reason = topic_meta.error.str() if topic_meta is not None and topic_meta.error else "no partitions"
             raise TraceTopicError(f"trace topic {topic!r} on {bootstrap_servers} cannot be read: {reason}")
-        partitions = sorted(topic_meta.partitions)
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        at_end: set[int] = set()
         records: list[Trace | EmitterMark | TraceDecodeError] = []
-        deadline = time.monotonic() + timeout_s
-        while len(at_end) < len(partitions):
-            if time.monotonic() > deadline:
-                raise TraceTopicError(
-                    f"reading {topic!r} did not reach the end of partitions "
-                    f"{sorted(set(partitions) - at_end)} within {timeout_s:.0f}s"
-                )
-            for msg in consumer.consume(1000, 0.5):
-                error, partition = msg.error(), msg.partition()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF and partition is not None:
-                        at_end.add(partition)
-                        consumer.pause([TopicPartition(topic, partition)])
-                        continue
-                    raise TraceTopicError(f"reading {topic!r}: {error.str()}")
-                if partition in at_end:
-                    continue  # arrived after this partition's end was reached
-                for line in split_record(msg.value()):
-                    try:
-                        records.append(decode_record(line))
-                    except TraceDecodeError as exc:
-                        records.append(exc)
+        for message in read_to_ends(consumer, [(topic, p) for p in topic_meta.partitions], timeout_s):
+            for line in split_record(message.value()):
+                try:
+                    records.append(decode_record(line))
+                except TraceDecodeError as exc:
+                    records.append(exc)
         return records
+    except NotReadToEnd as exc:
+        raise TraceTopicError(f"reading {topic!r} on {bootstrap_servers}: {exc}") from None
     except KafkaException as exc:
         raise TraceTopicError(f"reading {topic!r} on {bootstrap_servers}: {exc.args[0].str()}") from None
     finally:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -63,3 +65,71 @@ def test_each_line_of_a_batch_record_is_read_in_order_and_tallied(
     printed = capsys.readouterr().out
     assert f"{topic} on {broker.bootstrap_servers}: 5 traces" in printed  # 4 records, 5 traces
     assert "emitter marks: 1" in printed and "malformed (field offset): 1" in printed
+
+
+def test_a_partition_written_all_the_while_is_read_to_where_it_ended_when_asked(broker: BrokerProcess) -> None:
+    """A fetch that finds records never reports end-of-partition, so a partition written more often than a fetch
+    waits (500 ms) may never report it: the reader stops at the stable end it asked for before reading."""
+    topic = f"traces-{secrets.token_hex(3)}"
+    broker.admin().ensure_trace_topic(topic, 1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 0})
+    delivered: list[int] = []  # emitter_seq of each record the broker acknowledged, in order
+
+    def on_delivery(error: Any, msg: Any) -> None:
+        if error is None:
+            delivered.append(json.loads(msg.value())["emitter_seq"])
+
+    seq = 0
+    stop = threading.Event()
+
+    def write(until: threading.Event | None) -> None:
+        nonlocal seq
+        while until is None or not until.is_set():
+            producer.produce(topic, value=encode_trace(trace(seq)), partition=0, on_delivery=on_delivery)
+            producer.flush(10)
+            seq += 1
+            if until is None and seq == 20:
+                return
+            time.sleep(0.02)
+
+    write(None)
+    writer = threading.Thread(target=write, args=(stop,), daemon=True)
+    writer.start()
+    time.sleep(1.0)  # a record every ~20 ms by now
+    before = len(delivered)
+    try:
+        read = read_trace_topic(broker.bootstrap_servers, topic, timeout_s=20)
+        after = len(delivered)
+    finally:
+        stop.set()
+        writer.join(10)
+    seqs = [r.emitter_seq for r in read if isinstance(r, Trace)]
+    assert seqs == delivered[: len(seqs)]  # in order, none skipped
+    assert before <= len(seqs) <= after, (before, len(seqs), after)
+    assert after > before  # the partition was written all the while the read ran
+
+
+def test_an_open_transaction_ends_the_read_where_it_began(broker: BrokerProcess) -> None:
+    """Records at and after an undecided transaction's first record are past the last stable offset: the reader
+    (read_committed) returns the ones before it and does not wait for the transaction."""
+    topic = f"traces-{secrets.token_hex(3)}"
+    broker.admin().ensure_trace_topic(topic, 1)
+    plain = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    for n in range(3):
+        plain.produce(topic, value=encode_trace(trace(n)), partition=0)
+    assert plain.flush(10) == 0
+    open_txn = Producer({"bootstrap.servers": broker.bootstrap_servers, "transactional.id": f"t-{topic}"})
+    open_txn.init_transactions(30)
+    open_txn.begin_transaction()
+    open_txn.produce(topic, value=encode_trace(trace(3)), partition=0)
+    assert open_txn.flush(10) == 0
+    for n in (4, 5):
+        plain.produce(topic, value=encode_trace(trace(n)), partition=0)
+    assert plain.flush(10) == 0
+    try:
+        started = time.monotonic()
+        read = read_trace_topic(broker.bootstrap_servers, topic, timeout_s=20)
+        assert [r.message_id for r in read if isinstance(r, Trace)] == ["m0", "m1", "m2"]
+        assert time.monotonic() - started < 15
+    finally:
+        open_txn.abort_transaction(30)
