@@ -380,6 +380,7 @@ class Interval:
     heap_committed: float = 0.0
     old_gen: list[float] = field(default_factory=list)  # 10 s samples
     jvm_rss: list[float] = field(default_factory=list)
+    outside_heap: list[float] = field(default_factory=list)  # JVM RSS - heap committed, sampled together
     workers_sum: list[float] = field(default_factory=list)
     workers_max: float = 0.0
     workers_n: int = 0
@@ -421,6 +422,7 @@ def report(intervals: list[Interval], passed: dict[int, float], seen: dict[int, 
             f"{mib(min(i.old_gen))} / {mib(i.old_gen[-1])}" if i.old_gen else "-",
             mib(i.heap_committed),
             mib(max(i.jvm_rss)) if i.jvm_rss else "-",
+            mib(statistics.median(i.outside_heap)) if i.outside_heap else "-",
             f"{mib(statistics.median(i.workers_sum))} / {mib(i.workers_max)} ({i.workers_n})" if i.workers_sum else "-",
             mib(max(i.driver_rss)) if i.driver_rss else "-",
         ]
@@ -467,7 +469,11 @@ def report(intervals: list[Interval], passed: dict[int, float], seen: dict[int, 
                 "S0U+S1U+EU+OU (garbage not yet collected included), median / max of the samples; old gen = OU, "
                 "the least of the samples (near what survives collection) / at the end; committed = "
                 "S0C+S1C+EC+OC at the end",
-                "JVM RSS: VmRSS of the driver JVM (/proc/<pid>/status; heap, RocksDB state, Arrow, metaspace), max",
+                "JVM RSS: VmRSS of the driver JVM (/proc/<pid>/status; heap, RocksDB state, Arrow, metaspace), max; "
+                "it follows the heap's committed size, which G1 grows and shrinks up to the maximum heap",
+                "outside heap: VmRSS minus the heap's committed size, read together at each sample, median: the "
+                "resident memory outside the Java heap (metaspace, code, threads, native libraries such as "
+                "RocksDB's), at least (committed heap pages not yet touched are not resident)",
                 "py workers: VmRSS of Spark's Python worker processes (the JVM's Python children: pyspark.daemon "
                 "and its forked workers; shared pages count in each), summed (median) / the largest (max), (how "
                 "many at the end)",
@@ -481,6 +487,7 @@ def report(intervals: list[Interval], passed: dict[int, float], seen: dict[int, 
                 "old gen",
                 "committed",
                 "JVM RSS",
+                "outside heap",
                 "py workers",
                 "driver py",
             ],
@@ -559,6 +566,8 @@ def targets(intervals: list[Interval], passed: dict[int, float], seen: dict[int,
         ("heap used (median)", statistics.median(first.heap_used or [0]), statistics.median(last.heap_used or [0])),
         ("old gen (least)", min(first.old_gen or [0]), min(last.old_gen or [0])),
         ("JVM RSS (max)", max(first.jvm_rss or [0]), max(last.jvm_rss or [0])),
+        ("JVM RSS outside heap (median)", statistics.median(first.outside_heap or [0]),
+         statistics.median(last.outside_heap or [0])),
         ("py workers (sum, median)", statistics.median(first.workers_sum or [0]),
          statistics.median(last.workers_sum or [0])),
         ("driver py (max)", max(first.driver_rss or [0]), max(last.driver_rss or [0])),
@@ -601,11 +610,13 @@ def sample(driver: int, interval: Interval) -> None:
     if jvm is None:
         return
     gc = heap(jvm)
+    rss = rss_bytes(jvm)
     if gc:
         interval.heap_used.append(gc["used"])
         interval.heap_committed = gc["committed"]
         interval.old_gen.append(gc["old"])
-    interval.jvm_rss.append(rss_bytes(jvm))
+        interval.outside_heap.append(rss - gc["committed"])
+    interval.jvm_rss.append(rss)
     workers = [rss_bytes(pid) for pid in children(jvm) if "python" in command(pid)]
     if workers:
         interval.workers_sum.append(sum(workers))
