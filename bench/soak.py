@@ -611,7 +611,7 @@ def sample(driver: int, interval: Interval) -> None:
         return
     gc = heap(jvm)
     rss = rss_bytes(jvm)
-    if gc:
+    if gc and rss:  # rss 0: the JVM exited between the two reads
         interval.heap_used.append(gc["used"])
         interval.heap_committed = gc["committed"]
         interval.old_gen.append(gc["old"])

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 Position = tuple[str, int]  # (topic, partition)
 
@@ -30,9 +30,12 @@ def read_to_ends(consumer: Any, positions: Iterable[Position], timeout_s: float)
     deadline = time.monotonic() + timeout_s
     ends: dict[Position, int] = {}
     for topic, partition in sorted(set(positions)):
-        low, high = consumer.get_watermark_offsets(
-            TopicPartition(topic, partition), timeout=max(deadline - time.monotonic(), 0.1), cached=False
-        )
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=max(deadline - time.monotonic(), 0.1), cached=False
+            )
+        except KafkaException as exc:
+            raise NotReadToEnd(f"where {topic}[{partition}] ends could not be asked: {exc.args[0].str()}") from None
         if high > low:
             ends[(topic, partition)] = high
     consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING) for topic, partition in ends])
@@ -50,9 +53,11 @@ def read_to_ends(consumer: Any, positions: Iterable[Position], timeout_s: float)
             error, position, offset = message.error(), (message.topic(), message.partition()), message.offset()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF and position in ends:
-                    reached(position)
+                    if offset is None or offset >= ends[position]:  # a replica behind may report an earlier end
+                        reached(position)
                     continue
-                raise NotReadToEnd(f"reading {position[0]}[{position[1]}]: {error.str()}")
+                where = f" {position[0]}[{position[1]}]" if position[1] is not None else ""
+                raise NotReadToEnd(f"reading{where}: {error.str()}")
             if position in at_end or position not in ends or offset is None:
                 continue  # a partition already read to its end
             if offset >= ends[position]:

@@ -21,6 +21,7 @@ def count_resent(connection: KafkaConnection, topics: Iterable[str], timeout_s: 
             "group.id": "khipu-resend-census",  # required by the client; never used to commit
             "enable.auto.commit": False,
             "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",  # records retention removes while reading: read on from the log's start
         }
     )
     copies: Counter[str] = Counter()

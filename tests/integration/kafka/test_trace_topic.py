@@ -72,7 +72,7 @@ def test_a_partition_written_all_the_while_is_read_to_where_it_ended_when_asked(
     waits (500 ms) may never report it: the reader stops at the stable end it asked for before reading."""
     topic = f"traces-{secrets.token_hex(3)}"
     broker.admin().ensure_trace_topic(topic, 1)
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 0})
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 0, "enable.idempotence": True})
     delivered: list[int] = []  # emitter_seq of each record the broker acknowledged, in order
 
     def on_delivery(error: Any, msg: Any) -> None:
@@ -133,3 +133,21 @@ def test_an_open_transaction_ends_the_read_where_it_began(broker: BrokerProcess)
         assert time.monotonic() - started < 15
     finally:
         open_txn.abort_transaction(30)
+
+
+def test_a_partition_ending_in_a_transaction_marker_is_read_to_its_end(broker: BrokerProcess) -> None:
+    """A committed transaction leaves its marker last in the log: no record reaches the end, end-of-partition does."""
+    topic = f"traces-{secrets.token_hex(3)}"
+    broker.admin().ensure_trace_topic(topic, 1)
+    plain = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    plain.produce(topic, value=encode_trace(trace(0)), partition=0)
+    assert plain.flush(10) == 0
+    committed = Producer({"bootstrap.servers": broker.bootstrap_servers, "transactional.id": f"c-{topic}"})
+    committed.init_transactions(30)
+    committed.begin_transaction()
+    committed.produce(topic, value=encode_trace(trace(1)), partition=0)
+    committed.commit_transaction(30)
+    started = time.monotonic()
+    read = read_trace_topic(broker.bootstrap_servers, topic, timeout_s=20)
+    assert [r.message_id for r in read if isinstance(r, Trace)] == ["m0", "m1"]
+    assert time.monotonic() - started < 15
