@@ -10,35 +10,36 @@ its end are aborted records or transaction markers, which no record read from it
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-Position = tuple[str, int]  # (topic, partition)
+from khipu.kafka.admin import Position
 
 
 class NotReadToEnd(RuntimeError):
     """Partitions were not read to where they ended within the time given, or their log could not be read."""
 
 
-def read_to_ends(consumer: Any, positions: Iterable[Position], timeout_s: float) -> Iterator[Any]:
-    """Each record of these partitions from their beginning to where they ended when this was called, in order
-    within a partition, as ``consumer`` (assigned here; ``enable.partition.eof`` on) finds them. Empty partitions
-    are not read. Raises :class:`NotReadToEnd` naming the partitions left, and the ends asked for, when
+def read_to_ends(consumer: Any, starts: Mapping[Position, int], timeout_s: float) -> Iterator[Any]:
+    """Each record of these partitions from their start (an offset, or ``OFFSET_BEGINNING``) to where they ended
+    when this was called, in order within a partition, as ``consumer`` (assigned here; ``enable.partition.eof`` on)
+    finds them; the caller may stop early. Partitions with nothing from their start to their end are not read.
+    Raises :class:`NotReadToEnd` naming the partitions left, and the ends asked for, when
     ``timeout_s`` passes first, and naming the error when the log answers with one."""
     deadline = time.monotonic() + timeout_s
     ends: dict[Position, int] = {}
-    for topic, partition in sorted(set(positions)):
+    for (topic, partition), start in sorted(starts.items()):
         try:
             low, high = consumer.get_watermark_offsets(
                 TopicPartition(topic, partition), timeout=max(deadline - time.monotonic(), 0.1), cached=False
             )
         except KafkaException as exc:
             raise NotReadToEnd(f"where {topic}[{partition}] ends could not be asked: {exc.args[0].str()}") from None
-        if high > low:
+        if high > max(low, start):
             ends[(topic, partition)] = high
-    consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING) for topic, partition in ends])
+    consumer.assign([TopicPartition(topic, partition, starts[(topic, partition)]) for topic, partition in ends])
     at_end: set[Position] = set()
 
     def reached(position: Position) -> None:

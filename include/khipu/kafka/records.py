@@ -12,6 +12,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from khipu.kafka.connection import KafkaConnection
+from khipu.kafka.log_end import NotReadToEnd, read_to_ends
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -110,24 +111,12 @@ def find_by_header(
     partition's current end; None when there is none."""
     consumer = _reader(connection)
     try:
-        high = int(consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)[1])
-        if from_offset >= high:
-            return None
-        consumer.assign([TopicPartition(topic, partition, from_offset)])
-        while True:
-            message = consumer.poll(timeout_s)
-            if message is None:
-                raise KafkaException(f"no answer reading {topic}[{partition}] from {from_offset}")
-            if message.error() is not None:
-                if message.error().code() == KafkaError._PARTITION_EOF:  # read to the end: not there
-                    return None
-                raise KafkaException(message.error())
-            if message.offset() >= high:  # past the end asked for (the records before it were markers)
-                return None
+        for message in read_to_ends(consumer, {(topic, partition): from_offset}, timeout_s):
             if (header, value) in _headers(message):
                 return int(message.offset())
-            if message.offset() + 1 >= high:
-                return None
+        return None
+    except NotReadToEnd as exc:  # an outage must never pass for a record that is not there
+        raise KafkaException(f"{topic}[{partition}] from {from_offset}: {exc}") from None
     finally:
         consumer.close()
 

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException
 
 from khipu.kafka.log_end import NotReadToEnd, read_to_ends
 from khipu.registry.model import Hop
@@ -73,7 +73,8 @@ def read_trace_topic(
             reason = topic_meta.error.str() if topic_meta is not None and topic_meta.error else "no partitions"
             raise TraceTopicError(f"trace topic {topic!r} on {bootstrap_servers} cannot be read: {reason}")
         records: list[Trace | EmitterMark | TraceDecodeError] = []
-        for message in read_to_ends(consumer, [(topic, p) for p in topic_meta.partitions], timeout_s):
+        starts = dict.fromkeys(((topic, p) for p in topic_meta.partitions), OFFSET_BEGINNING)
+        for message in read_to_ends(consumer, starts, timeout_s):
             for line in split_record(message.value()):
                 try:
                     records.append(decode_record(line))

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException
 
+from khipu.kafka.admin import Position
 from khipu.kafka.connection import KafkaConnection
 from khipu.kafka.log_end import read_to_ends
 from khipu.tracing.headers import read_headers
@@ -26,13 +27,13 @@ def count_resent(connection: KafkaConnection, topics: Iterable[str], timeout_s: 
     )
     copies: Counter[str] = Counter()
     try:
-        wanted: list[tuple[str, int]] = []
+        starts: dict[Position, int] = {}
         for topic in topics:
             metadata = reader.list_topics(topic, timeout=10).topics.get(topic)
             if metadata is None or metadata.error is not None:
                 raise KafkaException(f"topic {topic!r} cannot be read: {metadata.error if metadata else 'no answer'}")
-            wanted.extend((topic, partition) for partition in metadata.partitions)
-        for message in read_to_ends(reader, wanted, timeout_s):
+            starts.update(dict.fromkeys(((topic, p) for p in metadata.partitions), OFFSET_BEGINNING))
+        for message in read_to_ends(reader, starts, timeout_s):
             raw = message.headers() or []
             headers = list(raw.items()) if isinstance(raw, dict) else list(raw)
             context, mark = read_headers(headers)
