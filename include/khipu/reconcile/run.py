@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
+import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,7 +40,7 @@ from khipu.detector.decide import Lookups
 from khipu.detector.model import DetectorConfig
 from khipu.kafka.connection import KafkaConnection
 from khipu.kafka.records import record_headers
-from khipu.reconcile.window import ReconcileWindow, changes_for, judge_lead, rejudge
+from khipu.reconcile.window import ReconcileWindow, changes_for, iso, judge_lead, rejudge
 from khipu.registry.model import Registry
 from khipu.trace.archive import ARRIVED, hour_of
 from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
@@ -63,8 +65,9 @@ class VerdictBook(Protocol):
         and without late evidence."""
         ...
 
-    def open_messages(self, since_ms: int) -> set[str]:
-        """The messages with an SQL verdict decided since ``since_ms`` that is not final or has late evidence."""
+    def open_message_pages(self, since_ms: int) -> Iterator[list[str]]:
+        """The messages with an SQL verdict decided since ``since_ms`` that is not final or has late evidence, a
+        page at a time (a message may be named more than once)."""
         ...
 
     def stored(self, message_ids: Collection[str], archived: Iterable[Mapping[str, Any]] = ()) -> StoredVerdicts:
@@ -240,11 +243,16 @@ def reconcile(
     since_start = [h for h in existing if h >= hour_of(window.start_ms)]
     archived_since = _archived_verdicts(spark, verdict_archive_dir, since_start) if archived is not None else None
     # the open SQL verdicts of the window's messages were decided after its traces began (a verdict keeps the time
-    # it was first decided): asked by time, they are few
-    open_ids = book.open_messages(window.start_ms - window.horizon_ms) if archived is not None else set()
-    exceptions = _window_exceptions(spark, archive, arrived, window, archived_since, open_ids).persist()
-    kept = [exceptions]
+    # it was first decided): asked by time, a page at a time, and written to a file Spark reads (beside the trace
+    # archive, which the executors read too), so the driver never holds them all
+    scratch = Path(tempfile.mkdtemp(prefix=".khipu-reconcile-", dir=archive_dir.parent))
+    kept: list[Any] = []
     try:
+        open_messages = None
+        if archived is not None:
+            open_messages = _open_messages(spark, book, window.start_ms - window.horizon_ms, scratch, progress)
+        exceptions = _window_exceptions(archive, arrived, window, archived_since, open_messages).persist()
+        kept.append(exceptions)
         totals = exceptions.agg(F.sum("count").alias("messages"), F.count("message_id").alias("exceptions")).first()
         window_count, exception_count = int(totals.messages or 0), int(totals.exceptions)
         traces_read = traces.count()  # rows read (a trace archived twice counts twice here; it is judged once)
@@ -272,6 +280,7 @@ def reconcile(
     finally:
         for frame in kept:
             frame.unpersist()
+        shutil.rmtree(scratch, ignore_errors=True)
     report = ReconcileReport(
         window,
         dry_run,
@@ -441,13 +450,33 @@ def _archived_verdicts(spark: Any, verdict_archive_dir: Path | None, hours: Sequ
     return frame.parquet(*[str(folder) for folder in folders]).select(*ARCHIVED_COLUMNS)
 
 
+def _open_messages(
+    spark: Any, book: VerdictBook, since_ms: int, folder: Path, progress: Callable[[str], None]
+) -> Any | None:
+    """The messages with an SQL verdict decided since ``since_ms`` that is open (``VerdictBook.open_message_pages``)
+    as (message_id, open) rows of a Spark frame, each message once; None when there are none. The store's pages
+    are written one at a time to a Parquet file in ``folder``, which Spark reads: the driver holds one page."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+
+    path, schema, rows = folder / "open-messages.parquet", pa.schema([("message_id", pa.string())]), 0
+    with pq.ParquetWriter(path, schema) as writer:
+        for page in book.open_message_pages(since_ms):
+            writer.write_table(pa.table({"message_id": page}, schema=schema))
+            rows += len(page)
+    progress(f"{rows} open SQL verdict row(s) decided since {iso(since_ms)}, written for Spark to read")
+    return spark.read.parquet(str(path)).distinct().withColumn("open", F.lit(True)) if rows else None
+
+
 def _window_exceptions(
-    spark: Any, archive: Any, arrived: Any, window: ReconcileWindow, archived: Any, open_ids: Collection[str]
+    archive: Any, arrived: Any, window: ReconcileWindow, archived: Any, open_messages: Any | None
 ) -> Any:
     """The window's messages as (message_id, open, count) rows: one per exception (a message without an archived
     verdict, ``open`` null; or with an open SQL verdict, ``open`` true; ``count`` 1) and the others counted in rows
     of a null message id. One aggregation by message id of its first arrival (from the hours up to the window's end:
-    a trace arriving after it cannot be first) and of whether the verdict archive holds a verdict of it."""
+    a trace arriving after it cannot be first) and of whether the verdict archive holds a verdict of it, joined with
+    ``open_messages`` (:func:`_open_messages`; Spark broadcasts them only when they are small)."""
     from pyspark.sql import functions as F
 
     first = archive.where((F.col("hour") <= hour_of(window.end_ms - 1)) & (arrived < window.end_ms)).select(
@@ -461,9 +490,8 @@ def _window_exceptions(
         .agg(F.min("first_ms").alias("first_ms"), F.max("archived").alias("archived"))
         .where(F.col("first_ms") >= window.start_ms)  # a message only the verdict archive names has none: not here
     )
-    if open_ids:
-        wanted = spark.createDataFrame([(m, True) for m in sorted(open_ids)], "message_id string, open boolean")
-        messages = messages.join(F.broadcast(wanted), "message_id", "left")
+    if open_messages is not None:
+        messages = messages.join(open_messages, "message_id", "left")
     else:
         messages = messages.withColumn("open", F.lit(None).cast("boolean"))
     exception = ~F.col("archived") | F.col("open").isNotNull()

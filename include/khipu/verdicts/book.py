@@ -15,7 +15,7 @@ DELIVERED writes nothing and one changing it writes the SQL row that overrides i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -162,21 +162,22 @@ class VerdictBook:
             only_archived -= {str(row["message_id"]) for row in self.rows.read_messages(only_archived)}
         return settled | only_archived
 
-    def open_messages(self, since_ms: int, page_rows: int = 10_000) -> set[str]:
+    def open_message_pages(self, since_ms: int, page_rows: int = 10_000) -> Iterator[list[str]]:
         """The messages with an SQL verdict decided since ``since_ms`` that reconciliation re-decides (LOST,
-        PENDING, TRACE_LOST, or late evidence): the few beside the many settled by archived DELIVERED ones."""
-        found: set[str] = set()
+        PENDING, TRACE_LOST, or late evidence): the few beside the many settled by archived DELIVERED ones. A page
+        at a time, so a caller holds at most ``page_rows`` of them; a message with several open hops, or open and
+        with late evidence, is named once per such row."""
         for verdicts, late in (([kind.value for kind in UNSETTLED], None), ((), True)):
             before: tuple[int, str, str] | None = None
             while True:
                 rows = self.rows.page(
                     verdicts=verdicts, since_ms=since_ms, late_evidence=late, before=before, limit=page_rows
                 )
-                found.update(str(row["message_id"]) for row in rows)
+                if rows:
+                    yield [str(row["message_id"]) for row in rows]
                 if len(rows) < page_rows:
                     break
                 before = (int(rows[-1]["decided_ms"]), str(rows[-1]["message_id"]), str(rows[-1]["hop"]))
-        return found
 
     def stored(self, message_ids: Collection[str], archived: Iterable[Mapping[str, Any]] = ()) -> StoredVerdicts:
         """The verdicts of these messages: their SQL rows, and ``archived`` (their verdict archive rows) where

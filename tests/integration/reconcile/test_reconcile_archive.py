@@ -309,6 +309,7 @@ def test_an_all_archived_message_is_final_and_one_with_an_open_sql_verdict_is_re
     assert not any(m in ("m-fine", "m-after") for m, _ in rows)  # never re-decided, never copied into SQL
     assert not {("m-late", WRITE), ("m-gone", WRITE)} & set(rows)  # agreeing with the archive writes nothing
     assert {hop for m, hop in rows if m == "m-unjudged"} == {WRITE, READ}
+    assert list(archive.parent.glob(".khipu-reconcile-*")) == []  # the open verdicts' file, written for Spark, gone
 
     again = run()
     assert again.redecided == 0 and again.changes == ()

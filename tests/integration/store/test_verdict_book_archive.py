@@ -66,7 +66,9 @@ def test_open_messages_are_found_by_time_across_pages(store: Store) -> None:
     changes.append(Change(judged("m-final", VerdictKind.CONFIRMED_LOST), "decided"))
     changes.append(Change(judged("m-old", VerdictKind.LOST, decided=1_000), "decided"))
     book.apply(changes, 50_000)
-    assert book.open_messages(since_ms=10_000, page_rows=3) == {f"m-{n}" for n in range(7)} | {"m-late"}
+    pages = list(book.open_message_pages(since_ms=10_000, page_rows=3))
+    assert [len(page) for page in pages] == [3, 3, 1, 1]  # 7 open rows, then the one with late evidence
+    assert set().union(*pages) == {f"m-{n}" for n in range(7)} | {"m-late"}
 
 
 def test_the_sql_row_wins_and_a_change_of_an_archived_verdict_inserts_its_row(store: Store) -> None:
