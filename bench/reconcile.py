@@ -758,6 +758,8 @@ def main() -> int:
         return child(json.loads(args.child))
     if args.horizon_ms % HOUR_MS or args.horizon_ms <= 0:
         parser.error("--horizon-ms: whole hours, e.g. 7200000")
+    if args.work:
+        args.work.mkdir(parents=True, exist_ok=True)  # the bench's own folder is made inside it
     work = Path(tempfile.mkdtemp(prefix="khipu-reconcile-bench-", dir=args.work))
     sizes = [args.traces] if args.only_n else [args.traces, args.traces * args.growth]
     listed = ", ".join(f"{s:,}" for s in sizes)
