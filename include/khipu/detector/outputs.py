@@ -452,6 +452,17 @@ def _offsets(raw: Any) -> Any:
         return raw
 
 
+def batch_phases(duration_ms: Mapping[str, int]) -> str:
+    """Where a batch's time went, from Spark's ``durationMs`` (its clock from the trigger to the commit):
+    "4210 ms in all: addBatch 3900, latestOffset 12, ...", the phases longest first; what they do not cover
+    (the state stores' and the offsets' commits, Spark's own bookkeeping) as "other"."""
+    phases = {name: int(ms) for name, ms in duration_ms.items() if name != "triggerExecution"}
+    total = int(duration_ms.get("triggerExecution", sum(phases.values())))
+    phases["other"] = max(0, total - sum(phases.values()))
+    named = ", ".join(f"{name} {ms}" for name, ms in sorted(phases.items(), key=lambda item: -item[1]))
+    return f"{total} ms in all: {named}"
+
+
 class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
     """Every query's progress into the store: last batch time, rates (of traces: the lines of the batch records
     read, as the writer counted them), duration, messages in flight and their state's bytes (``state_rows`` /
@@ -481,6 +492,13 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
         per_record = lines / records if records else 1.0  # Spark's rates are of records: the same clocks, in traces
         if self.figures is not None:
             self.figures.lines = None  # a batch the writer did not see (it failed) reports its records
+        log.info(
+            "batch %d: %s; in its stateful operator: updates %d ms, commit %d ms (task time, summed over partitions)",
+            int(progress.batchId),
+            batch_phases(dict(progress.durationMs or {})),
+            sum(int(op.allUpdatesTimeMs or 0) for op in operators),
+            sum(int(op.commitTimeMs or 0) for op in operators),
+        )
         self._record(
             {
                 "query_name": progress.name or "detector",
