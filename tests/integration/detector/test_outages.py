@@ -11,6 +11,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -380,6 +381,8 @@ def test_a_store_restart_keeps_the_query_which_writes_its_batches_again_once_the
     assert result.exact, f"wrong {result.wrong}; missing {result.missing}; extra {result.extra}"
     assert len({(v["message_id"], v["hop"]) for v in verdicts}) == len(verdicts)  # none stored twice
     batches = [r.getMessage() for r in caplog.records if r.name == "khipu.detector.outputs"]
+    timed = [m for m in batches if re.fullmatch(r"batch \d+: \d+ ms in all: .*addBatch \d+.*; in its stateful .*", m)]
+    assert timed, "no batch said where Spark's clock went"  # the listener's line, from the query's own progress
     retries = [r.getMessage() for r in caplog.records if "did not go through" in r.getMessage()]
     through = [r.getMessage() for r in caplog.records if "went through after" in r.getMessage()]
     for r in caplog.records:
