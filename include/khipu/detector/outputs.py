@@ -454,8 +454,9 @@ def _offsets(raw: Any) -> Any:
 
 def batch_phases(duration_ms: Mapping[str, int]) -> str:
     """Where a batch's time went, from Spark's ``durationMs`` (its clock from the trigger to the commit):
-    "4210 ms in all: addBatch 3900, latestOffset 12, ...", the phases longest first; what they do not cover
-    (the state stores' and the offsets' commits, Spark's own bookkeeping) as "other"."""
+    "4210 ms in all: addBatch 3900, queryPlanning 210, ...", the phases longest first (``addBatch`` is the writer,
+    with the Spark job it collects and the state stores' commits; ``walCommit`` and ``commitOffsets`` the query's
+    own logs); what no phase covers, Spark's bookkeeping between them, as "other"."""
     phases = {name: int(ms) for name, ms in duration_ms.items() if name != "triggerExecution"}
     total = int(duration_ms.get("triggerExecution", sum(phases.values())))
     phases["other"] = max(0, total - sum(phases.values()))
@@ -492,13 +493,6 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
         per_record = lines / records if records else 1.0  # Spark's rates are of records: the same clocks, in traces
         if self.figures is not None:
             self.figures.lines = None  # a batch the writer did not see (it failed) reports its records
-        log.info(
-            "batch %d: %s; in its stateful operator: updates %d ms, commit %d ms (task time, summed over partitions)",
-            int(progress.batchId),
-            batch_phases(dict(progress.durationMs or {})),
-            sum(int(op.allUpdatesTimeMs or 0) for op in operators),
-            sum(int(op.commitTimeMs or 0) for op in operators),
-        )
         self._record(
             {
                 "query_name": progress.name or "detector",
@@ -518,6 +512,13 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
                 "read_to_ms": self.figures.read_to_ms if self.figures is not None else None,
                 "caught_up": caught_up,
             }
+        )
+        log.info(  # after the heartbeat: what only explains a batch's time never holds it up
+            "batch %d: %s; in its stateful operator: updates %d ms, commit %d ms (task time, summed over partitions)",
+            int(progress.batchId),
+            batch_phases(dict(progress.durationMs or {})),
+            sum(int(op.allUpdatesTimeMs or 0) for op in operators),
+            sum(int(op.commitTimeMs or 0) for op in operators),
         )
 
     def onQueryIdle(self, event: Any) -> None:

@@ -242,14 +242,16 @@ def reconcile(
     # traces' arrival), and its verdicts were decided after one of them arrived: the earlier hours are no answer
     since_start = [h for h in existing if h >= hour_of(window.start_ms)]
     archived_since = _archived_verdicts(spark, verdict_archive_dir, since_start) if archived is not None else None
-    # the open SQL verdicts of the window's messages were decided after its traces began (a verdict keeps the time
-    # it was first decided): asked by time, a page at a time, and written to a file Spark reads (beside the trace
-    # archive, which the executors read too), so the driver never holds them all
-    scratch = Path(tempfile.mkdtemp(prefix=".khipu-reconcile-", dir=archive_dir.parent))
+    scratch: Path | None = None
     kept: list[Any] = []
     try:
         open_messages = None
         if archived is not None:
+            # the open SQL verdicts of the window's messages were decided after its traces began (a verdict keeps the
+            # time it was first decided): asked by time, a page at a time, and written to a file Spark reads (beside
+            # the trace archive, which the executors read too), so the driver never holds them all
+            scratch = Path(tempfile.mkdtemp(prefix=".khipu-reconcile-", dir=archive_dir.parent))
+            scratch.chmod(0o755)  # mkdtemp's 0700 would keep executors running as another user out
             open_messages = _open_messages(spark, book, window.start_ms - window.horizon_ms, scratch, progress)
         exceptions = _window_exceptions(archive, arrived, window, archived_since, open_messages).persist()
         kept.append(exceptions)
@@ -278,9 +280,12 @@ def reconcile(
             progress(f"re-decided {redecided} messages of {exception_count} ({chunk + 1} of {evidence.chunks} chunks)")
         tally.add(_judge_untraced(spark, traces, archived, leads, book, registry, now_ms, dry_run))
     finally:
-        for frame in kept:
-            frame.unpersist()
-        shutil.rmtree(scratch, ignore_errors=True)
+        try:
+            for frame in kept:
+                frame.unpersist()
+        finally:  # whatever became of Spark
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
     report = ReconcileReport(
         window,
         dry_run,
@@ -454,11 +459,10 @@ def _open_messages(
     spark: Any, book: VerdictBook, since_ms: int, folder: Path, progress: Callable[[str], None]
 ) -> Any | None:
     """The messages with an SQL verdict decided since ``since_ms`` that is open (``VerdictBook.open_message_pages``)
-    as (message_id, open) rows of a Spark frame, each message once; None when there are none. The store's pages
+    as a Spark frame of ``message_id`` (a message once per open row); None when there are none. The store's pages
     are written one at a time to a Parquet file in ``folder``, which Spark reads: the driver holds one page."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from pyspark.sql import functions as F
 
     path, schema, rows = folder / "open-messages.parquet", pa.schema([("message_id", pa.string())]), 0
     with pq.ParquetWriter(path, schema) as writer:
@@ -466,7 +470,7 @@ def _open_messages(
             writer.write_table(pa.table({"message_id": page}, schema=schema))
             rows += len(page)
     progress(f"{rows} open SQL verdict row(s) decided since {iso(since_ms)}, written for Spark to read")
-    return spark.read.parquet(str(path)).distinct().withColumn("open", F.lit(True)) if rows else None
+    return spark.read.parquet(str(path)) if rows else None
 
 
 def _window_exceptions(
@@ -475,25 +479,27 @@ def _window_exceptions(
     """The window's messages as (message_id, open, count) rows: one per exception (a message without an archived
     verdict, ``open`` null; or with an open SQL verdict, ``open`` true; ``count`` 1) and the others counted in rows
     of a null message id. One aggregation by message id of its first arrival (from the hours up to the window's end:
-    a trace arriving after it cannot be first) and of whether the verdict archive holds a verdict of it, joined with
-    ``open_messages`` (:func:`_open_messages`; Spark broadcasts them only when they are small)."""
+    a trace arriving after it cannot be first), of whether the verdict archive holds a verdict of it, and of whether
+    ``open_messages`` (:func:`_open_messages`) names it: one exchange, neither a join nor a broadcast, however many
+    are open."""
     from pyspark.sql import functions as F
 
-    first = archive.where((F.col("hour") <= hour_of(window.end_ms - 1)) & (arrived < window.end_ms)).select(
-        "message_id", arrived.alias("first_ms"), F.lit(False).alias("archived")
+    none_ms, unknown = F.lit(None).cast("bigint"), F.lit(None).cast("boolean")
+    columns = ("message_id", "first_ms", "archived", "open")
+    first = (
+        archive.where((F.col("hour") <= hour_of(window.end_ms - 1)) & (arrived < window.end_ms))
+        .select("message_id", arrived, F.lit(False), unknown)
+        .toDF(*columns)
     )
     if archived is not None:
-        verdicts = archived.select("message_id", F.lit(None).cast("bigint").alias("first_ms"), F.lit(True))
-        first = first.unionByName(verdicts.toDF("message_id", "first_ms", "archived"))
+        first = first.unionByName(archived.select("message_id", none_ms, F.lit(True), unknown).toDF(*columns))
+    if open_messages is not None:  # ``archived`` unknown there: max() passes over it
+        first = first.unionByName(open_messages.select("message_id", none_ms, unknown, F.lit(True)).toDF(*columns))
     messages = (
         first.groupBy("message_id")
-        .agg(F.min("first_ms").alias("first_ms"), F.max("archived").alias("archived"))
+        .agg(F.min("first_ms").alias("first_ms"), F.max("archived").alias("archived"), F.max("open").alias("open"))
         .where(F.col("first_ms") >= window.start_ms)  # a message only the verdict archive names has none: not here
     )
-    if open_messages is not None:
-        messages = messages.join(open_messages, "message_id", "left")
-    else:
-        messages = messages.withColumn("open", F.lit(None).cast("boolean"))
     exception = ~F.col("archived") | F.col("open").isNotNull()
     return messages.groupBy(
         F.when(exception, F.col("message_id")).alias("message_id"), F.when(exception, F.col("open")).alias("open")
