@@ -388,6 +388,6 @@ def test_a_store_restart_keeps_the_query_which_writes_its_batches_again_once_the
     for r in caplog.records:
         if r.levelno >= logging.WARNING and r.name.startswith("khipu"):
             print("  ", r.name, r.created, r.getMessage()[:200])
-    print(f"\nstore down {down_s:.1f} s: {len(batches)} writer lines; writer retries {len(retries)}, "
+    print(f"\nstore down {down_s:.1f} s: {len(batches) - len(timed)} writer lines; writer retries {len(retries)}, "
           f"{through or 'no retry needed'}; {retries[:2]}; "
           f"{result.matched}/{result.expected} verdicts exact")  # fmt: skip
