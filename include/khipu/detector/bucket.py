@@ -53,7 +53,7 @@ from khipu.detector.routes import MAX_HOPS, TRACE_KEY_COLUMNS, RoutePlan, RouteP
 from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
 from khipu.trace.model import trace_from_columns
 from khipu.verdicts.book import verdict_row
-from khipu.verdicts.model import Verdict
+from khipu.verdicts.model import Verdict, VerdictKind
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +95,11 @@ VERDICT_COLUMNS = (  # a verdict as the processor emits it: its hop by number (R
     "decided_ms",
     "detail",  # None: a plain DELIVERED's ("received once" / "written once")
     "first_seen_ms",
-    "judged_by",  # clean: by the clean judge (a fresh message's plain DELIVERED); decide: by decide
+    "judged_by",  # clean: by the clean judge (a fresh message's plain DELIVERED); decide: by decide; AHEAD (below)
 )
+# judged_by of a LOST decided on the running batch's clock: the writer holds it back when a record of that batch points
+# at its record (BucketJudge._decide)
+AHEAD = "decide-ahead"
 LogStartLookup = Callable[[str, str, int], "int | None"]  # (cluster, topic, partition) -> the partition's log start
 
 
@@ -169,6 +172,8 @@ class Lookups:
     pointed_at: PointerLookup = nothing_pointed_at
     removed: RemovalLookup = nothing_removed
     read_to: Callable[[int], int | None] | None = None  # given the batch's time: how far the trace topic is read
+    # given the batch's time: how far it will be read when the running batch ends (khipu.detector.clock)
+    running_read_to: Callable[[int], int | None] | None = None
     record: RecordLookup = nothing_asked  # a record's fate in its log: its transaction's outcome, compaction
     history: CommitHistoryLookup = no_history  # when the groups' committed offsets were seen
 
@@ -273,6 +278,10 @@ class BucketJudge:
         messages = _Messages.of(table)
         as_stored = _Messages.of(table) if new is None or not len(new) else None  # to tell whether anything changed
         read_to = lookups.read_to(now_ms) if lookups.read_to is not None else None
+        running = lookups.running_read_to(now_ms) if lookups.running_read_to is not None else None
+        ahead = read_to is not None and running is not None and running > read_to
+        if ahead:  # on the running batch's clock: its own back-pointers are not stored yet (see _decide)
+            read_to = running
         clock_ms = now_ms if read_to is None else min(now_ms, read_to)
         touched = pc.is_in(table.column("message_id"), value_set=arriving).to_numpy(zero_copy_only=False)
 
@@ -328,14 +337,14 @@ class BucketJudge:
             for position in by_rules:
                 try:
                     verdicts, finished, memo_text, wanted, reported = self._decide(
-                        messages, int(position), by_message.get(int(position), []), now_ms, read_to, lookups
+                        messages, int(position), by_message.get(int(position), []), now_ms, read_to, lookups, ahead
                     )
                 except LookupUnavailable as exc:  # nobody answered: the message waits as it was, asked again soon
                     waiting.append(str(exc))
                     messages.next_check_ms[position] = now_ms + max(self.config.recheck_ms, 1)
                     continue
                 if verdicts:
-                    frames.append(_frame_of(verdicts, self._hop_number))
+                    frames.append(_frame_of(verdicts, self._hop_number, ahead))
                     messages.emitted[position] |= self._bits(messages.stream[position], verdicts)
                     messages.reported[position] = reported
                 done[position] = finished
@@ -576,9 +585,17 @@ class BucketJudge:
         now_ms: int,
         read_to: int | None,
         lookups: Lookups,
+        ahead: bool = False,
     ) -> tuple[list[Verdict], bool, str | None, int, str | None]:
         """Decide one message: (what to report, whether it is decided, decide's memo, when to look again, what has
-        been reported of it then)."""
+        been reported of it then).
+
+        ``ahead``: ``read_to`` is the running batch's clock (:func:`khipu.detector.clock.running_read_to_ms`),
+        whose own back-pointers are stored only after it. A LOST reported on it is marked ``ahead`` (the writer
+        holds it back when a record of the batch points at its record: :func:`khipu.detector.outputs.held_back`)
+        and the message stays for one more evaluation, in the next batch, on the pointers stored by then: a
+        pointer found makes the hop TRACE_LOST, which a LOST reported is always reported again as
+        (:func:`khipu.detector.decide.to_report`); the same LOST again is not reported twice."""
         plan = self.by_stream[messages.stream[position]]
         passed_at = messages.passed_at[position]
         traces = [trace_from_columns(row) for row in rows]
@@ -598,7 +615,11 @@ class BucketJudge:
         fresh = to_report(decision.verdicts, reported)
         wanted = max(int(decision.next_check_ms or now_ms), now_ms + 1)
         now_said = json.dumps(reported_now(reported, fresh)) if fresh else said
-        return fresh, decision.done, json.dumps(dict(decision.passed_at)), wanted, now_said
+        unconfirmed = ahead and any(v.kind is VerdictKind.LOST for v in fresh)
+        if unconfirmed:
+            wanted = now_ms + 1
+        done = decision.done and not unconfirmed
+        return fresh, done, json.dumps(dict(decision.passed_at)), wanted, now_said
 
     def _bits(self, stream: str, verdicts: Sequence[Verdict]) -> int:
         plan = self.by_stream[stream]
@@ -650,12 +671,14 @@ def _rows_by_message(traces: pa.Table, row_message: np.ndarray, wanted: set[int]
     return found
 
 
-def _frame_of(verdicts: Sequence[Verdict], numbers: Mapping[tuple[str, str], int]) -> pd.DataFrame:
+def _frame_of(verdicts: Sequence[Verdict], numbers: Mapping[tuple[str, str], int], ahead: bool = False) -> pd.DataFrame:
+    """``ahead``: decided on the running batch's clock; its LOST verdicts say so (:data:`AHEAD`)."""
     rows = []
     for verdict in verdicts:
         row = verdict_row(verdict)
         hop = numbers[(verdict.stream, verdict.hop)]
-        rows.append({**{name: row.get(name) for name in VERDICT_COLUMNS}, "hop": hop, "judged_by": "decide"})
+        by = AHEAD if ahead and verdict.kind is VerdictKind.LOST else "decide"
+        rows.append({**{name: row.get(name) for name in VERDICT_COLUMNS}, "hop": hop, "judged_by": by})
     frame = pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
     for name in ("partition", "offset", "observed_ms", "latency_ms", "e2e_latency_ms", "first_seen_ms"):
         frame[name] = pd.array(frame[name].to_numpy(dtype=object), dtype="Int64")

@@ -16,6 +16,16 @@ Per trace-topic partition, after a micro-batch:
 
 The topic is read to the earliest of its partitions. So a detector working off a backlog still
 decides, a few seconds behind what it has read, instead of waiting to be caught up.
+
+**The running batch's clock** (:func:`running_read_to_ms`). Under steady traffic the batch that just ended
+has read to about when it began, so a batch decides on a clock one batch old. Before its Spark job runs, the
+writer knows more of the batch now running: Spark planned it after the previous batch's writer returned, and
+where its offsets were not cut by ``maxOffsetsPerTrigger`` it reads every partition to the latest offset
+Spark saw then. When it ends, every trace written before the previous writer returned is read: the batch
+can decide on that. But the back-pointers among its own records are stored only after it (the writer's),
+so a LOST decided on that clock alone is held back by the writer when a record of the same batch points at
+its record (:func:`khipu.detector.outputs.held_back`), and decided again in the next batch on the stored
+pointers, which keeps it in flight for that one more evaluation (:class:`khipu.detector.bucket.BucketJudge`).
 """
 
 from __future__ import annotations
@@ -46,6 +56,28 @@ def read_to_ms(
         else:
             return None
     return min(bounds)
+
+
+def running_read_to_ms(
+    previous_end_ms: int | None,
+    starts: PartitionOffsets | None,
+    ends: PartitionOffsets,
+    max_offsets: int | None,
+) -> int | None:
+    """How far the trace topic will be read when the batch now running ends, known before it runs (see the
+    module doc): when the previous batch's writer returned (``previous_end_ms``, in this process) if this
+    batch was planned after it, from where the previous batch ended (``starts``) to its own ``ends``, and read
+    everything the topic held then. None when that cannot be told: no previous batch in this process, or
+    ``maxOffsetsPerTrigger`` may have cut the batch (as many offsets as it allows, or more, lie between).
+    Spark's Kafka source shares the limit out in proportion, so a batch with fewer offsets than the limit was
+    cut nowhere; a partition new since the previous batch is read from its start."""
+    if previous_end_ms is None or starts is None or not ends:
+        return None
+    if max_offsets is not None:
+        spanned = sum(max(0, end - starts.get(partition, 0)) for partition, end in ends.items())
+        if spanned >= max_offsets:
+            return None
+    return previous_end_ms
 
 
 def source_offsets(raw: Any, topic: str) -> dict[int, int] | None:

@@ -84,12 +84,13 @@ def _now_ms() -> int:
 class StreamReadProgress:
     """``read_to(batch_ms)``: the time up to which every named query has read its whole input, read from the store
     once per micro-batch (``batch_ms``, the batch's time, keys the cache: the writer records the figure before
-    the batch runs); 0 until known: a detector that does not know how far it has read decides nothing yet."""
+    the batch runs); 0 until known: a detector that does not know how far it has read decides nothing yet.
+    :meth:`running`: how far the batch now running will have read it when it ends, read with it."""
 
     def __init__(self, store_url: str, query_names: tuple[str, ...]) -> None:
         self.store_url, self.query_names = store_url, query_names
         self._store: Store | None = None
-        self._cached: tuple[int | None, int | None] | None = None
+        self._cached: tuple[int | None, int, int | None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -97,16 +98,26 @@ class StreamReadProgress:
         return state
 
     def __call__(self, batch_ms: int | None = None) -> int | None:
+        return self._read(batch_ms)[1]
+
+    def running(self, batch_ms: int | None = None) -> int | None:
+        """How far every named query's running batch will have read its input (None: not known for one of them)."""
+        return self._read(batch_ms)[2]
+
+    def _read(self, batch_ms: int | None) -> tuple[int | None, int, int | None]:
         if self._cached is None or batch_ms is None or self._cached[0] != batch_ms:
             if self._store is None:
                 self._store = Store(self.store_url)
             try:
-                found = min(self._store.heartbeat.read_to_ms(name) or 0 for name in self.query_names)
+                heartbeat = self._store.heartbeat
+                found = min(heartbeat.read_to_ms(name) or 0 for name in self.query_names)
+                running = [heartbeat.running_read_to_ms(name) for name in self.query_names]
+                ahead = None if None in running else min(r for r in running if r is not None)
             except Exception as exc:  # unknown progress: decide on nothing yet rather than too early
                 log.warning("stream progress of %s unavailable: %s", ", ".join(self.query_names), exc)
-                found = 0
-            self._cached = (batch_ms, found)
-        return self._cached[1]
+                found, ahead = 0, None
+            self._cached = (batch_ms, found, ahead)
+        return self._cached
 
 
 class PointedPositions:

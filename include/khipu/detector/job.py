@@ -298,17 +298,19 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
             store.close()
     earlier_routes = known_routes(job.checkpoint_dir / DETECTOR_QUERY, plans)
     committed = CommittedOffsets(clients)
+    read_progress = StreamReadProgress(job.store_url, (DETECTOR_QUERY,))
     processor = VerdictProcessor(
         registry,
         committed,
         job.detector,
         PointedPositions(job.store_url),
-        StreamReadProgress(job.store_url, (DETECTOR_QUERY,)),
+        read_progress,
         removals,
         removals.log_start,
         earlier_routes,
         RecordFates(clients),
         committed.history,
+        read_progress.running,
     )
     records = prepare(parse_traces(read_traces(spark, job), registry.streams), plans, job.buckets)
     judged = judged_and_records(records, processor, job.shuffle_partitions)
@@ -326,7 +328,11 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         figures=figures,
         reporter=reporter,
         progress=ReadProgress(
-            job.checkpoint_dir / DETECTOR_QUERY, DETECTOR_QUERY, job.trace_topic, job.trace_connection
+            job.checkpoint_dir / DETECTOR_QUERY,
+            DETECTOR_QUERY,
+            job.trace_topic,
+            job.trace_connection,
+            max_offsets_per_trigger=job.max_offsets_per_trigger,
         ),
         grace_ms=job.detector.grace_ms,
     )

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Producer
@@ -35,7 +36,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from khipu.detector import records
-from khipu.detector.clock import read_to_ms, source_offsets
+from khipu.detector.bucket import AHEAD
+from khipu.detector.clock import read_to_ms, running_read_to_ms, source_offsets
+from khipu.detector.committed import STORE_UNAVAILABLE
 from khipu.detector.gaps import record_emitter_sequences
 from khipu.detector.jvm_errors import JvmCallFailed, compact_jvm_error, interrupted
 from khipu.detector.outage import WaitingReporter, write_with_retries
@@ -69,6 +72,7 @@ class BatchFigures:
         self._buckets: dict[int, tuple[int, int]] = {}
         self.newest_read_ms: dict[int, int] = {}
         self.read_to_ms: int | None = None  # the writer's newest figure of how far the topic is read
+        self.running_read_to_ms: int | None = None  # how far the running batch will have read it (None: not known)
         # traces (and marks, and malformed lines) the last batch's trace records held: a record holds a batch of
         # traces, so Spark's numInputRows counts records, not what the detector read
         self.lines: int | None = None
@@ -95,9 +99,41 @@ class ReadProgress:
     latest offset, asked now, is where this batch ended (its offsets from the query's offset log); otherwise to
     the newest record time read from it."""
 
-    def __init__(self, checkpoint: Path, query: str, topic: str, connection: KafkaConnection) -> None:
+    def __init__(
+        self,
+        checkpoint: Path,
+        query: str,
+        topic: str,
+        connection: KafkaConnection,
+        max_offsets_per_trigger: int | None = None,
+    ) -> None:
         self.checkpoint, self.query, self.topic, self.connection = checkpoint, query, topic, connection
+        self.max_offsets_per_trigger = max_offsets_per_trigger
         self._admin: KafkaAdmin | None = None
+        self._ended: tuple[int, int] | None = None  # (batch id, when its writer returned), in this process
+
+    def ended(self, batch_id: int) -> None:
+        """The writer of ``batch_id`` returns now: Spark plans the next batch after this."""
+        self._ended = (batch_id, _now_ms())
+
+    def run_ahead(self, batch_id: int, store: Store) -> int | None:
+        """Before the batch's Spark job: how far the trace topic will be read when it ends
+        (:func:`khipu.detector.clock.running_read_to_ms`), recorded for its processor; None when not known, or
+        not recorded (the store did not answer: the batch decides on what the last one read, as it would have)."""
+        previous = self._ended[1] if self._ended is not None and self._ended[0] == batch_id - 1 else None
+        if previous is None:
+            return None
+        ends = self._batch_ends(batch_id)
+        running = running_read_to_ms(previous, self._batch_ends(batch_id - 1), ends or {}, self.max_offsets_per_trigger)
+        if running is None:
+            return None
+        try:
+            store.heartbeat.record_running_read_to(self.query, running, _now_ms())
+        except STORE_UNAVAILABLE as exc:
+            log.warning("batch %d: how far it will read not recorded (%s): it decides on what the last one read",
+                        batch_id, exc)  # fmt: skip
+            return None
+        return running
 
     def advance(self, batch_id: int, newest_read_ms: Mapping[int, int], store: Store) -> int | None:
         ends = self._batch_ends(batch_id)
@@ -204,6 +240,8 @@ class DetectorWriter:
             spent[step] = now - clock
             clock = now
 
+        if self.progress is not None:  # before the job: its processor may decide on it
+            self.figures.running_read_to_ms = self.progress.run_ahead(batch_id, self.store)
         # one Spark job per batch: the one collected table feeds every output, so nothing is cached
         try:
             collected = batch.select(*sorted({*DECIDED_COLUMNS, *records.COLUMNS, *archive.SCHEMA.names})).toArrow()
@@ -217,6 +255,8 @@ class DetectorWriter:
         lap("judge")
         # every output is keyed by the batch: while the store or the lost topic does not take them, written again
         write_with_retries(lambda: self._write(collected, batch_id, spent, lap), f"batch {batch_id}", self.reporter)
+        if self.progress is not None:
+            self.progress.ended(batch_id)
 
     def _write(self, collected: pa.Table, batch_id: int, spent: dict[str, float], lap: Any) -> None:
         kinds = collected.column("kind")
@@ -228,11 +268,18 @@ class DetectorWriter:
         lap("archive")
         for partition, newest in records.newest_read(passed).items():
             self.figures.read(partition, newest)
-        found = self._channel(passed, batch_id)
+        pointed = records.pointers(passed)
+        found = self._channel(passed, pointed, batch_id)
         lap("channel")
         for row in collected.filter(pc.equal(kinds, STATS)).select(["bucket", "in_flight", "state_bytes"]).to_pylist():
             self.figures.report(int(row["bucket"]), int(row["in_flight"]), int(row["state_bytes"]))
-        verdicts = expand_verdicts(collected.filter(pc.equal(kinds, VERDICT)).select(list(DECIDED_COLUMNS)), self.hops)
+        decided = collected.filter(pc.equal(kinds, VERDICT)).select(list(DECIDED_COLUMNS))
+        held = held_back(decided, pointed, self.hops)
+        if held.any():
+            log.info("batch %d: %d LOST held back: a record of this batch points at theirs (decided again in the next "
+                     "batch, on its stored pointers)", batch_id, int(held.sum()))  # fmt: skip
+            decided = decided.filter(pa.array(~held))
+        verdicts = expand_verdicts(decided, self.hops)
         archived, stored, lost = self._verdicts(verdicts, key)
         lap("verdicts")
         if self.progress is not None:  # after the pointers are stored: the next batch may decide on them
@@ -268,11 +315,11 @@ class DetectorWriter:
         table = traces.set_column(traces.schema.get_field_index("prev_offsets"), "prev_offsets", pointers)
         archive.write_batch(Path(self.archive_path), key, table.select(archive.SCHEMA.names))
 
-    def _channel(self, passed: pa.Table, batch_id: int) -> int:
-        """Back-pointers and malformed records: the trace channel's own health (sequence numbers: after the batch
-        has moved how far the topic is read, :meth:`_sequences`)."""
+    def _channel(self, passed: pa.Table, found: list[tuple[str, str, str, int, int]], batch_id: int) -> int:
+        """Back-pointers (``found``: :func:`khipu.detector.records.pointers` of the batch) and malformed records:
+        the trace channel's own health (sequence numbers: after the batch has moved how far the topic is read,
+        :meth:`_sequences`)."""
         now = _now_ms()
-        found = records.pointers(passed)
         self.store.channel.record_pointers(found, now)
         if now - self._pruned_ms >= PRUNE_EVERY_MS:
             self.store.channel.prune_pointers(now - self.keep_pointers_ms)
@@ -404,6 +451,33 @@ DECIDED_COLUMNS = (
     "kind", "bucket", "in_flight", "state_bytes", "message_id", "hop", "verdict", "cause", "count", "partition",
     "offset", "observed_ms", "latency_ms", "e2e_latency_ms", "decided_ms", "detail", "first_seen_ms", "judged_by",
 )  # fmt: skip
+
+
+def held_back(
+    verdicts: pa.Table, pointed: list[tuple[str, str, str, int, int]], hops: Mapping[str, list[Any]]
+) -> np.ndarray:
+    """Which of the processor's verdict rows (:data:`DECIDED_COLUMNS`, hops by number) are LOST verdicts decided
+    on the running batch's clock (``judged_by`` :data:`khipu.detector.bucket.AHEAD`) whose record a record of
+    the same batch points at (``pointed``: (location, cluster, topic, partition, offset), as
+    :func:`khipu.detector.records.pointers` gives them; a hop's pointing location and cluster from
+    :meth:`khipu.detector.routes.RoutePlans.described`). Their processor decides them again in the next batch,
+    once those pointers are stored (:meth:`khipu.detector.bucket.BucketJudge._decide`)."""
+    rows = len(verdicts)
+    held = np.zeros(rows, dtype=bool)
+    if not rows or not pointed:
+        return held
+    ahead = pc.and_(pc.equal(verdicts.column("judged_by"), AHEAD), pc.equal(verdicts.column("verdict"), "LOST"))
+    candidates = np.nonzero(pc.fill_null(ahead, False).to_numpy(zero_copy_only=False))[0]
+    if not len(candidates):
+        return held
+    positions = set(pointed)
+    picked = verdicts.select(["hop", "partition", "offset"]).take(pa.array(candidates)).to_pylist()
+    for row_number, row in zip(candidates, picked, strict=True):
+        hop = int(row["hop"])
+        location, cluster, topic = hops["pointer_location"][hop], hops["cluster"][hop], hops["topic"][hop]
+        if location is not None and row["partition"] is not None and row["offset"] is not None:
+            held[row_number] = (location, cluster, topic, int(row["partition"]), int(row["offset"])) in positions
+    return held
 
 
 def expand_verdicts(verdicts: pa.Table, hops: Mapping[str, list[Any]]) -> pa.Table:

@@ -76,6 +76,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
         earlier_routes: Mapping[str, RouteIds] | None = None,
         record: RecordLookup = nothing_asked,
         history: CommitHistoryLookup = no_history,
+        running_read_to: Callable[[int], int | None] | None = None,
     ) -> None:
         self.registry, self.config = registry, config
         self.lookups = Lookups(
@@ -84,6 +85,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
             pointed_at=pointed_at,
             removed=removed,
             read_to=read_to,
+            running_read_to=running_read_to,
             record=record,
             history=history,
         )

@@ -206,7 +206,8 @@ class RoutePlans:
 
     def described(self) -> dict[str, list[Any]]:
         """Per global hop number, what a verdict row says of its hop: stream, hop (id), hop_kind, topic, group,
-        location, and the detail of a plain DELIVERED (verdicts travel with the number only)."""
+        location, and the detail of a plain DELIVERED (verdicts travel with the number only); and the topic's
+        cluster and a read hop's pointing location (:func:`khipu.detector.outputs.held_back`)."""
         rows = [(plan.stream.name, hop) for plan in self.plans for hop in plan.hops]
         return {
             "stream": [stream for stream, _ in rows],
@@ -215,6 +216,13 @@ class RoutePlans:
             "topic": [hop.topic.topic for _, hop in rows],
             "group": [hop.group for _, hop in rows],
             "location": [hop.location for _, hop in rows],
+            "cluster": [hop.topic.cluster for _, hop in rows],
+            # where a read hop's group runs: the location its emitter's back-pointers and marks name
+            "pointer_location": [
+                plan.stream.route.location_of(hop.group) if hop.kind is HopKind.READ and hop.group else None
+                for plan in self.plans
+                for hop in plan.hops
+            ],
             "delivered_detail": ["received once" if hop.kind is HopKind.READ else "written once" for _, hop in rows],
         }
 

@@ -43,6 +43,25 @@ class HeartbeatRepository:
                     update(table).where(table.c.query_name == query_name).values(read_to_ms=read_to_ms, at_ms=at_ms)
                 )
 
+    def record_running_read_to(self, query_name: str, read_to_ms: int, at_ms: int) -> None:
+        """How far the batch of ``query_name`` about to run will have read the trace topic when it ends
+        (:func:`khipu.detector.clock.running_read_to_ms`); it only moves forward. Nothing is recorded for a query
+        whose progress is not kept yet (its checkpoint's start makes the row)."""
+        table = schema.detector_progress
+        with self._engine.begin() as tx:
+            current = tx.execute(
+                select(table.c.running_read_to_ms).where(table.c.query_name == query_name)
+            ).one_or_none()
+            if current is not None and (current[0] is None or read_to_ms > current[0]):
+                tx.execute(update(table).where(table.c.query_name == query_name).values(running_read_to_ms=read_to_ms))
+
+    def running_read_to_ms(self, query_name: str) -> int | None:
+        """What :meth:`record_running_read_to` last recorded for ``query_name`` (None: nothing yet)."""
+        table = schema.detector_progress
+        with self._engine.begin() as tx:
+            found = tx.execute(select(table.c.running_read_to_ms).where(table.c.query_name == query_name)).scalar()
+        return None if found is None else int(found)
+
     def start_over(self, query_name: str, at_ms: int) -> None:
         """A new checkpoint of ``query_name`` starts reading the trace topic from its beginning: nothing it has
         read yet, and the heartbeats of earlier checkpoints say nothing of it."""

@@ -275,6 +275,9 @@ detector_progress = Table(  # the time up to which a query has read the trace to
     Column("at_ms", BigInteger, nullable=False),
     # when the query's checkpoint was first started: heartbeats before it are another run's reading
     Column("since_ms", BigInteger, nullable=False, server_default="0"),
+    # how far the batch now running will have read it when it ends, set before it runs (None: not known); its own
+    # back-pointers are not stored yet (khipu.detector.clock.running_read_to_ms)
+    Column("running_read_to_ms", BigInteger),
 )
 
 emitter_progress = Table(

@@ -10,6 +10,7 @@ committed offsets moving on between batches. Every verdict must be the same, dec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections import Counter
@@ -23,6 +24,7 @@ import pyarrow.ipc
 import pytest
 
 from khipu.detector.bucket import (
+    AHEAD,
     MESSAGE_STATE,
     TRACE_STATE,
     BucketJudge,
@@ -41,6 +43,7 @@ from khipu.detector.model import (
     Removal,
     nothing_pointed_at,
 )
+from khipu.detector.outputs import held_back
 from khipu.detector.routes import RoutePlans, trace_hop_key
 from khipu.registry import parse_registry
 from khipu.registry.model import Registry
@@ -504,3 +507,66 @@ def test_copies_that_reach_a_reported_hop_while_the_message_is_in_flight_are_rep
     assert everything.done
     assert last == {v.hop: key(v)[2:5] for v in everything.verdicts}
     assert state.messages.num_rows == 0  # decided: nothing left in flight
+
+
+@pytest.mark.parametrize("pointer_in_the_batch", [False, True])
+def test_a_lost_decided_on_the_running_batchs_clock_is_decided_again_on_the_pointers_stored_after_it(
+    pointer_in_the_batch: bool,
+) -> None:
+    """s1's RECEIVED trace never arrives; s1 committed past the message. The finished batches have read to
+    before the commit was seen plus the grace, the running one will have read past it: the LOST comes a batch
+    earlier than on the finished batches' clock, marked as decided ahead, and the message stays for one more
+    evaluation. The writer holds it back when a record of the running batch points at s1's record (that pointer
+    is stored after the batch); the next evaluation then finds the pointer and reports TRACE_LOST, which the store
+    keeps as the hop's verdict. Without such a record the LOST stands and is not reported twice."""
+    world = World()
+    seq = iter(range(100))
+
+    def trace(loc: str, kind: TraceType, topic: str, group: str | None, at: int) -> Trace:
+        return Trace("m", "orders", loc, "local", kind, at, topic, 0, 0, group, f"{loc}-e", next(seq), 100.0)
+
+    traces = [
+        trace("p", TraceType.SENT, "in", None, 1_000),
+        trace("proc", TraceType.RECEIVED, "in", "proc", 1_010),
+        trace("proc", TraceType.SENT, "out", None, 1_020),
+        trace("s2", TraceType.RECEIVED, "out", "s2", 1_040),
+    ]
+    world.committed.update({("proc", "in", 0): 1, ("s1", "out", 0): 1, ("s2", "out", 0): 1})
+    stored_pointers: set[tuple[str, str, str, int, int]] = set()
+
+    def pointed_at(location: str, cluster: str, topic: str, partition: int, offset: int) -> bool:
+        return (location, cluster, topic, partition, offset) in stored_pointers
+
+    clocks = {"read": 0, "running": 0}
+    ahead = Lookups(world.committed_of, world.start_of, pointed_at, removed=world.removed, record=world.record,
+                    read_to=lambda now: clocks["read"], running_read_to=lambda now: clocks["running"])  # fmt: skip
+    behind = dataclasses.replace(ahead, running_read_to=None)
+    plans = RoutePlans.of(REGISTRY)
+    bucket = BucketJudge(plans, CONFIG)
+    s1 = "local/out -> s1"
+
+    seen = bucket.evaluate(BucketState.empty(), rows_of(traces, REGISTRY), 100_000, ahead)  # s1 first seen past it
+    assert seen.verdicts.empty
+    clocks.update(read=110_000, running=131_000)  # read to 10 s past the sight; the running batch: 31 s past it
+    on_the_finished_clock = bucket.evaluate(seen.state, None, 131_000, behind)
+    assert s1 not in {key(r)[1] for r in on_the_finished_clock.verdicts.to_dict("records")}  # waits a batch more
+    decided = bucket.evaluate(seen.state, None, 131_000, ahead)
+    lost = [r for r in decided.verdicts.to_dict("records") if key(r)[1] == s1]
+    assert [(key(r)[2], key(r)[3], r["judged_by"]) for r in lost] == [("LOST", "skipped_by_consumer", AHEAD)]
+    assert decided.state.messages.num_rows == 1  # every hop decided, yet kept for the next batch
+    assert decided.next_check_ms == 131_001
+
+    # the writer: s1's next RECEIVED trace, in the same batch, points back at offset 0 of local/out
+    pointed = [("s1", "local", "out", 0, 0)] if pointer_in_the_batch else []
+    table = pa.Table.from_pandas(decided.verdicts, preserve_index=False)
+    held = held_back(table, pointed, plans.described())
+    assert [bool(h) for h, r in zip(held, decided.verdicts.to_dict("records"), strict=True) if key(r)[1] == s1] == [
+        pointer_in_the_batch
+    ]
+    stored_pointers.update(pointed)  # stored by the writer after that batch
+
+    clocks.update(read=131_000, running=134_000)
+    again = bucket.evaluate(BucketState.decode(decided.state.encode()), None, 134_000, ahead)
+    reported = [(key(r)[1], key(r)[2], r["judged_by"]) for r in again.verdicts.to_dict("records")]
+    assert reported == ([(s1, "TRACE_LOST", "decide")] if pointer_in_the_batch else [])
+    assert again.state.messages.num_rows == 0

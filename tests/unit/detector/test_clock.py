@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from khipu.detector.clock import read_to_ms, source_offsets
+from khipu.detector.clock import read_to_ms, running_read_to_ms, source_offsets
 
 
 class Case(NamedTuple):
@@ -41,6 +41,45 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[f"case{c.number}" for c in CASES])
 def test_read_to_table(case: Case) -> None:
     assert read_to_ms(START, case.end, case.latest, case.newest_read) == case.expected, case.reason
+
+
+class RunningCase(NamedTuple):
+    number: int
+    previous_end: int | None
+    starts: dict[int, int] | None
+    ends: dict[int, int]
+    max_offsets: int | None
+    expected: int | None
+    reason: str
+
+
+ENDED = 250_000  # when the previous batch's writer returned
+# fmt: off
+RUNNING_CASES = [
+    RunningCase(1, ENDED, {0: 50, 1: 70}, {0: 150, 1: 170}, 1_000, ENDED,
+                "200 offsets under a limit of 1,000: cut nowhere, every partition read to what it held after then"),
+    RunningCase(2, ENDED, {0: 50, 1: 70}, {0: 550, 1: 570}, 1_000, None,
+                "1,000 offsets, the limit: the source may have cut a partition short of its latest offset"),
+    RunningCase(3, ENDED, {0: 50, 1: 70}, {0: 5_050, 1: 5_070}, None, ENDED,
+                "no limit: every batch reads to the latest offsets"),
+    RunningCase(4, None, {0: 50}, {0: 60}, 1_000, None,
+                "no previous batch in this process (a restart): not known when this one was planned"),
+    RunningCase(5, ENDED, None, {0: 60}, 1_000, None,
+                "the previous batch's ends unreadable: its span not known"),
+    RunningCase(6, ENDED, {0: 50}, {0: 60, 1: 995}, 1_000, None,
+                "a partition new since the previous batch counts from offset 0: 10 + 995 offsets reach the limit"),
+    RunningCase(7, ENDED, {0: 50}, {0: 60, 1: 985}, 1_000, ENDED,
+                "a partition new since the previous batch counts from offset 0: 995 offsets, under the limit"),
+    RunningCase(8, ENDED, {0: 50}, {0: 50}, 1_000, ENDED,
+                "nothing new (a batch for timers): the topic held nothing past where it was read"),
+    RunningCase(9, ENDED, {0: 50}, {}, 1_000, None, "no partition: nothing known"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", RUNNING_CASES, ids=[f"case{c.number}" for c in RUNNING_CASES])
+def test_running_read_to_table(case: RunningCase) -> None:
+    assert running_read_to_ms(case.previous_end, case.starts, case.ends, case.max_offsets) == case.expected, case.reason
 
 
 @pytest.mark.parametrize(
