@@ -68,14 +68,18 @@ def running_read_to_ms(
     module doc): when the previous batch's writer returned (``previous_end_ms``, in this process) if this
     batch was planned after it, from where the previous batch ended (``starts``) to its own ``ends``, and read
     everything the topic held then. None when that cannot be told: no previous batch in this process, or
-    ``maxOffsetsPerTrigger`` may have cut the batch (as many offsets as it allows, or more, lie between).
-    Spark's Kafka source shares the limit out in proportion, so a batch with fewer offsets than the limit was
-    cut nowhere; a partition new since the previous batch is read from its start."""
+    ``maxOffsetsPerTrigger`` may have cut the batch.
+
+    When the topic holds more than the limit, Spark's Kafka source gives each partition its share of the limit
+    rounded down (``KafkaMicroBatchStream.rateLimit``): a cut batch spans more than the limit less one offset
+    per partition (at least that, allowing for the rounding of its floating-point shares). So only a batch
+    spanning fewer was surely cut nowhere. A partition new since the previous batch counts from offset 0 (at
+    least what it spans)."""
     if previous_end_ms is None or starts is None or not ends:
         return None
     if max_offsets is not None:
         spanned = sum(max(0, end - starts.get(partition, 0)) for partition, end in ends.items())
-        if spanned >= max_offsets:
+        if spanned >= max_offsets - len(ends):
             return None
     return previous_end_ms
 

@@ -108,14 +108,18 @@ class StreamReadProgress:
         if self._cached is None or batch_ms is None or self._cached[0] != batch_ms:
             if self._store is None:
                 self._store = Store(self.store_url)
+            heartbeat = self._store.heartbeat
             try:
-                heartbeat = self._store.heartbeat
                 found = min(heartbeat.read_to_ms(name) or 0 for name in self.query_names)
-                running = [heartbeat.running_read_to_ms(name) for name in self.query_names]
-                ahead = None if None in running else min(r for r in running if r is not None)
             except Exception as exc:  # unknown progress: decide on nothing yet rather than too early
                 log.warning("stream progress of %s unavailable: %s", ", ".join(self.query_names), exc)
-                found, ahead = 0, None
+                found = 0
+            try:
+                running = [heartbeat.running_read_to_ms(name) for name in self.query_names]
+                ahead = None if None in running else min(r for r in running if r is not None)
+            except Exception as exc:  # decide on what the finished batches read, as without it
+                log.warning("how far the running batch of %s reads unavailable: %s", ", ".join(self.query_names), exc)
+                ahead = None
             self._cached = (batch_ms, found, ahead)
         return self._cached
 

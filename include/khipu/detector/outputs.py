@@ -34,6 +34,7 @@ from confluent_kafka import Producer
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming.listener import StreamingQueryListener
+from sqlalchemy.exc import SQLAlchemyError
 
 from khipu.detector import records
 from khipu.detector.bucket import AHEAD
@@ -128,8 +129,8 @@ class ReadProgress:
         if running is None:
             return None
         try:
-            store.heartbeat.record_running_read_to(self.query, running, _now_ms())
-        except STORE_UNAVAILABLE as exc:
+            store.heartbeat.record_running_read_to(self.query, running)
+        except (*STORE_UNAVAILABLE, SQLAlchemyError) as exc:  # a store not migrated to 0013 too: never fail a batch
             log.warning("batch %d: how far it will read not recorded (%s): it decides on what the last one read",
                         batch_id, exc)  # fmt: skip
             return None

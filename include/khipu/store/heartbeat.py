@@ -43,7 +43,7 @@ class HeartbeatRepository:
                     update(table).where(table.c.query_name == query_name).values(read_to_ms=read_to_ms, at_ms=at_ms)
                 )
 
-    def record_running_read_to(self, query_name: str, read_to_ms: int, at_ms: int) -> None:
+    def record_running_read_to(self, query_name: str, read_to_ms: int) -> None:
         """How far the batch of ``query_name`` about to run will have read the trace topic when it ends
         (:func:`khipu.detector.clock.running_read_to_ms`); it only moves forward. Nothing is recorded for a query
         whose progress is not kept yet (its checkpoint's start makes the row)."""

@@ -5,17 +5,23 @@ A real SQLite store and a real verdict archive on disk; the rows are built as th
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from khipu.detector.outputs import DECIDED_COLUMNS, DetectorWriter, expand_verdicts
+from khipu.detector import records
+from khipu.detector.bucket import AHEAD
+from khipu.detector.job import RECORD_SCHEMA
+from khipu.detector.outputs import DECIDED_COLUMNS, DetectorWriter, ReadProgress, expand_verdicts
+from khipu.detector.processor import OUTPUT_SCHEMA
 from khipu.detector.routes import RoutePlans
 from khipu.kafka import KafkaConnection
 from khipu.registry import parse_registry
 from khipu.store import Store
+from khipu.trace import archive
 from tests.integration.detector.conftest import stored_verdicts
 
 REGISTRY = parse_registry("""
@@ -107,3 +113,76 @@ def test_a_hop_reported_again_by_its_state_with_more_copies_replaces_its_archive
         counts["duplicate"] += minute["duplicate"]
     assert by_hop["local/in -> s1"] == {"delivered": 0, "duplicate": 1}  # once, as what it is now
     assert by_hop["p -> local/in"] == {"delivered": 0, "duplicate": 1}
+
+
+def _collected_schema() -> pa.Schema:
+    """The columns the writer collects from the query (the records' and the processor's, as the job's DDL types them)."""
+    arrow = {"int": pa.int32(), "long": pa.int64(), "string": pa.string(), "boolean": pa.bool_(),
+             "double": pa.float64(), "binary": pa.binary()}  # fmt: skip
+    types: dict[str, pa.DataType] = {}
+    for ddl in (RECORD_SCHEMA, OUTPUT_SCHEMA):
+        for part in ddl.split(", "):
+            name, kind = part.split()
+            types[name.strip("`")] = arrow[kind]
+    wanted = sorted({*DECIDED_COLUMNS, *records.COLUMNS, *archive.SCHEMA.names})
+    return pa.schema([(name, types[name]) for name in wanted])
+
+
+def test_a_lost_decided_ahead_whose_record_the_batch_points_at_is_held_back(tmp_path: Path) -> None:
+    """One batch: s1's RECEIVED trace of m2 (offset 8) points back at offset 7, where the processor, deciding on
+    the running batch's clock, found m1 LOST. That LOST is held back: not in the store, nor published; the
+    pointer is stored for the next batch. A LOST decided on the finished batches' clock (m3, offset 9, pointed at
+    too) and one decided ahead that nothing points at (m4, offset 5) are stored."""
+    store_url = f"sqlite:///{tmp_path / 'khipu.db'}"
+    store = Store(store_url)
+    store.migrate()
+    writer = DetectorWriter(store_url, str(tmp_path / "archive"), str(tmp_path / "verdicts"), None,
+                            KafkaConnection("127.0.0.1:9"), keep_pointers_ms=HOUR_MS, known_streams=("orders",),
+                            hops=PLANS.described())  # fmt: skip
+    now = int(time.time() * 1000)
+    trace = {"kind": "trace", "message_id": "m2", "stream": "orders", "location": "s1", "cluster": "local",
+             "type": "RECEIVED", "timestamp_ms": now, "topic": "in", "partition": 0, "offset": 8, "group": "s1",
+             "emitter_id": "s1-e", "emitter_seq": 1, "sampling_percent": 100.0, "prev_offsets": "7,9", "hop": READ,
+             "kafka_timestamp_ms": now, "source_topic": "khipu.traces", "source_partition": 0, "source_offset": 0,
+             "source_line": 0}  # fmt: skip
+    lost = {"kind": "verdict", "bucket": 0, "hop": READ, "verdict": "LOST", "cause": "skipped_by_consumer",
+            "count": 0, "partition": 0, "observed_ms": now, "decided_ms": now, "first_seen_ms": now}  # fmt: skip
+    verdicts = [
+        {**lost, "message_id": "m1", "offset": 7, "judged_by": AHEAD},
+        {**lost, "message_id": "m3", "offset": 9, "judged_by": "decide"},
+        {**lost, "message_id": "m4", "offset": 5, "judged_by": AHEAD},
+    ]
+    collected = pa.Table.from_pylist([trace, *verdicts], schema=_collected_schema())
+    writer._write(collected, 1, {}, lambda step: None)
+    kept = {(v["message_id"], v["hop"], v["verdict"]) for v in stored_verdicts(store, tmp_path / "verdicts")}
+    assert kept == {("m3", "local/in -> s1", "LOST"), ("m4", "local/in -> s1", "LOST")}
+    assert store.channel.pointed_at("s1", "local", "in", 0, 7)  # what decides m1 in the next batch
+
+
+def test_the_running_batch_clock_is_recorded_only_for_a_batch_planned_after_the_last_one_ended_uncut(
+    tmp_path: Path,
+) -> None:
+    """What the writer records before a batch's job: when the previous batch of this process ended, for the batch
+    right after it whose span the limit cannot have cut (the query's offset log as Spark writes it); nothing after a
+    batch this process did not end, nor for a batch the limit may have cut."""
+    store_url = f"sqlite:///{tmp_path / 'khipu.db'}"
+    store = Store(store_url)
+    store.migrate()
+    store.heartbeat.start_over("q", 1_000)
+    offsets = tmp_path / "checkpoint" / "offsets"
+    offsets.mkdir(parents=True)
+    for batch, ends in {4: {"0": 100, "1": 100}, 5: {"0": 400, "1": 400}, 6: {"0": 900, "1": 901}}.items():
+        (offsets / str(batch)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{{"t":{json.dumps(ends)}}}')
+    progress = ReadProgress(
+        tmp_path / "checkpoint", "q", "t", KafkaConnection("127.0.0.1:9"), max_offsets_per_trigger=1_000
+    )
+
+    assert progress.run_ahead(5, store) is None  # no batch ended in this process yet (a restart)
+    progress.ended(4)
+    ended_at = progress._ended[1] if progress._ended else None
+    assert progress.run_ahead(5, store) == ended_at  # 600 offsets after batch 4, under 1,000 less 2
+    assert store.heartbeat.running_read_to_ms("q") == ended_at
+    progress.ended(5)
+    assert progress.run_ahead(6, store) is None  # 1,001 offsets: the limit may have cut it
+    assert progress.run_ahead(7, store) is None  # batch 6 did not end here
+    assert store.heartbeat.running_read_to_ms("q") == ended_at  # nothing else recorded
