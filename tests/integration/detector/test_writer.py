@@ -116,7 +116,7 @@ def test_a_hop_reported_again_by_its_state_with_more_copies_replaces_its_archive
 
 
 def _collected_schema() -> pa.Schema:
-    """The columns the writer collects from the query (the records' and the processor's, as the job's DDL types them)."""
+    """The columns the writer collects from the query (the records' and the processor's, typed as the job's DDL)."""
     arrow = {"int": pa.int32(), "long": pa.int64(), "string": pa.string(), "boolean": pa.bool_(),
              "double": pa.float64(), "binary": pa.binary()}  # fmt: skip
     types: dict[str, pa.DataType] = {}
