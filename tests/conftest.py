@@ -2,12 +2,14 @@
 
 Airflow reads AIRFLOW_HOME at import time, so the environment is fixed here, before any test
 module imports Airflow: a fresh Airflow home and Khipu state folder per session, under a
-temporary directory, never ~/airflow.
+temporary directory, never ~/airflow, removed when the session ends (``KHIPU_KEEP_TEST_STATE=1`` keeps it).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -17,6 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SESSION_DIR = Path(tempfile.mkdtemp(prefix="khipu-tests-"))
+if os.environ.get("KHIPU_KEEP_TEST_STATE") != "1":  # each pytest process its own, removed when it exits (1: kept)
+    atexit.register(shutil.rmtree, SESSION_DIR, ignore_errors=True)
 
 os.environ["AIRFLOW_HOME"] = str(SESSION_DIR / "airflow")
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(ROOT / "dags")
