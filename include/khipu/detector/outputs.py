@@ -73,7 +73,6 @@ class BatchFigures:
         self._buckets: dict[int, tuple[int, int]] = {}
         self.newest_read_ms: dict[int, int] = {}
         self.read_to_ms: int | None = None  # the writer's newest figure of how far the topic is read
-        self.running_read_to_ms: int | None = None  # how far the running batch will have read it (None: not known)
         # traces (and marks, and malformed lines) the last batch's trace records held: a record holds a batch of
         # traces, so Spark's numInputRows counts records, not what the detector read
         self.lines: int | None = None
@@ -242,7 +241,7 @@ class DetectorWriter:
             clock = now
 
         if self.progress is not None:  # before the job: its processor may decide on it
-            self.figures.running_read_to_ms = self.progress.run_ahead(batch_id, self.store)
+            self.progress.run_ahead(batch_id, self.store)
         # one Spark job per batch: the one collected table feeds every output, so nothing is cached
         try:
             collected = batch.select(*sorted({*DECIDED_COLUMNS, *records.COLUMNS, *archive.SCHEMA.names})).toArrow()
