@@ -28,7 +28,7 @@ from khipu.detector.job import (
     DetectorJob,
     start_detector,
 )
-from khipu.detector.launch import connector_jars, driver_settings, read_connections_file
+from khipu.detector.launch import connector_jars, driver_settings, read_connections_file, throughput_settings
 from khipu.detector.model import DetectorConfig, DetectorConfigError
 from khipu.settings import KhipuSettings
 
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     builder = SparkSession.builder.appName("khipu-detector")
     if "PYSPARK_GATEWAY_PORT" not in os.environ:  # started directly; under spark-submit master and jars are set
         builder = builder.master(master).config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
-        for key, value in driver_settings(master).items():
+        for key, value in {**driver_settings(master), **throughput_settings(master)}.items():
             builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

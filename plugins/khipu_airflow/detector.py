@@ -26,7 +26,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from khipu.alerting.decide import DETECTOR_ALERT_KIND, detector_alert
 from khipu.alerting.model import AlertState, alert_from
 from khipu.detector.driver import read_driver_record, stop_driver
-from khipu.detector.launch import connector_jars, write_connections_file
+from khipu.detector.launch import connector_jars, throughput_settings, write_connections_file
 from khipu.detector.model import DETECTOR_QUERY
 from khipu.detector.supervise import DetectorObservation, DetectorState, SupervisionConfig, judge_detector
 from khipu.localstack.processes import ProcessTable, Started
@@ -182,17 +182,15 @@ def application_args(kafka_conn_id: str, store_conn_id: str) -> list[str]:
 
 
 def submit_hook(spark_conn_id: str, args: list[str]) -> SparkSubmitHook:
-    conf = {
-        "spark.ui.enabled": "false",
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{driver_log_config()}",
-    }
     hook = SparkSubmitHook(
         conn_id=spark_conn_id,
-        conf=conf,
+        conf={"spark.ui.enabled": "false"},
         jars=",".join(str(jar) for jar in connector_jars()),
         name="khipu-detector",
         application_args=args,
     )
+    log_config = f"-Dlog4j2.configurationFile=file:{driver_log_config()}"
+    hook._conf.update(throughput_settings(hook._connection["master"] or "local[*]", log_config))
     if hook._connection["deploy_mode"] == "cluster":
         hook._conf.update(dict.fromkeys(_WAIT_APP_COMPLETION, "false"))
     return hook

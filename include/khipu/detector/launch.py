@@ -48,6 +48,26 @@ def driver_settings(master: str) -> dict[str, str]:
     return {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
 
 
+# The JVM's garbage collector: the parallel (throughput) collector. A micro-batch allocates much and briefly, and on
+# two CPUs shared with its Python workers G1's concurrent threads and barriers cost the detector about a sixth of
+# its throughput (docs/detector.md, "The JVM's settings"); a pause of the parallel collector delays a batch, which
+# a micro-batch detector absorbs.
+GC_OPTION = "-XX:+UseParallelGC"
+
+
+def throughput_settings(master: str, *driver_java_options: str) -> dict[str, str]:
+    """The Spark settings the detector runs with, besides its own options: the parallel collector in the driver
+    (after ``driver_java_options``) and the executors, and with every task on this machine (``local``), shuffle
+    blocks uncompressed: they never leave it, and compressing them only costs CPU."""
+    settings = {
+        "spark.driver.extraJavaOptions": " ".join((*driver_java_options, GC_OPTION)),
+        "spark.executor.extraJavaOptions": GC_OPTION,
+    }
+    if master.startswith("local"):
+        settings |= {"spark.shuffle.compress": "false", "spark.shuffle.spill.compress": "false"}
+    return settings
+
+
 def write_connections_file(
     path: Path, trace: KafkaConnection, clusters: Mapping[str, KafkaConnection], store_url: str
 ) -> Path:

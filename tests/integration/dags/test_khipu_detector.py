@@ -116,6 +116,8 @@ def test_spark_submit_arguments_name_paths_only_and_the_secrets_go_to_an_owner_o
     command = submit_hook("spark_default", args)._build_spark_submit_command("spark/detector.py")
     assert SECRET not in " ".join(command) and str(tmp_path / "khipu.db") not in " ".join(command)
     assert any(part.endswith(".jar") and "spark-sql-kafka-0-10" in part for part in command)
+    java_options = next(part for part in command if part.startswith("spark.driver.extraJavaOptions="))
+    assert "-Dlog4j2.configurationFile=file:" in java_options and java_options.endswith(" -XX:+UseParallelGC")
     connections = Path(pairs["--connections-file"])
     assert stat.S_IMODE(connections.stat().st_mode) == 0o600
     body = json.loads(connections.read_text())

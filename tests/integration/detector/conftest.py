@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import psutil
 import pytest
 
 from khipu.demo.faults import FaultRates
@@ -126,6 +127,17 @@ def detector_command(job: DetectorJob, tmp_path: Path, master: str, *options: st
         "--verdict-archive", str(job.verdicts_dir), "--trigger-seconds", "1", "--grace-ms", "3000",
         "--recheck-ms", "1000", "--max-wait-ms", "120000", "--master", master, "--shuffle-partitions", "2", *options,
     ]  # fmt: skip
+
+
+def driver_jvm_command(driver_pid: int) -> list[str]:
+    """The command line of the JVM a detector's Python driver runs with: its child when started directly
+    (``python spark/detector.py``), its parent under spark-submit."""
+    driver = psutil.Process(driver_pid)
+    for process in [*driver.children(recursive=True), *driver.parents()]:
+        command = process.cmdline()
+        if command and Path(command[0]).name == "java":
+            return command
+    raise AssertionError(f"no JVM around the detector's driver {driver_pid}")
 
 
 def stored_verdicts(store: Store, verdicts_dir: Path) -> list[dict[str, Any]]:

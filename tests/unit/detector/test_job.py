@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from khipu.detector.job import EPOCH_FILE, carried_over_offsets, checkpoint_epoch, known_routes
-from khipu.detector.launch import DetectorJobError, driver_settings
+from khipu.detector.launch import DetectorJobError, driver_settings, throughput_settings
 from khipu.detector.outputs import BatchKeys
 
 LOOPBACK = {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
@@ -38,6 +38,27 @@ def test_an_address_the_environment_chose_stands(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("SPARK_LOCAL_IP", "10.1.2.3")
     driver_settings("local[*]")
     assert os.environ["SPARK_LOCAL_IP"] == "10.1.2.3"
+
+
+@pytest.mark.parametrize(
+    ("master", "uncompressed"),
+    [("local[*]", True), ("local[2]", True), ("spark://127.0.0.1:7077", False), ("yarn", False)],
+)
+def test_the_parallel_collector_everywhere_and_uncompressed_shuffles_only_on_one_machine(
+    master: str, uncompressed: bool
+) -> None:
+    settings = throughput_settings(master, "-Dlog4j2.configurationFile=file:/x.properties")
+    # the caller's own driver options stand, the collector after them
+    assert (
+        settings["spark.driver.extraJavaOptions"] == "-Dlog4j2.configurationFile=file:/x.properties -XX:+UseParallelGC"
+    )
+    assert settings["spark.executor.extraJavaOptions"] == "-XX:+UseParallelGC"
+    shuffle = {
+        key: settings[key] for key in ("spark.shuffle.compress", "spark.shuffle.spill.compress") if key in settings
+    }
+    assert shuffle == (
+        dict.fromkeys(("spark.shuffle.compress", "spark.shuffle.spill.compress"), "false") if uncompressed else {}
+    )
 
 
 def test_a_checkpoint_keeps_the_second_it_was_first_started(tmp_path: Path) -> None:
