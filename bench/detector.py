@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,7 @@ from khipu.detector.job import (
     prepare,
     start_detector,
 )
-from khipu.detector.launch import connector_jars
+from khipu.detector.launch import connector_jars, throughput_settings
 from khipu.detector.model import DetectorConfig
 from khipu.detector.parse import parse_traces
 from khipu.detector.routes import RoutePlans
@@ -60,6 +60,7 @@ from khipu.localstack.spark_cluster import start_spark_cluster
 from khipu.registry import load_registry
 from khipu.store import Store
 from khipu.trace import Trace, TraceType, encode_trace
+from khipu.trace.codec import BATCH_MAX_BYTES, BATCH_MAX_TRACES, encode_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = ROOT / "config" / "registry.yaml"
@@ -113,18 +114,44 @@ def new_producer(bootstrap: str) -> Producer:
                      "batch.num.messages": 10_000, "compression.type": "lz4"})  # fmt: skip
 
 
-def send(producer: Producer, topic: str, traces: Iterable[Trace]) -> int:
+def send(producer: Producer, topic: str, traces: Iterable[Trace], per_record: int = 1) -> int:
+    """Write the traces, one a record keyed by message id, or with ``per_record`` > 1 as the emitters do: each
+    emitter's traces in order, up to that many (and ``BATCH_MAX_BYTES``) a batch record keyed by the emitter."""
+    records: Iterable[tuple[bytes, bytes, int]]
+    if per_record <= 1:
+        records = ((encode_trace(t), t.message_id.encode(), 1) for t in traces)
+    else:
+        records = emitter_batches(traces, min(per_record, BATCH_MAX_TRACES))
     count = 0
-    for trace in traces:
+    for value, key, lines in records:
         while True:
             try:
-                producer.produce(topic, encode_trace(trace), trace.message_id.encode())
+                producer.produce(topic, value, key)
                 break
             except BufferError:
                 producer.poll(0.05)
-        count += 1
+        count += lines
     producer.poll(0)
     return count
+
+
+def emitter_batches(traces: Iterable[Trace], per_record: int) -> Iterator[tuple[bytes, bytes, int]]:
+    """(batch record, its key, traces in it): each emitter's traces in their order, cut at ``per_record`` traces or
+    ``BATCH_MAX_BYTES``, as an emitter packs what gathered in its linger."""
+    by_emitter: dict[str, list[bytes]] = {}
+    for trace in traces:
+        by_emitter.setdefault(trace.emitter_id, []).append(encode_trace(trace))
+    for emitter, encoded in by_emitter.items():
+        batch: list[bytes] = []
+        size = 0
+        for line in encoded:
+            if batch and (len(batch) >= per_record or size + len(line) > BATCH_MAX_BYTES):
+                yield encode_batch(batch), emitter.encode(), len(batch)
+                batch, size = [], 0
+            batch.append(line)
+            size += len(line) + 1
+        if batch:
+            yield encode_batch(batch), emitter.encode(), len(batch)
 
 
 def produce(bootstrap: str, topic: str, traces: Iterable[Trace]) -> int:
@@ -326,7 +353,14 @@ def backlog(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) ->
 
 
 def live_traffic(
-    bootstrap: str, topic: str, rate: int, seconds: float, hold_s: float, report: Any, commits: bool = True
+    bootstrap: str,
+    topic: str,
+    rate: int,
+    seconds: float,
+    hold_s: float,
+    report: Any,
+    commits: bool = True,
+    per_record: int = 1,
 ) -> None:
     """(A process of its own.) Traces at ``rate`` per second for ``seconds``; every second the groups commit past
     what was produced a second before, demo-sink-audit reads and commits data partition 0 ``hold_s`` late. Without
@@ -347,7 +381,8 @@ def live_traffic(
             due = int(elapsed * per_second)
             clock = time.time_ns() // 1_000_000
             batch = range(message, due)
-            produced += send(producer, topic, (t for m in batch for t in traces_of(m, run, clock, audit=not held(m))))
+            traces = (t for m in batch for t in traces_of(m, run, clock, audit=not held(m)))
+            produced += send(producer, topic, traces, per_record)
             held_queue.extend((now + hold_s, m) for m in batch if held(m))
             message = due
         clock = time.time_ns() // 1_000_000
@@ -355,7 +390,7 @@ def live_traffic(
         while held_queue and held_queue[0][0] <= now:
             late.append(held_queue.popleft()[1])
         produced += send(
-            producer, topic, (t for m in late for t in traces_of(m, run, clock) if t.location == AUDIT_SINK)
+            producer, topic, (t for m in late for t in traces_of(m, run, clock) if t.location == AUDIT_SINK), per_record
         )
         if late:
             late_upto = late[-1] + 1
@@ -444,7 +479,8 @@ def live(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace, broke
         context = multiprocessing.get_context("spawn")
         produced = context.Value("q", 0)
         traffic = context.Process(
-            target=live_traffic, args=(bootstrap, topic, args.live_rate, args.live_s, args.hold_s, produced)
+            target=live_traffic,
+            args=(bootstrap, topic, args.live_rate, args.live_s, args.hold_s, produced, True, args.traces_per_record),
         )
         started = time.time()
         traffic.start()
@@ -531,7 +567,8 @@ def lost_latency(spark: Any, bootstrap: str, work: Path, args: argparse.Namespac
         if live_rate:  # a process of its own offers the background (below every group's commit: it is DELIVERED)
             seconds = args.warmup_s + 0.5 * args.lost + 200  # outlasts the losses and their wait; stopped after
             traffic_process = context.Process(
-                target=live_traffic, args=(bootstrap, topic, live_rate, seconds, 0.0, produced, False)
+                target=live_traffic,
+                args=(bootstrap, topic, live_rate, seconds, 0.0, produced, False, args.traces_per_record),
             )
             traffic_process.start()
             time.sleep(args.warmup_s)
@@ -666,7 +703,17 @@ def main() -> int:
     parser.add_argument(
         "--max-per-batch", type=int, default=DEFAULT_MAX_OFFSETS_PER_TRIGGER, help="maxOffsetsPerTrigger"
     )
+    parser.add_argument(
+        "--traces-per-record",
+        type=int,
+        default=1,
+        help="live, latency: the live traffic's records hold up to this many traces of one emitter, as the emitters "
+        "batch them (default 1: a record per trace)",
+    )
     parser.add_argument("--buckets", type=int, default=DEFAULT_BUCKETS)
+    parser.add_argument(
+        "--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting of the bench's driver"
+    )
     parser.add_argument("--lost", type=int, default=40)
     parser.add_argument("--background", type=int, default=200, help="latency: background messages per loss (x5 traces)")
     parser.add_argument(
@@ -693,7 +740,7 @@ def main() -> int:
                           work / "broker.log")  # fmt: skip
     from pyspark.sql import SparkSession
 
-    spark = (
+    builder = (
         SparkSession.builder.master("local[*]")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -701,8 +748,11 @@ def main() -> int:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.memory", "4g")
         .config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
-        .getOrCreate()
     )
+    experiment = dict(setting.partition("=")[::2] for setting in args.spark_conf)  # the experiment's own settings
+    for key, value in {**throughput_settings("local[*]"), **experiment}.items():  # the detector's, unless replaced
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:
         broker.admin().ensure_topics({IN: PARTITIONS, OUT: PARTITIONS})
