@@ -399,12 +399,11 @@ class DetectorWriter:
             archived.column("decided_ms"), archived.column("latency_ms"),
         )  # fmt: skip
         self.store.verdicts.replace_part(f"detector:{key}", counts, metrics_of)
-        decided_ms = verdicts.column("decided_ms")
-        hours = {
-            m: hour_of(int(ms))
-            for m, ms in zip(verdicts.column("message_id").to_pylist(), decided_ms.to_pylist(), strict=True)
-        }
-        index.record(key, [(m, first_seen.get(m), hours[m]) for m in ids])
+        # the hour each message was decided in (its last row's): named once per hour, not once per verdict
+        decided_hour = pc.divide(verdicts.column("decided_ms"), HOUR_MS)  # whole hours since the epoch
+        names = {number: hour_of(number * HOUR_MS) for number in pc.unique(decided_hour).to_pylist()}
+        hours = dict(zip(verdicts.column("message_id").to_pylist(), decided_hour.to_pylist(), strict=True))
+        index.record(key, [(m, first_seen.get(m), names[hours[m]]) for m in ids])
         # a LOST this state said and the store keeps goes out, again on a replayed batch (at least once)
         lost = [
             verdict_row(stored)
