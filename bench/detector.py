@@ -529,6 +529,13 @@ def live(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace, broke
     )
     if len(cpu) == 2:
         print(f"live: cores used over the same {cpu[1].at - cpu[0].at:.0f} s: {cpu[1].since(cpu[0])}", flush=True)
+    # while behind, every batch reads the limit: their pace is the read rate, without where the window's ends fall
+    full = [b for b in sorted(beats, key=lambda b: b["batch_id"]) if b["input_rows"] >= args.max_per_batch - 10][1:]
+    if full:
+        pace = statistics.mean(b["batch_duration_ms"] for b in full) / 1000
+        print(f"live: {len(full)} batches of the limit's {args.max_per_batch:,} traces or more (the first left out), "
+              f"in {pace:.2f} s each on average (Spark's batch duration): {args.max_per_batch / pace:,.0f} traces/s "
+              f"while behind", flush=True)  # fmt: skip
 
 
 def print_progress(beats: list[dict[str, Any]]) -> None:

@@ -470,7 +470,7 @@ def report(intervals: list[Interval], passed: dict[int, float], seen: dict[int, 
                 "the least of the samples (near what survives collection) / at the end; committed = "
                 "S0C+S1C+EC+OC at the end",
                 "JVM RSS: VmRSS of the driver JVM (/proc/<pid>/status; heap, RocksDB state, Arrow, metaspace), max; "
-                "it follows the heap's committed size, which G1 grows and shrinks up to the maximum heap",
+                "it follows the heap's committed size, which the collector grows and shrinks up to the maximum heap",
                 "outside heap: VmRSS minus the heap's committed size, read together at each sample, median: the "
                 "resident memory outside the Java heap (metaspace, code, threads, native libraries such as "
                 "RocksDB's), at least (committed heap pages not yet touched are not resident)",
