@@ -531,11 +531,12 @@ def live(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace, broke
         print(f"live: cores used over the same {cpu[1].at - cpu[0].at:.0f} s: {cpu[1].since(cpu[0])}", flush=True)
     # while behind, every batch reads the limit: their pace is the read rate, without where the window's ends fall
     full = [b for b in sorted(beats, key=lambda b: b["batch_id"]) if b["input_rows"] >= args.max_per_batch - 10][1:]
-    if full:
+    if full and args.traces_per_record == 1:  # else a batch's traces say nothing of whether the limit cut it
         pace = statistics.mean(b["batch_duration_ms"] for b in full) / 1000
-        print(f"live: {len(full)} batches of the limit's {args.max_per_batch:,} traces or more (the first left out), "
-              f"in {pace:.2f} s each on average (Spark's batch duration): {args.max_per_batch / pace:,.0f} traces/s "
-              f"while behind", flush=True)  # fmt: skip
+        rate = sum(b["input_rows"] for b in full) / sum(b["batch_duration_ms"] / 1000 for b in full)
+        print(f"live: {len(full)} batches read the limit of {args.max_per_batch:,} records (the first left out), in "
+              f"{pace:.2f} s each on average (Spark's batch duration): {rate:,.0f} traces/s while behind",
+              flush=True)  # fmt: skip
 
 
 def print_progress(beats: list[dict[str, Any]]) -> None:
@@ -756,6 +757,8 @@ def main() -> int:
         .config("spark.driver.memory", "4g")
         .config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
     )
+    if any("=" not in setting for setting in args.spark_conf):
+        parser.error(f"--spark-conf takes KEY=VALUE: {[s for s in args.spark_conf if '=' not in s]}")
     experiment = dict(setting.partition("=")[::2] for setting in args.spark_conf)  # the experiment's own settings
     for key, value in {**throughput_settings("local[*]"), **experiment}.items():  # the detector's, unless replaced
         builder = builder.config(key, value)

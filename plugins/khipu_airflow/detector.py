@@ -190,7 +190,7 @@ def submit_hook(spark_conn_id: str, args: list[str]) -> SparkSubmitHook:
         application_args=args,
     )
     log_config = f"-Dlog4j2.configurationFile=file:{driver_log_config()}"
-    hook._conf.update(throughput_settings(hook._connection["master"] or "local[*]", log_config))
+    hook._conf.update(throughput_settings(hook._connection["master"], log_config))
     if hook._connection["deploy_mode"] == "cluster":
         hook._conf.update(dict.fromkeys(_WAIT_APP_COMPLETION, "false"))
     return hook

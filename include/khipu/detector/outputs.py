@@ -22,7 +22,6 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -215,16 +214,9 @@ class DetectorWriter:
         self._store: Store | None = None
         self._verdict_archive: VerdictArchive | None = None
         self._producer: Producer | None = None
-        self._archive_thread: ThreadPoolExecutor | None = None
         self._pruned_ms = 0
         self.grace_ms = grace_ms  # a sequence gap is settled once the topic is read this long past it
         self._open_emitters: set[str] | None = None  # with sequence gaps not settled yet (None: ask the store)
-
-    @property
-    def _archiver(self) -> ThreadPoolExecutor:
-        if self._archive_thread is None:
-            self._archive_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="khipu-trace-archive")
-        return self._archive_thread
 
     @property
     def store(self) -> Store:
@@ -272,29 +264,8 @@ class DetectorWriter:
         traces = int(pc.sum(pc.equal(passed.column("kind"), TRACE)).as_py() or 0)
         self.figures.lines = passed.num_rows
         key = self.batch_keys.key(batch_id)
-        # the trace archive is files only: written on a thread of its own while the rest goes to the store (the
-        # Parquet encoder lets go of the GIL), so that the other CPU is not idle between batches
-        archiving = self._archiver.submit(self._archive_traces, passed, key)
-        try:
-            done = self._judged(collected, passed, batch_id, key, lap)
-        finally:
-            wait([archiving])  # never two writes of one batch's archive at once: a retry writes it again
-        archiving.result()
-        lap("archive (waited for)")
-        log.info(
-            "batch %d: %d traces, %d verdicts (%d LOST), %d archived, %d stored; %d pointers, %d sequence "
-            "numbers; %d messages in flight; %s",
-            batch_id,
-            traces,
-            *done,
-            self.figures.messages,
-            ", ".join(f"{step} {seconds * 1000:.0f} ms" for step, seconds in spent.items()),
-        )
-
-    def _judged(self, collected: pa.Table, passed: pa.Table, batch_id: int, key: int, lap: Any) -> tuple[int, ...]:
-        """Everything but the trace archive: pointers, quarantine, verdicts, how far the topic is read, sequences.
-        Returns (verdicts, LOST published, verdicts archived, verdicts stored, pointers, sequence numbers)."""
-        kinds = collected.column("kind")
+        self._archive_traces(passed, key)
+        lap("archive")
         for partition, newest in records.newest_read(passed).items():
             self.figures.read(partition, newest)
         pointed = records.pointers(passed)
@@ -317,7 +288,20 @@ class DetectorWriter:
                 self.figures.read_to_ms = read_to
         numbered = self._sequences(passed, batch_id)
         lap("sequences")
-        return verdicts.num_rows, lost, archived, stored, found, numbered
+        log.info(
+            "batch %d: %d traces, %d verdicts (%d LOST), %d archived, %d stored; %d pointers, %d sequence "
+            "numbers; %d messages in flight; %s",
+            batch_id,
+            traces,
+            verdicts.num_rows,
+            lost,
+            archived,
+            stored,
+            found,
+            numbered,
+            self.figures.messages,
+            ", ".join(f"{step} {seconds * 1000:.0f} ms" for step, seconds in spent.items()),
+        )
 
     def _archive_traces(self, passed: pa.Table, key: int) -> None:
         """The batch's traces to the raw-trace archive: Parquet by hour and batch (a replay replaces its own)."""
@@ -416,7 +400,7 @@ class DetectorWriter:
         )  # fmt: skip
         self.store.verdicts.replace_part(f"detector:{key}", counts, metrics_of)
         # the hour each message was decided in (its last row's): named once per hour, not once per verdict
-        decided_hour = pc.divide(verdicts.column("decided_ms"), HOUR_MS)  # whole hours since the epoch
+        decided_hour = pc.divide(verdicts.column("decided_ms"), HOUR_MS)  # whole hours since 1970 (it is now: > 0)
         names = {number: hour_of(number * HOUR_MS) for number in pc.unique(decided_hour).to_pylist()}
         hours = dict(zip(verdicts.column("message_id").to_pylist(), decided_hour.to_pylist(), strict=True))
         index.record(key, [(m, first_seen.get(m), names[hours[m]]) for m in ids])

@@ -129,15 +129,19 @@ def detector_command(job: DetectorJob, tmp_path: Path, master: str, *options: st
     ]  # fmt: skip
 
 
-def driver_jvm_command(driver_pid: int) -> list[str]:
-    """The command line of the JVM a detector's Python driver runs with: its child when started directly
-    (``python spark/detector.py``), its parent under spark-submit."""
+def driver_jvm(driver_pid: int) -> tuple[list[str], list[str]]:
+    """(the JVM's own options, spark-submit's arguments) of the JVM a detector's Python driver runs with: its child
+    when started directly (``python spark/detector.py``), its parent under spark-submit."""
     driver = psutil.Process(driver_pid)
     for process in [*driver.children(recursive=True), *driver.parents()]:
         command = process.cmdline()
-        if command and Path(command[0]).name == "java":
-            return command
-    raise AssertionError(f"no JVM around the detector's driver {driver_pid}")
+        if command and Path(command[0]).name == "java" and SPARK_SUBMIT in command:
+            main = command.index(SPARK_SUBMIT)
+            return command[:main], command[main + 1 :]
+    raise AssertionError(f"no spark-submit JVM around the detector's driver {driver_pid}")
+
+
+SPARK_SUBMIT = "org.apache.spark.deploy.SparkSubmit"
 
 
 def stored_verdicts(store: Store, verdicts_dir: Path) -> list[dict[str, Any]]:

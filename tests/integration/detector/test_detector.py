@@ -29,7 +29,7 @@ from tests.integration.detector.conftest import (
     demo_traces,
     detector_command,
     detector_job,
-    driver_jvm_command,
+    driver_jvm,
     stored_verdicts,
     verdict_keys,
     wait_until_settled,
@@ -151,7 +151,7 @@ def test_a_detector_killed_mid_stream_and_restarted_ends_with_the_verdicts_of_an
     try:
         at_kill = _mid_stream(Store(killed.store_url), timeout_s=180)
         partial = len(stored_verdicts(Store(killed.store_url), killed.verdicts_dir))
-        jvm = " ".join(driver_jvm_command(first.pid))  # started directly: the detector's own JVM settings
+        jvm, submitted = driver_jvm(first.pid)  # started directly: the detector's own JVM settings
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # no goodbye: mid-stream, mid-batch perhaps
         first.wait()
@@ -169,7 +169,8 @@ def test_a_detector_killed_mid_stream_and_restarted_ends_with_the_verdicts_of_an
         second.wait(timeout=60)
 
     assert at_kill["state_rows"] > 0 and not at_kill["caught_up"]  # killed holding messages, with more to read
-    assert "-XX:+UseParallelGC" in jvm and "spark.shuffle.compress=false" in jvm
+    assert "-XX:+UseParallelGC" in jvm  # the JVM's own option, not only a --conf it was given
+    assert "spark.shuffle.compress=false" in submitted  # local[2]: shuffle blocks never leave the machine
     assert partial < len(after_restart)
     assert verdict_keys(after_restart) == verdict_keys(judged_demo.whole)
     assert len(after_restart) == len(verdict_keys(after_restart))  # none stored twice

@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
-import pytest
 
 from khipu.detector import records
 from khipu.detector.bucket import AHEAD
@@ -159,38 +157,6 @@ def test_a_lost_decided_ahead_whose_record_the_batch_points_at_is_held_back(tmp_
     kept = {(v["message_id"], v["hop"], v["verdict"]) for v in stored_verdicts(store, tmp_path / "verdicts")}
     assert kept == {("m3", "local/in -> s1", "LOST"), ("m4", "local/in -> s1", "LOST")}
     assert store.channel.pointed_at("s1", "local", "in", 0, 7)  # what decides m1 in the next batch
-
-
-def test_the_trace_archive_written_beside_the_store_is_complete_when_the_batch_ends_and_its_failure_fails_it(
-    tmp_path: Path,
-) -> None:
-    """The writer archives a batch's traces on a thread of its own while it writes the store: the batch ends only
-    once they are in the archive, and an archive that cannot be written fails the batch (which is then run again)."""
-    store_url = f"sqlite:///{tmp_path / 'khipu.db'}"
-    Store(store_url).migrate()
-    now = int(time.time() * 1000)
-    traces = [
-        {"kind": "trace", "message_id": f"m{n}", "stream": "orders", "location": "p", "cluster": "local",
-         "type": "SENT", "timestamp_ms": now, "topic": "in", "partition": 0, "offset": n, "emitter_id": "p-e",
-         "emitter_seq": n, "sampling_percent": 100.0, "hop": WRITE, "kafka_timestamp_ms": now,
-         "source_topic": "khipu.traces", "source_partition": 0, "source_offset": n, "source_line": 0}
-        for n in range(500)
-    ]  # fmt: skip
-    collected = pa.Table.from_pylist(traces, schema=_collected_schema())
-
-    def writer(archive_dir: Path) -> DetectorWriter:
-        return DetectorWriter(store_url, str(archive_dir), str(tmp_path / "verdicts"), None,
-                              KafkaConnection("127.0.0.1:9"), keep_pointers_ms=HOUR_MS, known_streams=("orders",),
-                              hops=PLANS.described())  # fmt: skip
-
-    writer(tmp_path / "archive")._write(collected, 1, {}, lambda step: None)
-    assert sorted(pq.read_table(tmp_path / "archive").column("message_id").to_pylist()) == sorted(
-        f"m{n}" for n in range(500)
-    )
-    blocked = tmp_path / "blocked"
-    blocked.write_text("a file where the archive's folder should be")
-    with pytest.raises(OSError):
-        writer(blocked)._write(collected, 2, {}, lambda step: None)
 
 
 def test_the_running_batch_clock_is_recorded_only_for_a_batch_planned_after_the_last_one_ended_uncut(
