@@ -49,8 +49,8 @@ def driver_settings(master: str) -> dict[str, str]:
 
 
 # The JVM's garbage collector: the parallel (throughput) collector. A micro-batch allocates much and briefly, and on
-# two CPUs shared with its Python workers G1's concurrent threads and barriers made the detector read a backlog 14 %
-# slower (docs/detector.md, "The JVM's settings"); a pause of the parallel collector delays a batch, which a
+# two CPUs shared with its Python workers G1's concurrent threads and barriers made the detector read a backlog
+# 12-14 % slower (docs/detector.md, "The JVM's settings"); a pause of the parallel collector delays a batch, which a
 # micro-batch detector absorbs. It replaces any spark.driver.extraJavaOptions of spark-defaults.conf.
 GC_OPTION = "-XX:+UseParallelGC"
 
