@@ -365,9 +365,8 @@ class DetectorWriter:
         index.forget_batch(key)  # a replay's own rows are not earlier decisions
         ids = pc.unique(verdicts.column("message_id")).to_pylist()
         earlier = index.find(ids) if ids else {}
-        first_seen = dict(
-            zip(verdicts.column("message_id").to_pylist(), verdicts.column("first_seen_ms").to_pylist(), strict=True)
-        )
+        message_ids = verdicts.column("message_id").to_pylist()  # a row's message, as Python text: made once
+        first_seen = dict(zip(message_ids, verdicts.column("first_seen_ms").to_pylist(), strict=True))
         again = {m for m, found in earlier.items() if any(d.first_seen_ms != first_seen.get(m) for d in found)}
         # a hop its state reports again, now a DUPLICATE (decide.to_report): its DELIVERED may be in the archive
         copies = verdicts.filter(pc.equal(verdicts.column("verdict"), "DUPLICATE")).column("message_id")
@@ -402,7 +401,7 @@ class DetectorWriter:
         # the hour each message was decided in (its last row's): named once per hour, not once per verdict
         decided_hour = pc.divide(verdicts.column("decided_ms"), HOUR_MS)  # whole hours since 1970 (it is now: > 0)
         names = {number: hour_of(number * HOUR_MS) for number in pc.unique(decided_hour).to_pylist()}
-        hours = dict(zip(verdicts.column("message_id").to_pylist(), decided_hour.to_pylist(), strict=True))
+        hours = dict(zip(message_ids, decided_hour.to_pylist(), strict=True))
         index.record(key, [(m, first_seen.get(m), names[hours[m]]) for m in ids])
         # a LOST this state said and the store keeps goes out, again on a replayed batch (at least once)
         lost = [
