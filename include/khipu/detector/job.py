@@ -40,15 +40,9 @@ from khipu.detector.launch import DetectorJobError
 from khipu.detector.model import DETECTOR_QUERY, DetectorConfig
 from khipu.detector.outage import SOURCE_OPTIONS, OutageWatch, WaitingReporter
 from khipu.detector.outputs import BatchFigures, BatchKeys, DetectorWriter, HeartbeatListener, ReadProgress
+from khipu.detector.packed import MALFORMED, MARK, PACKED_SCHEMA, RECORD_FIELDS, TRACE, pack_records
 from khipu.detector.parse import parse_traces
-from khipu.detector.processor import (
-    JUDGED_COLUMNS,
-    MALFORMED,
-    MARK,
-    OUTPUT_SCHEMA,
-    TRACE,
-    VerdictProcessor,
-)
+from khipu.detector.processor import OUTPUT_SCHEMA, VerdictProcessor
 from khipu.detector.routes import HOP_KEY_FIELDS, HOP_KEY_SEPARATOR, RoutePlans
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
 from khipu.kafka.admin import TRACE_TOPIC_CONFIG
@@ -187,19 +181,8 @@ def read_traces(spark: SparkSession, job: DetectorJob) -> DataFrame:
     return reader.load()
 
 
-# every parsed record of the trace topic, with its kind, its bucket and (traces) hop: what prepare makes
-RECORD_SCHEMA = (
-    "bucket int, kind string, message_id string, stream string, location string, cluster string, type string, "
-    "timestamp_ms long, topic string, partition int, offset long, `group` string, emitter_id string, "
-    "emitter_seq long, sampling_percent double, attributes string, key_hash string, tombstone boolean, "
-    "transactional boolean, read_uncommitted boolean, hop int, prev_offsets string, received string, "
-    "raw_value binary, source_topic string, source_partition int, source_offset long, source_line int, "
-    "kafka_timestamp_ms long"
-)
-
-
 def prepare(parsed: DataFrame, plans: RoutePlans, buckets: int) -> DataFrame:
-    """Every parsed record (:data:`RECORD_SCHEMA`) with its kind,
+    """Every parsed record (:data:`khipu.detector.packed.RECORD_FIELDS`) with its kind,
     its bucket (a hash of the message id; an emitter mark's of its emitter) and, for a trace, the number of its
     hop (``-1``: no hop of the registry's routes), found by its hop key (:func:`khipu.detector.routes.hop_key`,
     built here from the same fields). Lists travel as text, as the writer reads them."""
@@ -220,35 +203,22 @@ def prepare(parsed: DataFrame, plans: RoutePlans, buckets: int) -> DataFrame:
         "prev_offsets": F.array_join("prev_offsets", ","),
         "received": F.to_json("received"),
     }
-    names = [part.split()[0].strip("`") for part in RECORD_SCHEMA.split(", ")]
+    names = RECORD_FIELDS.names
     return parsed.select(*[columns[name].alias(name) if name in columns else F.col(f"`{name}`") for name in names])
 
 
-SHARED_COLUMN = "_shared"  # the processor's input column that keeps its shuffle the records' (never read)
-
-
 def judged_and_records(records: DataFrame, processor: VerdictProcessor, partitions: int) -> DataFrame:
-    """The records shuffled once by bucket, and what the processor decides from them, in one frame: the records
-    with their own columns (``kind`` trace, mark or malformed), verdict and stats rows with the processor's
-    (:data:`khipu.detector.processor.OUTPUT_SCHEMA`); a column the other side lacks is null.
-
-    The processor reads only :data:`~khipu.detector.processor.JUDGED_COLUMNS`. Left at that, Spark's column
-    pruning would give its side a shuffle of those columns of its own, and read and decode the topic twice;
-    one column referring to every other one, computed only for what is not a trace (and never read), keeps
-    both sides on the same shuffle, which Spark then runs once (``ReusedExchange`` in the plan). The processor's
-    side comes first in the union: as the union's first child the records' side would keep an alias the other
-    side's copy drops (of the line number ``posexplode`` gives), and the two shuffles would no longer be equal."""
-    shuffled = records.repartition(partitions, "bucket")  # what the processor's grouping by bucket needs
-    rest = [name for name in shuffled.columns if name not in JUDGED_COLUMNS]
-    shared = F.when(F.col("kind") != TRACE, F.xxhash64(*[F.col(f"`{name}`") for name in rest]))
-    judged = (
-        shuffled.select(*[F.col(f"`{name}`") for name in JUDGED_COLUMNS], shared.alias(SHARED_COLUMN))
-        .groupBy("bucket")
-        .transformWithStateInPandas(
-            statefulProcessor=processor, outputStructType=OUTPUT_SCHEMA, outputMode="Update", timeMode="ProcessingTime"
-        )
+    """The records packed by bucket (:func:`khipu.detector.packed.pack_records`) and shuffled once, and what the
+    processor decides from them, in one frame of :data:`khipu.detector.packed.PACKED_SCHEMA`: the records' packed
+    rows (kind ``records``) and one row per bucket evaluated (kind ``judged``). Both sides read the same shuffle,
+    which Spark runs once (``ReusedExchange`` in the plan). The processor's side comes first in the union: as the
+    union's first child the records' side would keep an alias the other side's copy drops, and the two shuffles
+    would no longer be equal."""
+    shuffled = records.mapInArrow(pack_records, PACKED_SCHEMA).repartition(partitions, "bucket")
+    judged = shuffled.groupBy("bucket").transformWithStateInPandas(
+        statefulProcessor=processor, outputStructType=OUTPUT_SCHEMA, outputMode="Update", timeMode="ProcessingTime"
     )
-    return judged.unionByName(shuffled, allowMissingColumns=True)
+    return judged.unionByName(shuffled)
 
 
 def warn_unless_stamped_by_the_broker(job: DetectorJob) -> None:

@@ -43,8 +43,8 @@ from khipu.detector.committed import STORE_UNAVAILABLE
 from khipu.detector.gaps import record_emitter_sequences
 from khipu.detector.jvm_errors import JvmCallFailed, compact_jvm_error, interrupted
 from khipu.detector.outage import WaitingReporter, write_with_retries
+from khipu.detector.packed import JUDGED, PACKED_FIELDS, RECORD_FIELDS, RECORDS, TRACE, VERDICT_FIELDS, unpack
 from khipu.detector.parse import quarantine_reason
-from khipu.detector.processor import MALFORMED, MARK, STATS, TRACE, VERDICT
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
 from khipu.store import Store
 from khipu.trace import archive
@@ -244,7 +244,7 @@ class DetectorWriter:
             self.progress.run_ahead(batch_id, self.store)
         # one Spark job per batch: the one collected table feeds every output, so nothing is cached
         try:
-            collected = batch.select(*sorted({*DECIDED_COLUMNS, *records.COLUMNS, *archive.SCHEMA.names})).toArrow()
+            collected = batch.select(*PACKED_FIELDS.names).toArrow()
         except Py4JJavaError as exc:  # told short: Spark's check of a stop cannot read the whole Java stack
             text = str(exc)
             if interrupted(text):
@@ -260,7 +260,8 @@ class DetectorWriter:
 
     def _write(self, collected: pa.Table, batch_id: int, spent: dict[str, float], lap: Any) -> None:
         kinds = collected.column("kind")
-        passed = collected.filter(pc.is_in(kinds, pa.array([TRACE, MARK, MALFORMED])))
+        passed = unpack(collected.filter(pc.equal(kinds, RECORDS)).column("blob").to_pylist(), RECORD_FIELDS)
+        judged = collected.filter(pc.equal(kinds, JUDGED))
         traces = int(pc.sum(pc.equal(passed.column("kind"), TRACE)).as_py() or 0)
         self.figures.lines = passed.num_rows
         key = self.batch_keys.key(batch_id)
@@ -271,9 +272,9 @@ class DetectorWriter:
         pointed = records.pointers(passed)
         found = self._channel(passed, pointed, batch_id)
         lap("channel")
-        for row in collected.filter(pc.equal(kinds, STATS)).select(["bucket", "in_flight", "state_bytes"]).to_pylist():
+        for row in judged.select(["bucket", "in_flight", "state_bytes"]).to_pylist():
             self.figures.report(int(row["bucket"]), int(row["in_flight"]), int(row["state_bytes"]))
-        decided = collected.filter(pc.equal(kinds, VERDICT)).select(list(DECIDED_COLUMNS))
+        decided = unpack(judged.column("blob").to_pylist(), VERDICT_FIELDS)
         held = held_back(decided, pointed, self.hops)
         if held.any():
             log.info("batch %d: %d LOST held back: a record of this batch points at theirs (decided again in the next "
@@ -444,19 +445,12 @@ class DetectorWriter:
             raise KafkaUnavailable(f"{remaining} LOST verdicts not acknowledged by topic {topic!r} within 30 s")
 
 
-# the processor's output columns a verdict (or a bucket's stats) needs
-DECIDED_COLUMNS = (
-    "kind", "bucket", "in_flight", "state_bytes", "message_id", "hop", "verdict", "cause", "count", "partition",
-    "offset", "observed_ms", "latency_ms", "e2e_latency_ms", "decided_ms", "detail", "first_seen_ms", "judged_by",
-)  # fmt: skip
-
-
 def held_back(
     verdicts: pa.Table, pointed: list[tuple[str, str, str, int, int]], hops: Mapping[str, list[Any]]
 ) -> np.ndarray:
-    """Which of the processor's verdict rows (:data:`DECIDED_COLUMNS`, hops by number) are LOST verdicts decided
-    on the running batch's clock (``judged_by`` :data:`khipu.detector.bucket.AHEAD`) whose record a record of
-    the same batch points at (``pointed``: (location, cluster, topic, partition, offset), as
+    """Which of the processor's verdict rows (:data:`~khipu.detector.packed.VERDICT_FIELDS`, hops by number) are LOST
+    verdicts decided on the running batch's clock (``judged_by`` :data:`khipu.detector.bucket.AHEAD`) whose record a
+    record of the same batch points at (``pointed``: (location, cluster, topic, partition, offset), as
     :func:`khipu.detector.records.pointers` gives them; a hop's pointing location and cluster from
     :meth:`khipu.detector.routes.RoutePlans.described`). Their processor decides them again in the next batch,
     once those pointers are stored (:meth:`khipu.detector.bucket.BucketJudge._decide`)."""

@@ -1,12 +1,11 @@
 """The stateful processor: Spark's ``transformWithStateInPandas`` keyed by a hash bucket of message ids.
 
 Per bucket and micro-batch: one state read, one state write, at most one timer change
-(:mod:`khipu.detector.bucket` holds the state and the judging). It reads only what judging needs of
-each trace (:data:`JUDGED_COLUMNS`) and yields only what it decides: verdicts, and one ``stats`` row
-per bucket evaluated (messages in flight and state bytes, for the heartbeat). The records themselves
-(traces for the archive, emitter marks, malformed records) reach the writer beside it, from the same
-shuffle (:func:`khipu.detector.job.judged_and_records`): every column of every record crossing into
-Python and back cost more than the judging.
+(:mod:`khipu.detector.bucket` holds the state and the judging). Its input is the bucket's records packed
+(:mod:`khipu.detector.packed`: a few rows of Arrow blobs, not a row per record), of which it judges the
+traces; it yields one row per bucket evaluated: its verdicts packed, and its messages in flight and state
+bytes for the heartbeat. The records themselves (traces for the archive, emitter marks, malformed
+records) reach the writer beside it, from the same shuffle (:func:`khipu.detector.job.judged_and_records`).
 """
 
 from __future__ import annotations
@@ -14,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
     StatefulProcessor,
@@ -44,21 +44,23 @@ from khipu.detector.model import (
     nothing_pointed_at,
     nothing_removed,
 )
+from khipu.detector.packed import (
+    JUDGED,
+    PACKED_FIELDS,
+    PACKED_SCHEMA,
+    RECORD_FIELDS,
+    TRACE,
+    VERDICT_FIELDS,
+    blob,
+    unpack,
+)
 from khipu.detector.routes import RoutePlans
 from khipu.registry.model import Registry
 
-TRACE, MARK, MALFORMED, VERDICT, STATS = "trace", "mark", "malformed", "verdict", "stats"
-# what the processor reads: a record's kind (it judges traces, and leaves the rest), its bucket, and a trace as a bucket
-# keeps it (the job adds one column of its own, never read: khipu.detector.job.judged_and_records)
-JUDGED_COLUMNS = ("bucket", "kind", *TRACE_STATE.names)
-# what leaves it: verdicts (a verdict names its hop by number, in ``hop``: RoutePlans.described says the rest; the
-# writer fills it in) and stats rows
-OUTPUT_SCHEMA = (
-    "bucket int, kind string, message_id string, hop int, verdict string, cause string, count int, partition int, "
-    "offset long, observed_ms long, latency_ms long, e2e_latency_ms long, decided_ms long, detail string, "
-    "first_seen_ms long, judged_by string, in_flight long, state_bytes long"
-)
-OUTPUT_COLUMNS = [part.split()[0].strip("`") for part in OUTPUT_SCHEMA.split(", ")]
+# what leaves it: one row per bucket evaluated (kind JUDGED), its verdicts packed in ``blob`` (VERDICT_FIELDS; a verdict
+# names its hop by number, RoutePlans.described says the rest: the writer fills it in), its messages in flight and
+# state bytes beside (for the heartbeat)
+OUTPUT_SCHEMA = PACKED_SCHEMA
 STATE_SCHEMA = "blob binary"  # the bucket's messages in flight (BucketState.encode)
 TIMER_SCHEMA = "timer_ms long"  # apart: a timer moved without anything new does not rewrite the blob
 
@@ -99,9 +101,8 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
-        frames = [frame for frame in rows if len(frame)]
-        batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (frames[0] if frames else None)
-        traces = batch[batch["kind"].to_numpy() == TRACE] if batch is not None else None
+        records = unpack((b for frame in rows for b in frame["blob"]), RECORD_FIELDS)
+        traces = records.filter(pc.equal(records.column("kind"), TRACE)).select(list(TRACE_STATE.names))
         yield from self._evaluate(int(key[0]), traces, timerValues.getCurrentProcessingTimeInMs(), fired=False)
 
     def handleExpiredTimer(
@@ -109,12 +110,12 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
     ) -> Iterator[pd.DataFrame]:
         yield from self._evaluate(int(key[0]), None, timerValues.getCurrentProcessingTimeInMs(), fired=True)
 
-    def _evaluate(self, bucket: int, traces: pd.DataFrame | None, now_ms: int, fired: bool) -> Iterator[pd.DataFrame]:
+    def _evaluate(self, bucket: int, traces: pa.Table | None, now_ms: int, fired: bool) -> Iterator[pd.DataFrame]:
         stored = self.state.get()
         state = BucketState.decode(bytes(stored[0])) if stored else BucketState.empty()
         registered = self.timer.get()
         timer = 0 if fired or not registered else int(registered[0])
-        new = traces.loc[:, list(TRACE_STATE.names)] if traces is not None and len(traces) else None
+        new = traces if traces is not None and traces.num_rows else None
         evaluation = self.judge.evaluate(state, new, now_ms, self.lookups)
         wanted = evaluation.next_check_ms or 0
         if wanted != timer:
@@ -125,31 +126,25 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
                 self.timer.update((wanted,))
             elif registered:
                 self.timer.clear()
-        blob = bytes(stored[0]) if stored else b""
+        kept = bytes(stored[0]) if stored else b""
         if not len(evaluation.state.messages):
             if stored:
                 self.state.clear()
-            blob = b""
+            kept = b""
         elif evaluation.changed or not stored:  # else the stored state stands
-            blob = evaluation.state.encode()
-            self.state.update((blob,))
+            kept = evaluation.state.encode()
+            self.state.update((kept,))
+        verdicts = None
         if len(evaluation.verdicts):
-            yield _shaped(evaluation.verdicts.assign(kind=VERDICT, bucket=bucket))
-        stats = {"kind": STATS, "bucket": bucket, "in_flight": len(evaluation.state.messages), "state_bytes": len(blob)}
-        yield _shaped(pd.DataFrame([stats]))
+            frame = evaluation.verdicts.loc[:, list(VERDICT_FIELDS.names)]
+            verdicts = blob(pa.Table.from_pandas(frame, schema=VERDICT_FIELDS, preserve_index=False))
+        in_flight = len(evaluation.state.messages)
+        judged = {"bucket": [bucket], "kind": [JUDGED], "blob": [verdicts], "in_flight": [in_flight],
+                  "state_bytes": [len(kept)]}  # fmt: skip
+        yield pd.DataFrame(judged, columns=PACKED_FIELDS.names)
 
     def close(self) -> None:
         """Nothing to release."""
 
 
-def _shaped(frame: pd.DataFrame) -> pd.DataFrame:
-    """The frame with exactly the output's columns, in order (those it lacks: null)."""
-    n = len(frame)
-    columns = {
-        name: frame[name].to_numpy() if name in frame.columns else np.full(n, None, dtype=object)
-        for name in OUTPUT_COLUMNS
-    }
-    return pd.DataFrame(columns)
-
-
-assert set(VERDICT_COLUMNS) <= set(OUTPUT_COLUMNS)
+assert set(VERDICT_COLUMNS) == set(VERDICT_FIELDS.names)

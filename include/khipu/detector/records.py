@@ -1,8 +1,8 @@
 """What a micro-batch's records say of the trace channel, computed on the driver over the batch as one Arrow table.
 
-Every record of the trace topic reaches the writer beside the processor's verdicts
-(:func:`khipu.detector.job.judged_and_records`); the writer collects the few columns these need once, and
-this module reads them with pyarrow (no Python per record):
+Every record of the trace topic reaches the writer beside the processor's verdicts, packed by bucket
+(:func:`khipu.detector.job.judged_and_records`); the writer collects and unpacks them once, and this module
+reads them with pyarrow (no Python per record):
 
 - :func:`pointers`: positions an emitter says it received — the back-pointers of RECEIVED traces and the
   ``received`` lists of emitter marks — whose own RECEIVED trace is not in the batch (what tells a lost
@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from khipu.detector.gaps import EmitterBatch, batches_of_columns
+from khipu.detector.packed import MALFORMED, MARK, TRACE
 
-TRACE, MARK, MALFORMED = "trace", "mark", "malformed"
 POSITION = ("location", "cluster", "topic", "partition", "offset")
 POSITION_SCHEMA = pa.schema(
     [("location", pa.string()), ("cluster", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),

@@ -12,16 +12,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from khipu.detector import records
 from khipu.detector.bucket import AHEAD
-from khipu.detector.job import RECORD_SCHEMA
-from khipu.detector.outputs import DECIDED_COLUMNS, DetectorWriter, ReadProgress, expand_verdicts
-from khipu.detector.processor import OUTPUT_SCHEMA
+from khipu.detector.outputs import DetectorWriter, ReadProgress, expand_verdicts
+from khipu.detector.packed import JUDGED, PACKED_FIELDS, RECORD_FIELDS, RECORDS, VERDICT_FIELDS, blob
 from khipu.detector.routes import RoutePlans
 from khipu.kafka import KafkaConnection
 from khipu.registry import parse_registry
 from khipu.store import Store
-from khipu.trace import archive
 from tests.integration.detector.conftest import stored_verdicts
 
 REGISTRY = parse_registry("""
@@ -40,10 +37,10 @@ HOUR_MS = 3_600_000
 
 
 def rows(*verdicts: dict[str, Any]) -> pa.Table:
-    base = {"kind": "verdict", "bucket": 0, "in_flight": None, "state_bytes": None, "cause": None, "count": 1,
-            "partition": 0, "offset": 7, "latency_ms": None, "e2e_latency_ms": None, "detail": None}  # fmt: skip
-    table = pa.Table.from_pylist([{**base, **v} for v in verdicts])
-    return expand_verdicts(table.select(list(DECIDED_COLUMNS)), PLANS.described())
+    base = {"cause": None, "count": 1, "partition": 0, "offset": 7, "latency_ms": None, "e2e_latency_ms": None,
+            "detail": None}  # fmt: skip
+    table = pa.Table.from_pylist([{**base, **v} for v in verdicts], schema=VERDICT_FIELDS)
+    return expand_verdicts(table, PLANS.described())
 
 
 def late_trace_outcome(tmp_path: Path, index_pruned: bool) -> tuple[set[tuple[str, str, int]], int, int]:
@@ -115,19 +112,6 @@ def test_a_hop_reported_again_by_its_state_with_more_copies_replaces_its_archive
     assert by_hop["p -> local/in"] == {"delivered": 0, "duplicate": 1}
 
 
-def _collected_schema() -> pa.Schema:
-    """The columns the writer collects from the query (the records' and the processor's, typed as the job's DDL)."""
-    arrow = {"int": pa.int32(), "long": pa.int64(), "string": pa.string(), "boolean": pa.bool_(),
-             "double": pa.float64(), "binary": pa.binary()}  # fmt: skip
-    types: dict[str, pa.DataType] = {}
-    for ddl in (RECORD_SCHEMA, OUTPUT_SCHEMA):
-        for part in ddl.split(", "):
-            name, kind = part.split()
-            types[name.strip("`")] = arrow[kind]
-    wanted = sorted({*DECIDED_COLUMNS, *records.COLUMNS, *archive.SCHEMA.names})
-    return pa.schema([(name, types[name]) for name in wanted])
-
-
 def test_a_lost_decided_ahead_whose_record_the_batch_points_at_is_held_back(tmp_path: Path) -> None:
     """One batch: s1's RECEIVED trace of m2 (offset 8) points back at offset 7, where the processor, deciding on
     the running batch's clock, found m1 LOST. That LOST is held back: not in the store, nor published; the
@@ -145,14 +129,26 @@ def test_a_lost_decided_ahead_whose_record_the_batch_points_at_is_held_back(tmp_
              "emitter_id": "s1-e", "emitter_seq": 1, "sampling_percent": 100.0, "prev_offsets": "7,9", "hop": READ,
              "kafka_timestamp_ms": now, "source_topic": "khipu.traces", "source_partition": 0, "source_offset": 0,
              "source_line": 0}  # fmt: skip
-    lost = {"kind": "verdict", "bucket": 0, "hop": READ, "verdict": "LOST", "cause": "skipped_by_consumer",
+    lost = {"hop": READ, "verdict": "LOST", "cause": "skipped_by_consumer",
             "count": 0, "partition": 0, "observed_ms": now, "decided_ms": now, "first_seen_ms": now}  # fmt: skip
     verdicts = [
         {**lost, "message_id": "m1", "offset": 7, "judged_by": AHEAD},
         {**lost, "message_id": "m3", "offset": 9, "judged_by": "decide"},
         {**lost, "message_id": "m4", "offset": 5, "judged_by": AHEAD},
     ]
-    collected = pa.Table.from_pylist([trace, *verdicts], schema=_collected_schema())
+    collected = pa.Table.from_pylist(  # as the query gives them: packed by bucket (khipu.detector.packed)
+        [
+            {"bucket": 0, "kind": RECORDS, "blob": blob(pa.Table.from_pylist([trace], schema=RECORD_FIELDS))},
+            {
+                "bucket": 0,
+                "kind": JUDGED,
+                "blob": blob(pa.Table.from_pylist(verdicts, schema=VERDICT_FIELDS)),
+                "in_flight": 0,
+                "state_bytes": 0,
+            },
+        ],
+        schema=PACKED_FIELDS,
+    )
     writer._write(collected, 1, {}, lambda step: None)
     kept = {(v["message_id"], v["hop"], v["verdict"]) for v in stored_verdicts(store, tmp_path / "verdicts")}
     assert kept == {("m3", "local/in -> s1", "LOST"), ("m4", "local/in -> s1", "LOST")}

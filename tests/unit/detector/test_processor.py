@@ -1,5 +1,6 @@
 """The stateful processor under Spark's TwsTester (pandas mode): one state per bucket of messages, verdicts on
-time and once, state dropped when decided; it yields what it decides only (the records reach the writer beside it)."""
+time and once, state dropped when decided; it reads its records packed by bucket and yields what it decides only,
+packed too (the records reach the writer beside it)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import pandas as pd
 import pyarrow as pa
 
 from khipu.detector.bucket import BucketState
-from khipu.detector.job import SHARED_COLUMN
 from khipu.detector.model import CommitHistory, CommitHistoryLookup, DetectorConfig, no_history
-from khipu.detector.outputs import DECIDED_COLUMNS, expand_verdicts
-from khipu.detector.processor import JUDGED_COLUMNS, MARK, STATS, TRACE, VERDICT, VerdictProcessor
+from khipu.detector.outputs import expand_verdicts
+from khipu.detector.packed import JUDGED, MARK, RECORD_FIELDS, RECORDS, TRACE, VERDICT_FIELDS, by_bucket, unpack
+from khipu.detector.processor import VerdictProcessor
 from khipu.detector.routes import RoutePlans, trace_hop_key
 from khipu.trace.model import Trace
 from tests.routes import PROC_IN, PROC_OUT, S1, S2, SRC
@@ -20,7 +21,6 @@ from tests.unit.detector.test_decide import STREAM, clean, recv
 
 REGISTRY = type("R", (), {"streams": {"orders": STREAM}})()
 CONFIG = DetectorConfig(grace_ms=30_000, max_wait_ms=900_000, recheck_ms=5_000)
-INPUT_COLUMNS = [*JUDGED_COLUMNS, SHARED_COLUMN]  # as the job builds them (khipu.detector.job.judged_and_records)
 HOPS = RoutePlans.of(REGISTRY).hop_keys()  # type: ignore[arg-type]
 
 
@@ -33,7 +33,8 @@ class Offsets:
 
 
 def frame(traces: list[Trace], message_id: str = "m1", marks: int = 0) -> pd.DataFrame:
-    """The processor's input rows for these traces (as the job builds them in Spark), and some emitter marks."""
+    """The processor's input for these traces and some emitter marks: their records packed by bucket, as the job
+    packs them in Spark (khipu.detector.job.judged_and_records)."""
     rows: list[dict[str, Any]] = []
     for t in traces:
         rows.append(
@@ -59,8 +60,8 @@ def frame(traces: list[Trace], message_id: str = "m1", marks: int = 0) -> pd.Dat
         )
     for n in range(marks):
         rows.append({"bucket": 0, "kind": MARK, "location": "s1", "emitter_id": "s1-e", "emitter_seq": 90 + n,
-                     "timestamp_ms": 5, SHARED_COLUMN: 12345})  # fmt: skip
-    return pd.DataFrame(rows, columns=INPUT_COLUMNS)
+                     "timestamp_ms": 5, "received": '[{"topic": "in", "partition": 0, "offset": 3}]'})  # fmt: skip
+    return by_bucket(pa.Table.from_pylist(rows, schema=RECORD_FIELDS), RECORDS).to_pandas()
 
 
 def new_tester(committed: dict[tuple[str, str], int], history: CommitHistoryLookup = no_history) -> Any:
@@ -74,8 +75,7 @@ def verdicts(out: pd.DataFrame) -> pd.DataFrame:
     """The verdict rows, their hops spelt out as the writer does."""
     if not len(out):
         return out
-    rows = out[out["kind"] == VERDICT][list(DECIDED_COLUMNS)]
-    table = pa.Table.from_pandas(rows.astype({"hop": "int64"}), preserve_index=False)
+    table = unpack(out[out["kind"] == JUDGED]["blob"], VERDICT_FIELDS)
     return expand_verdicts(table, RoutePlans.of(REGISTRY).described()).to_pandas()  # type: ignore[arg-type]
 
 
@@ -117,11 +117,12 @@ def test_only_what_it_decides_leaves_it_marks_are_left_to_the_records_beside_it(
     tws = new_tester(PAST)
     tws.setProcessingTime(10_000)
     out = tws.testInPandas(0, frame(clean(), marks=2))
-    assert list(out["kind"]) == [STATS]  # nothing decided yet; the traces and marks are not echoed back
+    assert list(out["kind"]) == [JUDGED] and out["blob"].iloc[0] is None  # nothing decided; nothing echoed back
     assert list(out["in_flight"]) == [1] and int(out["state_bytes"].iloc[0]) > 0  # the marks are not messages
     later = tws.setProcessingTime(40_000)
-    assert sorted(later["kind"]) == [STATS] + [VERDICT] * 5
-    assert not {TRACE, MARK} & set(later["kind"])
+    assert list(later["kind"]) == [JUDGED] and list(later["in_flight"]) == [0]
+    decided = unpack(later["blob"], VERDICT_FIELDS)
+    assert decided.num_rows == 5 and set(decided.column("message_id").to_pylist()) == {"m1"}
 
 
 def test_a_skipped_message_is_reported_lost_once_with_its_cause_by_the_rules() -> None:

@@ -1,0 +1,161 @@
+"""Records and verdicts cross Spark packed: one Arrow IPC blob per bucket, not one Spark row per record.
+
+Every Spark row costs the JVM twice (into its row format, then into Arrow for Python or the driver), and PySpark
+4.2's ``transformWithStateInPandas`` builds each key's input frame from row tuples, one Python object per value.
+So the detector packs: right after decoding, :func:`pack_records` (Spark's ``mapInArrow``, columnar) cuts each
+task's records by bucket and writes each bucket's rows as one blob (:data:`PACKED_SCHEMA`). The shuffle, the
+processor's input, the processor's verdicts and the writer's collect then move a few rows a bucket and batch,
+and both ends read them with :func:`unpack` as the Arrow tables they were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+TRACE, MARK, MALFORMED = "trace", "mark", "malformed"  # a record's kind
+RECORDS, JUDGED = "records", "judged"  # a packed row's: a bucket's records, or one evaluation of a bucket
+
+# every parsed record of the trace topic, with its kind, its bucket and (traces) hop (khipu.detector.job.prepare)
+RECORD_FIELDS = pa.schema(
+    [
+        ("bucket", pa.int32()),
+        ("kind", pa.string()),
+        ("message_id", pa.string()),
+        ("stream", pa.string()),
+        ("location", pa.string()),
+        ("cluster", pa.string()),
+        ("type", pa.string()),
+        ("timestamp_ms", pa.int64()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("group", pa.string()),
+        ("emitter_id", pa.string()),
+        ("emitter_seq", pa.int64()),
+        ("sampling_percent", pa.float64()),
+        ("attributes", pa.string()),
+        ("key_hash", pa.string()),
+        ("tombstone", pa.bool_()),
+        ("transactional", pa.bool_()),
+        ("read_uncommitted", pa.bool_()),
+        ("hop", pa.int32()),
+        ("prev_offsets", pa.string()),
+        ("received", pa.string()),
+        ("raw_value", pa.binary()),
+        ("source_topic", pa.string()),
+        ("source_partition", pa.int32()),
+        ("source_offset", pa.int64()),
+        ("source_line", pa.int32()),
+        ("kafka_timestamp_ms", pa.int64()),
+    ]
+)
+# a verdict as the processor decides it: its hop by number (RoutePlans.described says the rest; the writer fills it in)
+VERDICT_FIELDS = pa.schema(
+    [
+        ("message_id", pa.string()),
+        ("hop", pa.int32()),
+        ("verdict", pa.string()),
+        ("cause", pa.string()),
+        ("count", pa.int32()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("observed_ms", pa.int64()),
+        ("latency_ms", pa.int64()),
+        ("e2e_latency_ms", pa.int64()),
+        ("decided_ms", pa.int64()),
+        ("detail", pa.string()),
+        ("first_seen_ms", pa.int64()),
+        ("judged_by", pa.string()),
+    ]
+)
+# a packed row: records of one bucket (kind ``records``: RECORD_FIELDS in ``blob``), or one evaluation of a bucket
+# (kind ``judged``: its verdicts in ``blob``, VERDICT_FIELDS, null when none; its messages in flight and state bytes)
+PACKED_FIELDS = pa.schema(
+    [
+        ("bucket", pa.int32()),
+        ("kind", pa.string()),
+        ("blob", pa.binary()),
+        ("in_flight", pa.int64()),
+        ("state_bytes", pa.int64()),
+    ]
+)
+PACK_ROWS = 65_536  # records a task gathers before it packs them: fewer, larger blobs, a bounded memory
+
+_SPARK_TYPES = {
+    pa.int32(): "int",
+    pa.int64(): "long",
+    pa.string(): "string",
+    pa.float64(): "double",
+    pa.bool_(): "boolean",
+    pa.binary(): "binary",
+}
+
+
+def spark_ddl(schema: pa.Schema) -> str:
+    """The schema as Spark's DDL (the types Spark's Arrow conversion maps back to exactly these)."""
+    return ", ".join(f"`{field.name}` {_SPARK_TYPES[field.type]}" for field in schema)
+
+
+RECORD_SCHEMA = spark_ddl(RECORD_FIELDS)
+PACKED_SCHEMA = spark_ddl(PACKED_FIELDS)
+
+
+def blob(table: pa.Table) -> bytes:
+    """The table as one Arrow IPC stream."""
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def unpack(blobs: Iterable[bytes | None], schema: pa.Schema) -> pa.Table:
+    """The rows of these blobs as one table of ``schema`` (empty: none)."""
+    tables = [ipc.open_stream(pa.py_buffer(b)).read_all() for b in blobs if b]
+    if not tables:
+        return schema.empty_table()
+    return pa.concat_tables(tables).cast(schema)
+
+
+def packed(buckets: np.ndarray, kind: str, blobs: list[bytes]) -> pa.RecordBatch:
+    """Rows of :data:`PACKED_FIELDS`: one per blob."""
+    n = len(blobs)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(buckets, pa.int32()),
+            pa.array([kind] * n, pa.string()),
+            pa.array(blobs, pa.binary()),
+            pa.nulls(n, pa.int64()),
+            pa.nulls(n, pa.int64()),
+        ],
+        schema=PACKED_FIELDS,
+    )
+
+
+def by_bucket(table: pa.Table, kind: str) -> pa.RecordBatch:
+    """The table cut by its ``bucket`` column, each bucket's rows one blob."""
+    ordered = table.sort_by("bucket")
+    column = ordered.column("bucket").to_numpy()
+    starts = np.flatnonzero(np.r_[True, column[1:] != column[:-1]]) if len(column) else np.array([], np.int64)
+    ends = np.r_[starts[1:], len(column)]
+    blobs = [blob(ordered.slice(int(start), int(end - start))) for start, end in zip(starts, ends, strict=True)]
+    return packed(column[starts], kind, blobs)
+
+
+def pack_records(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Spark's ``mapInArrow`` over a task's records (:data:`RECORD_FIELDS`): every :data:`PACK_ROWS` of them, and
+    at the end, one packed row per bucket."""
+    gathered: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        if batch.num_rows:
+            gathered.append(batch)
+            rows += batch.num_rows
+        if rows >= PACK_ROWS:
+            yield by_bucket(pa.Table.from_batches(gathered).cast(RECORD_FIELDS), RECORDS)
+            gathered, rows = [], 0
+    if rows:
+        yield by_bucket(pa.Table.from_batches(gathered).cast(RECORD_FIELDS), RECORDS)
