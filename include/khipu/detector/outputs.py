@@ -260,7 +260,7 @@ class DetectorWriter:
 
     def _write(self, collected: pa.Table, batch_id: int, spent: dict[str, float], lap: Any) -> None:
         kinds = collected.column("kind")
-        passed = unpack(collected.filter(pc.equal(kinds, RECORDS)).column("blob").to_pylist(), RECORD_FIELDS)
+        passed = unpack(collected.filter(pc.equal(kinds, RECORDS)).column("blob"), RECORD_FIELDS)
         judged = collected.filter(pc.equal(kinds, JUDGED))
         traces = int(pc.sum(pc.equal(passed.column("kind"), TRACE)).as_py() or 0)
         self.figures.lines = passed.num_rows
@@ -274,7 +274,7 @@ class DetectorWriter:
         lap("channel")
         for row in judged.select(["bucket", "in_flight", "state_bytes"]).to_pylist():
             self.figures.report(int(row["bucket"]), int(row["in_flight"]), int(row["state_bytes"]))
-        decided = unpack(judged.column("blob").to_pylist(), VERDICT_FIELDS)
+        decided = unpack(judged.column("blob"), VERDICT_FIELDS)
         held = held_back(decided, pointed, self.hops)
         if held.any():
             log.info("batch %d: %d LOST held back: a record of this batch points at theirs (decided again in the next "

@@ -112,9 +112,14 @@ def blob(table: pa.Table) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-def unpack(blobs: Iterable[bytes | None], schema: pa.Schema) -> pa.Table:
-    """The rows of these blobs as one table of ``schema`` (empty: none)."""
-    tables = [ipc.open_stream(pa.py_buffer(b)).read_all() for b in blobs if b]
+def unpack(blobs: Iterable[bytes | None] | pa.ChunkedArray, schema: pa.Schema) -> pa.Table:
+    """The rows of these blobs (bytes, or a binary column: read in place) as one table of ``schema`` (empty:
+    none)."""
+    if isinstance(blobs, pa.ChunkedArray):
+        buffers = [scalar.as_buffer() for scalar in blobs if scalar.is_valid]
+    else:
+        buffers = [pa.py_buffer(b) for b in blobs if b]
+    tables = [ipc.open_stream(buffer).read_all() for buffer in buffers]
     if not tables:
         return schema.empty_table()
     return pa.concat_tables(tables).cast(schema)

@@ -52,8 +52,10 @@ def test_unpacking_no_blobs_gives_an_empty_table_of_the_schema_and_skips_a_bucke
     assert unpack([], VERDICT_FIELDS).schema == VERDICT_FIELDS
     verdict = {"message_id": "m1", "hop": 2, "verdict": "LOST", "decided_ms": 7}
     one = blob(pa.Table.from_pylist([verdict], schema=VERDICT_FIELDS))
-    table = unpack([None, one], VERDICT_FIELDS)
-    assert table.to_pylist() == [{name: verdict.get(name) for name in VERDICT_FIELDS.names}]
+    expected = [{name: verdict.get(name) for name in VERDICT_FIELDS.names}]
+    assert unpack([None, one], VERDICT_FIELDS).to_pylist() == expected
+    column = pa.chunked_array([pa.array([None, one], pa.binary()), pa.array([one], pa.binary())])  # as collected
+    assert unpack(column, VERDICT_FIELDS).to_pylist() == expected * 2
 
 
 def test_the_spark_ddl_names_every_field_with_the_type_spark_gives_back() -> None:
