@@ -131,13 +131,15 @@ class BucketState:
         return BucketState(TRACE_STATE.empty_table(), MESSAGE_STATE.empty_table())
 
     def encode(self) -> bytes:
-        """The state as one compressed Arrow IPC stream of two tables (traces, then messages)."""
+        """The state as one compressed Arrow IPC stream of two tables (traces, then messages), each one record batch:
+        a table written in many chunks is many small compressed batches, slower to write and read, and a state
+        decoded, grown and written again every batch would otherwise keep every chunk it was ever given."""
         sink = pa.BufferOutputStream()
         options = ipc.IpcWriteOptions(compression="zstd", use_threads=False)
         described = MESSAGE_STATE.with_metadata({ROUTES_KEY: self.routes.encode()}) if self.routes else MESSAGE_STATE
         for table, schema in ((self.traces, TRACE_STATE), (self.messages, described)):
             with ipc.new_stream(sink, schema, options=options) as writer:
-                writer.write_table(table.replace_schema_metadata(schema.metadata))
+                writer.write_table(table.combine_chunks().replace_schema_metadata(schema.metadata))
         return bytes(sink.getvalue())
 
     @staticmethod

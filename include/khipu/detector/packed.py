@@ -122,7 +122,7 @@ def unpack(blobs: Iterable[bytes | None] | pa.ChunkedArray, schema: pa.Schema) -
     tables = [ipc.open_stream(buffer).read_all() for buffer in buffers]
     if not tables:
         return schema.empty_table()
-    return pa.concat_tables(tables).cast(schema)
+    return pa.concat_tables(tables).cast(schema).combine_chunks()  # one chunk: every later step works on whole columns
 
 
 def packed(buckets: np.ndarray, kind: str, blobs: list[bytes]) -> pa.RecordBatch:

@@ -570,3 +570,19 @@ def test_a_lost_decided_on_the_running_batchs_clock_is_decided_again_on_the_poin
     reported = [(key(r)[1], key(r)[2], r["judged_by"]) for r in again.verdicts.to_dict("records")]
     assert reported == ([(s1, "TRACE_LOST", "decide")] if pointer_in_the_batch else [])
     assert again.state.messages.num_rows == 0
+
+
+def test_a_state_given_in_many_chunks_is_kept_as_one_record_batch_per_table() -> None:
+    """Every batch adds the new traces as chunks of their own (one per packed blob) and the state is decoded, grown
+    and encoded again: kept as it came, its chunks would only grow in number, and so would the time to write them."""
+    chunks = [
+        pa.Table.from_pylist([{"message_id": f"m{n}", "stream": "orders", "hop": 0}], schema=TRACE_STATE)
+        for n in range(40)
+    ]
+    state = BucketState(pa.concat_tables(chunks), MESSAGE_STATE.empty_table())
+    assert state.traces.column("message_id").num_chunks == 40
+    blob = state.encode()
+    stream = pyarrow.ipc.open_stream(pa.BufferReader(blob))
+    assert sum(1 for _ in stream) == 1  # the traces: one record batch
+    again = BucketState.decode(blob)
+    assert again.traces.column("message_id").to_pylist() == [f"m{n}" for n in range(40)]
