@@ -81,22 +81,27 @@ MESSAGE_STATE = pa.schema(
         ("reported", pa.string()),
     ]
 )
-VERDICT_COLUMNS = (  # a verdict as the processor emits it: its hop by number (RoutePlans.described says the rest)
-    "message_id",
-    "hop",  # the global hop number
-    "verdict",
-    "cause",
-    "count",
-    "partition",
-    "offset",
-    "observed_ms",
-    "latency_ms",
-    "e2e_latency_ms",
-    "decided_ms",
-    "detail",  # None: a plain DELIVERED's ("received once" / "written once")
-    "first_seen_ms",
-    "judged_by",  # clean: by the clean judge (a fresh message's plain DELIVERED); decide: by decide; AHEAD (below)
+# a verdict as the processor emits it: its hop by number (RoutePlans.described says the rest)
+VERDICT_FIELDS = pa.schema(
+    [
+        ("message_id", pa.string()),
+        ("hop", pa.int32()),  # the global hop number
+        ("verdict", pa.string()),
+        ("cause", pa.string()),
+        ("count", pa.int32()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("observed_ms", pa.int64()),
+        ("latency_ms", pa.int64()),
+        ("e2e_latency_ms", pa.int64()),
+        ("decided_ms", pa.int64()),
+        ("detail", pa.string()),  # None: a plain DELIVERED's ("received once" / "written once")
+        ("first_seen_ms", pa.int64()),
+        # clean: by the clean judge (a fresh message's plain DELIVERED); decide: by decide; AHEAD (below)
+        ("judged_by", pa.string()),
+    ]
 )
+VERDICT_COLUMNS = tuple(VERDICT_FIELDS.names)
 # judged_by of a LOST decided on the running batch's clock: the writer holds it back when a record of that batch points
 # at its record (BucketJudge._decide)
 AHEAD = "decide-ahead"

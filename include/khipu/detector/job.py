@@ -2,10 +2,10 @@
 
 One query, ``khipu_detector``, reads the trace topic once with Spark's own Kafka source
 (``format("kafka")``, the ``spark-sql-kafka-0-10`` connector from ``.jvm/spark-kafka/``), decodes it
-once in the JVM and shuffles every record once by a hash bucket of message ids. From that one shuffle
-the stateful processor (:mod:`khipu.detector.processor`) reads what judging needs, and the records
-themselves go beside it (:func:`judged_and_records`); both are written per micro-batch by
-:class:`khipu.detector.outputs.DetectorWriter`: verdicts (store, verdict archive, lost topic,
+once in the JVM, packs every record by a hash bucket of message ids (:mod:`khipu.detector.packed`) and
+shuffles them once. From that one shuffle the stateful processor (:mod:`khipu.detector.processor`) reads
+its buckets' records, and the records themselves go beside it (:func:`judged_and_records`); both are
+written per micro-batch by :class:`khipu.detector.outputs.DetectorWriter`: verdicts (store, verdict archive, lost topic,
 metrics), the raw-trace archive, quarantine, back-pointers and emitter sequences. Its progress is
 kept in ``checkpoint_dir/khipu_detector``.
 
@@ -40,9 +40,10 @@ from khipu.detector.launch import DetectorJobError
 from khipu.detector.model import DETECTOR_QUERY, DetectorConfig
 from khipu.detector.outage import SOURCE_OPTIONS, OutageWatch, WaitingReporter
 from khipu.detector.outputs import BatchFigures, BatchKeys, DetectorWriter, HeartbeatListener, ReadProgress
-from khipu.detector.packed import MALFORMED, MARK, PACKED_SCHEMA, RECORD_FIELDS, TRACE, pack_records
+from khipu.detector.packed import PACKED_SCHEMA, RECORD_FIELDS, pack_records
 from khipu.detector.parse import parse_traces
-from khipu.detector.processor import OUTPUT_SCHEMA, VerdictProcessor
+from khipu.detector.processor import VerdictProcessor
+from khipu.detector.records import MALFORMED, MARK, TRACE
 from khipu.detector.routes import HOP_KEY_FIELDS, HOP_KEY_SEPARATOR, RoutePlans
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
 from khipu.kafka.admin import TRACE_TOPIC_CONFIG
@@ -211,12 +212,12 @@ def judged_and_records(records: DataFrame, processor: VerdictProcessor, partitio
     """The records packed by bucket (:func:`khipu.detector.packed.pack_records`) and shuffled once, and what the
     processor decides from them, in one frame of :data:`khipu.detector.packed.PACKED_SCHEMA`: the records' packed
     rows (kind ``records``) and one row per bucket evaluated (kind ``judged``). Both sides read the same shuffle,
-    which Spark runs once (``ReusedExchange`` in the plan). The processor's side comes first in the union: as the
-    union's first child the records' side would keep an alias the other side's copy drops, and the two shuffles
-    would no longer be equal."""
+    which Spark runs once (``ReusedExchange`` in the plan; ``test_detector.py`` checks it). The processor's side
+    comes first in the union, as it had to before the records were packed (as the union's first child the records'
+    side then kept an alias the other side's copy dropped, and the two shuffles were no longer equal)."""
     shuffled = records.mapInArrow(pack_records, PACKED_SCHEMA).repartition(partitions, "bucket")
     judged = shuffled.groupBy("bucket").transformWithStateInPandas(
-        statefulProcessor=processor, outputStructType=OUTPUT_SCHEMA, outputMode="Update", timeMode="ProcessingTime"
+        statefulProcessor=processor, outputStructType=PACKED_SCHEMA, outputMode="Update", timeMode="ProcessingTime"
     )
     return judged.unionByName(shuffled)
 

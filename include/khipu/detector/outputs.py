@@ -37,14 +37,15 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 from sqlalchemy.exc import SQLAlchemyError
 
 from khipu.detector import records
-from khipu.detector.bucket import AHEAD
+from khipu.detector.bucket import AHEAD, VERDICT_FIELDS
 from khipu.detector.clock import read_to_ms, running_read_to_ms, source_offsets
 from khipu.detector.committed import STORE_UNAVAILABLE
 from khipu.detector.gaps import record_emitter_sequences
 from khipu.detector.jvm_errors import JvmCallFailed, compact_jvm_error, interrupted
 from khipu.detector.outage import WaitingReporter, write_with_retries
-from khipu.detector.packed import JUDGED, PACKED_FIELDS, RECORD_FIELDS, RECORDS, TRACE, VERDICT_FIELDS, unpack
+from khipu.detector.packed import JUDGED, PACKED_FIELDS, RECORD_FIELDS, RECORDS, unpack
 from khipu.detector.parse import quarantine_reason
+from khipu.detector.records import TRACE
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
 from khipu.store import Store
 from khipu.trace import archive
@@ -448,7 +449,7 @@ class DetectorWriter:
 def held_back(
     verdicts: pa.Table, pointed: list[tuple[str, str, str, int, int]], hops: Mapping[str, list[Any]]
 ) -> np.ndarray:
-    """Which of the processor's verdict rows (:data:`~khipu.detector.packed.VERDICT_FIELDS`, hops by number) are LOST
+    """Which of the processor's verdict rows (:data:`~khipu.detector.bucket.VERDICT_FIELDS`, hops by number) are LOST
     verdicts decided on the running batch's clock (``judged_by`` :data:`khipu.detector.bucket.AHEAD`) whose record a
     record of the same batch points at (``pointed``: (location, cluster, topic, partition, offset), as
     :func:`khipu.detector.records.pointers` gives them; a hop's pointing location and cluster from

@@ -16,8 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-TRACE, MARK, MALFORMED = "trace", "mark", "malformed"  # a record's kind
-RECORDS, JUDGED = "records", "judged"  # a packed row's: a bucket's records, or one evaluation of a bucket
+from khipu.trace.archive import spark_ddl
+
+RECORDS, JUDGED = "records", "judged"  # a packed row's kind: a bucket's records, or one evaluation of a bucket
 
 # every parsed record of the trace topic, with its kind, its bucket and (traces) hop (khipu.detector.job.prepare)
 RECORD_FIELDS = pa.schema(
@@ -53,27 +54,9 @@ RECORD_FIELDS = pa.schema(
         ("kafka_timestamp_ms", pa.int64()),
     ]
 )
-# a verdict as the processor decides it: its hop by number (RoutePlans.described says the rest; the writer fills it in)
-VERDICT_FIELDS = pa.schema(
-    [
-        ("message_id", pa.string()),
-        ("hop", pa.int32()),
-        ("verdict", pa.string()),
-        ("cause", pa.string()),
-        ("count", pa.int32()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("observed_ms", pa.int64()),
-        ("latency_ms", pa.int64()),
-        ("e2e_latency_ms", pa.int64()),
-        ("decided_ms", pa.int64()),
-        ("detail", pa.string()),
-        ("first_seen_ms", pa.int64()),
-        ("judged_by", pa.string()),
-    ]
-)
 # a packed row: records of one bucket (kind ``records``: RECORD_FIELDS in ``blob``), or one evaluation of a bucket
-# (kind ``judged``: its verdicts in ``blob``, VERDICT_FIELDS, null when none; its messages in flight and state bytes)
+# (kind ``judged``: its verdicts in ``blob``, khipu.detector.bucket.VERDICT_FIELDS, null when none; its messages in
+# flight and state bytes)
 PACKED_FIELDS = pa.schema(
     [
         ("bucket", pa.int32()),
@@ -85,26 +68,10 @@ PACKED_FIELDS = pa.schema(
 )
 PACK_ROWS = 65_536  # records a task gathers before it packs them: fewer, larger blobs, a bounded memory
 
-_SPARK_TYPES = {
-    pa.int32(): "int",
-    pa.int64(): "long",
-    pa.string(): "string",
-    pa.float64(): "double",
-    pa.bool_(): "boolean",
-    pa.binary(): "binary",
-}
-
-
-def spark_ddl(schema: pa.Schema) -> str:
-    """The schema as Spark's DDL (the types Spark's Arrow conversion maps back to exactly these)."""
-    return ", ".join(f"`{field.name}` {_SPARK_TYPES[field.type]}" for field in schema)
-
-
-RECORD_SCHEMA = spark_ddl(RECORD_FIELDS)
 PACKED_SCHEMA = spark_ddl(PACKED_FIELDS)
 
 
-def blob(table: pa.Table) -> bytes:
+def ipc_bytes(table: pa.Table) -> bytes:
     """The table as one Arrow IPC stream."""
     sink = pa.BufferOutputStream()
     with ipc.new_stream(sink, table.schema) as writer:
@@ -114,7 +81,7 @@ def blob(table: pa.Table) -> bytes:
 
 def unpack(blobs: Iterable[bytes | None] | pa.ChunkedArray, schema: pa.Schema) -> pa.Table:
     """The rows of these blobs (bytes, or a binary column: read in place) as one table of ``schema`` (empty:
-    none)."""
+    none), a chunk per blob."""
     if isinstance(blobs, pa.ChunkedArray):
         buffers = [scalar.as_buffer() for scalar in blobs if scalar.is_valid]
     else:
@@ -122,10 +89,10 @@ def unpack(blobs: Iterable[bytes | None] | pa.ChunkedArray, schema: pa.Schema) -
     tables = [ipc.open_stream(buffer).read_all() for buffer in buffers]
     if not tables:
         return schema.empty_table()
-    return pa.concat_tables(tables).cast(schema).combine_chunks()  # one chunk: every later step works on whole columns
+    return pa.concat_tables(tables).cast(schema)  # a chunk per blob: the reader combines what it keeps
 
 
-def packed(buckets: np.ndarray, kind: str, blobs: list[bytes]) -> pa.RecordBatch:
+def packed_rows(buckets: np.ndarray, kind: str, blobs: list[bytes]) -> pa.RecordBatch:
     """Rows of :data:`PACKED_FIELDS`: one per blob."""
     n = len(blobs)
     return pa.RecordBatch.from_arrays(
@@ -146,8 +113,8 @@ def by_bucket(table: pa.Table, kind: str) -> pa.RecordBatch:
     column = ordered.column("bucket").to_numpy()
     starts = np.flatnonzero(np.r_[True, column[1:] != column[:-1]]) if len(column) else np.array([], np.int64)
     ends = np.r_[starts[1:], len(column)]
-    blobs = [blob(ordered.slice(int(start), int(end - start))) for start, end in zip(starts, ends, strict=True)]
-    return packed(column[starts], kind, blobs)
+    blobs = [ipc_bytes(ordered.slice(int(start), int(end - start))) for start, end in zip(starts, ends, strict=True)]
+    return packed_rows(column[starts], kind, blobs)
 
 
 def pack_records(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -25,7 +25,7 @@ from pyspark.sql.streaming.stateful_processor import (
 
 from khipu.detector.bucket import (
     TRACE_STATE,
-    VERDICT_COLUMNS,
+    VERDICT_FIELDS,
     BucketJudge,
     BucketState,
     LogStartLookup,
@@ -44,23 +44,11 @@ from khipu.detector.model import (
     nothing_pointed_at,
     nothing_removed,
 )
-from khipu.detector.packed import (
-    JUDGED,
-    PACKED_FIELDS,
-    PACKED_SCHEMA,
-    RECORD_FIELDS,
-    TRACE,
-    VERDICT_FIELDS,
-    blob,
-    unpack,
-)
+from khipu.detector.packed import JUDGED, PACKED_FIELDS, RECORD_FIELDS, ipc_bytes, unpack
+from khipu.detector.records import TRACE
 from khipu.detector.routes import RoutePlans
 from khipu.registry.model import Registry
 
-# what leaves it: one row per bucket evaluated (kind JUDGED), its verdicts packed in ``blob`` (VERDICT_FIELDS; a verdict
-# names its hop by number, RoutePlans.described says the rest: the writer fills it in), its messages in flight and
-# state bytes beside (for the heartbeat)
-OUTPUT_SCHEMA = PACKED_SCHEMA
 STATE_SCHEMA = "blob binary"  # the bucket's messages in flight (BucketState.encode)
 TIMER_SCHEMA = "timer_ms long"  # apart: a timer moved without anything new does not rewrite the blob
 
@@ -102,7 +90,9 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
         records = unpack((b for frame in rows for b in frame["blob"]), RECORD_FIELDS)
-        traces = records.filter(pc.equal(records.column("kind"), TRACE)).select(list(TRACE_STATE.names))
+        traces = (
+            records.filter(pc.equal(records.column("kind"), TRACE)).select(list(TRACE_STATE.names)).combine_chunks()
+        )
         yield from self._evaluate(int(key[0]), traces, timerValues.getCurrentProcessingTimeInMs(), fired=False)
 
     def handleExpiredTimer(
@@ -137,7 +127,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
         verdicts = None
         if len(evaluation.verdicts):
             frame = evaluation.verdicts.loc[:, list(VERDICT_FIELDS.names)]
-            verdicts = blob(pa.Table.from_pandas(frame, schema=VERDICT_FIELDS, preserve_index=False))
+            verdicts = ipc_bytes(pa.Table.from_pandas(frame, schema=VERDICT_FIELDS, preserve_index=False))
         in_flight = len(evaluation.state.messages)
         judged = {"bucket": [bucket], "kind": [JUDGED], "blob": [verdicts], "in_flight": [in_flight],
                   "state_bytes": [len(kept)]}  # fmt: skip
@@ -145,6 +135,3 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
 
     def close(self) -> None:
         """Nothing to release."""
-
-
-assert set(VERDICT_COLUMNS) == set(VERDICT_FIELDS.names)

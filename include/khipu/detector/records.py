@@ -21,18 +21,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from khipu.detector.gaps import EmitterBatch, batches_of_columns
-from khipu.detector.packed import MALFORMED, MARK, TRACE
+
+TRACE, MARK, MALFORMED = "trace", "mark", "malformed"  # a record's kind
 
 POSITION = ("location", "cluster", "topic", "partition", "offset")
 POSITION_SCHEMA = pa.schema(
     [("location", pa.string()), ("cluster", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
      ("offset", pa.int64())]
-)  # fmt: skip
-# the records' columns these need
-COLUMNS = (
-    "kind", "location", "cluster", "type", "topic", "partition", "offset", "prev_offsets", "received", "emitter_id",
-    "emitter_seq", "timestamp_ms", "raw_value", "source_topic", "source_partition", "source_offset", "source_line",
-    "kafka_timestamp_ms",
 )  # fmt: skip
 
 

@@ -77,12 +77,26 @@ SCHEMA = pa.schema(
 ARRIVED = ("kafka_timestamp_ms", "timestamp_ms")
 
 
+_SPARK_TYPES = {
+    "string": "string",
+    "int32": "int",
+    "int64": "bigint",
+    "bool": "boolean",
+    "double": "double",
+    "binary": "binary",
+    "list<item: int64>": "array<bigint>",
+}
+
+
+def spark_ddl(schema: pa.Schema) -> str:
+    """An Arrow schema as Spark DDL: the Spark types whose Arrow conversion gives exactly these back."""
+    return ", ".join(f"`{field.name}` {_SPARK_TYPES[str(field.type)]}" for field in schema)
+
+
 def spark_schema() -> str:
     """:data:`SCHEMA` as a Spark DDL schema: the archive read with it whatever its older files hold (a column a
     file lacks reads as null)."""
-    names = {"string": "string", "int32": "int", "int64": "bigint", "bool": "boolean", "double": "double"}
-    types = {**names, "list<item: int64>": "array<bigint>"}
-    return ", ".join(f"`{field.name}` {types[str(field.type)]}" for field in SCHEMA)
+    return spark_ddl(SCHEMA)
 
 
 def write_batch(archive_dir: Path, batch_id: int, traces: pa.Table) -> list[str]:

@@ -12,9 +12,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from khipu.detector.bucket import AHEAD
+from khipu.detector.bucket import AHEAD, VERDICT_FIELDS
 from khipu.detector.outputs import DetectorWriter, ReadProgress, expand_verdicts
-from khipu.detector.packed import JUDGED, PACKED_FIELDS, RECORD_FIELDS, RECORDS, VERDICT_FIELDS, blob
+from khipu.detector.packed import JUDGED, PACKED_FIELDS, RECORD_FIELDS, RECORDS, ipc_bytes
 from khipu.detector.routes import RoutePlans
 from khipu.kafka import KafkaConnection
 from khipu.registry import parse_registry
@@ -138,11 +138,11 @@ def test_a_lost_decided_ahead_whose_record_the_batch_points_at_is_held_back(tmp_
     ]
     collected = pa.Table.from_pylist(  # as the query gives them: packed by bucket (khipu.detector.packed)
         [
-            {"bucket": 0, "kind": RECORDS, "blob": blob(pa.Table.from_pylist([trace], schema=RECORD_FIELDS))},
+            {"bucket": 0, "kind": RECORDS, "blob": ipc_bytes(pa.Table.from_pylist([trace], schema=RECORD_FIELDS))},
             {
                 "bucket": 0,
                 "kind": JUDGED,
-                "blob": blob(pa.Table.from_pylist(verdicts, schema=VERDICT_FIELDS)),
+                "blob": ipc_bytes(pa.Table.from_pylist(verdicts, schema=VERDICT_FIELDS)),
                 "in_flight": 0,
                 "state_bytes": 0,
             },

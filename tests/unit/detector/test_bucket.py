@@ -573,8 +573,8 @@ def test_a_lost_decided_on_the_running_batchs_clock_is_decided_again_on_the_poin
 
 
 def test_a_state_given_in_many_chunks_is_kept_as_one_record_batch_per_table() -> None:
-    """Every batch adds the new traces as chunks of their own (one per packed blob) and the state is decoded, grown
-    and encoded again: kept as it came, its chunks would only grow in number, and so would the time to write them."""
+    """Every batch adds the new traces as a chunk of their own, and the state is decoded, grown and encoded again:
+    kept as it came, its chunks would only grow in number, and so would the time to write them."""
     chunks = [
         pa.Table.from_pylist([{"message_id": f"m{n}", "stream": "orders", "hop": 0}], schema=TRACE_STATE)
         for n in range(40)

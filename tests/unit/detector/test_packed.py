@@ -8,17 +8,10 @@ import pyarrow as pa
 import pytest
 
 from khipu.detector import packed
-from khipu.detector.packed import (
-    PACKED_FIELDS,
-    RECORD_FIELDS,
-    RECORDS,
-    TRACE,
-    VERDICT_FIELDS,
-    blob,
-    pack_records,
-    spark_ddl,
-    unpack,
-)
+from khipu.detector.bucket import VERDICT_FIELDS
+from khipu.detector.packed import PACKED_FIELDS, RECORD_FIELDS, RECORDS, ipc_bytes, pack_records, unpack
+from khipu.detector.records import TRACE
+from khipu.trace.archive import spark_ddl
 
 
 def records(buckets: list[int], first: int = 0) -> pa.RecordBatch:
@@ -51,7 +44,7 @@ def test_a_large_task_is_packed_as_it_goes_and_nothing_is_lost_or_doubled(monkey
 def test_unpacking_no_blobs_gives_an_empty_table_of_the_schema_and_skips_a_bucket_without_verdicts() -> None:
     assert unpack([], VERDICT_FIELDS).schema == VERDICT_FIELDS
     verdict = {"message_id": "m1", "hop": 2, "verdict": "LOST", "decided_ms": 7}
-    one = blob(pa.Table.from_pylist([verdict], schema=VERDICT_FIELDS))
+    one = ipc_bytes(pa.Table.from_pylist([verdict], schema=VERDICT_FIELDS))
     expected = [{name: verdict.get(name) for name in VERDICT_FIELDS.names}]
     assert unpack([None, one], VERDICT_FIELDS).to_pylist() == expected
     column = pa.chunked_array([pa.array([None, one], pa.binary()), pa.array([one], pa.binary())])  # as collected
@@ -61,4 +54,3 @@ def test_unpacking_no_blobs_gives_an_empty_table_of_the_schema_and_skips_a_bucke
 def test_the_spark_ddl_names_every_field_with_the_type_spark_gives_back() -> None:
     ddl = spark_ddl(pa.schema([("bucket", pa.int32()), ("blob", pa.binary()), ("ok", pa.bool_())]))
     assert ddl == "`bucket` int, `blob` binary, `ok` boolean"
-    assert len(packed.RECORD_SCHEMA.split(", ")) == len(RECORD_FIELDS)

@@ -9,11 +9,12 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from khipu.detector.bucket import BucketState
+from khipu.detector.bucket import VERDICT_FIELDS, BucketState
 from khipu.detector.model import CommitHistory, CommitHistoryLookup, DetectorConfig, no_history
 from khipu.detector.outputs import expand_verdicts
-from khipu.detector.packed import JUDGED, MARK, RECORD_FIELDS, RECORDS, TRACE, VERDICT_FIELDS, by_bucket, unpack
+from khipu.detector.packed import JUDGED, RECORD_FIELDS, RECORDS, by_bucket, unpack
 from khipu.detector.processor import VerdictProcessor
+from khipu.detector.records import MARK, TRACE
 from khipu.detector.routes import RoutePlans, trace_hop_key
 from khipu.trace.model import Trace
 from tests.routes import PROC_IN, PROC_OUT, S1, S2, SRC
