@@ -16,33 +16,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
 from khipu.trace.archive import spark_ddl
 
 RECORDS, JUDGED = "records", "judged"  # a packed row's kind: a bucket's records, or one evaluation of a bucket
 
-# every parsed record of the trace topic, with its kind, its bucket and (traces) hop (khipu.detector.job.prepare)
+# every parsed record of the trace topic (khipu.detector.job.prepare): its bucket and kind, a trace's columns as the
+# archive keeps them, its hop, and where the record came from; lists as text, as the writer reads them
 RECORD_FIELDS = pa.schema(
     [
         ("bucket", pa.int32()),
         ("kind", pa.string()),
-        ("message_id", pa.string()),
-        ("stream", pa.string()),
-        ("location", pa.string()),
-        ("cluster", pa.string()),
-        ("type", pa.string()),
-        ("timestamp_ms", pa.int64()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("group", pa.string()),
-        ("emitter_id", pa.string()),
-        ("emitter_seq", pa.int64()),
-        ("sampling_percent", pa.float64()),
-        ("attributes", pa.string()),
-        ("key_hash", pa.string()),
-        ("tombstone", pa.bool_()),
-        ("transactional", pa.bool_()),
-        ("read_uncommitted", pa.bool_()),
+        *(field for field in ARCHIVED_TRACE if field.name not in ("prev_offsets", "kafka_timestamp_ms")),
         ("hop", pa.int32()),
         ("prev_offsets", pa.string()),
         ("received", pa.string()),
