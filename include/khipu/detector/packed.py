@@ -51,9 +51,8 @@ PACKED_FIELDS = pa.schema(
         ("state_bytes", pa.int64()),
     ]
 )
-PACK_ROWS = 65_536  # records a task gathers before it packs them: fewer, larger blobs, a bounded memory
-
 PACKED_SCHEMA = spark_ddl(PACKED_FIELDS)
+PACK_ROWS = 65_536  # records a task gathers before it packs them: fewer, larger blobs, a bounded memory
 
 
 def ipc_bytes(table: pa.Table) -> bytes:
@@ -77,29 +76,18 @@ def unpack(blobs: Iterable[bytes | None] | pa.ChunkedArray, schema: pa.Schema) -
     return pa.concat_tables(tables).cast(schema)  # a chunk per blob: the reader combines what it keeps
 
 
-def packed_rows(buckets: np.ndarray, kind: str, blobs: list[bytes]) -> pa.RecordBatch:
-    """Rows of :data:`PACKED_FIELDS`: one per blob."""
-    n = len(blobs)
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(buckets, pa.int32()),
-            pa.array([kind] * n, pa.string()),
-            pa.array(blobs, pa.binary()),
-            pa.nulls(n, pa.int64()),
-            pa.nulls(n, pa.int64()),
-        ],
-        schema=PACKED_FIELDS,
-    )
-
-
 def by_bucket(table: pa.Table, kind: str) -> pa.RecordBatch:
-    """The table cut by its ``bucket`` column, each bucket's rows one blob."""
+    """The table cut by its ``bucket`` column: one row of :data:`PACKED_FIELDS` per bucket, its rows one blob."""
     ordered = table.sort_by("bucket")
     column = ordered.column("bucket").to_numpy()
     starts = np.flatnonzero(np.r_[True, column[1:] != column[:-1]]) if len(column) else np.array([], np.int64)
     ends = np.r_[starts[1:], len(column)]
     blobs = [ipc_bytes(ordered.slice(int(start), int(end - start))) for start, end in zip(starts, ends, strict=True)]
-    return packed_rows(column[starts], kind, blobs)
+    n = len(blobs)
+    columns = [pa.array(column[starts], pa.int32()), pa.array([kind] * n), pa.array(blobs, pa.binary())]
+    return pa.RecordBatch.from_arrays(
+        [*columns, pa.nulls(n, pa.int64()), pa.nulls(n, pa.int64())], schema=PACKED_FIELDS
+    )
 
 
 def pack_records(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
