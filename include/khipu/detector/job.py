@@ -1,13 +1,13 @@
 """The detector job: its settings and its streaming query.
 
-One query, ``khipu_detector``, reads the trace topic once with Spark's own Kafka source
-(``format("kafka")``, the ``spark-sql-kafka-0-10`` connector from ``.jvm/spark-kafka/``), decodes it
-once in the JVM, packs every record by a hash bucket of message ids (:mod:`khipu.detector.packed`) and
-shuffles them once. From that one shuffle the stateful processor (:mod:`khipu.detector.processor`) reads
-its buckets' records, and the records themselves go beside it (:func:`judged_and_records`); both are
-written per micro-batch by :class:`khipu.detector.outputs.DetectorWriter`: verdicts (store, verdict archive, lost topic,
-metrics), the raw-trace archive, quarantine, back-pointers and emitter sequences. Its progress is
-kept in ``checkpoint_dir/khipu_detector``.
+One query, ``khipu_detector``, reads the trace topic once with Spark's own Kafka source (``format("kafka")``, the
+``spark-sql-kafka-0-10`` connector from ``.jvm/spark-kafka/``), decodes it once in Python
+(:mod:`khipu.detector.parse`), packs every record by a hash bucket of message ids (:mod:`khipu.detector.packed`)
+and shuffles them once. From that one shuffle the stateful processor (:mod:`khipu.detector.processor`) reads its
+buckets' records, and the records themselves go beside it (:func:`judged_and_records`); both are written per
+micro-batch by :class:`khipu.detector.outputs.DetectorWriter`: verdicts (store, verdict archive, lost topic,
+metrics), the raw-trace archive, quarantine, back-pointers and emitter sequences. Its progress is kept in
+``checkpoint_dir/khipu_detector``.
 
 Its secrets come from the connections file a supervisor writes (:mod:`khipu.detector.launch`).
 """
@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from khipu.detector.bucket import route_ids, routes_fingerprint
@@ -40,11 +39,10 @@ from khipu.detector.launch import DetectorJobError
 from khipu.detector.model import DETECTOR_QUERY, DetectorConfig
 from khipu.detector.outage import SOURCE_OPTIONS, OutageWatch, WaitingReporter
 from khipu.detector.outputs import BatchFigures, BatchKeys, DetectorWriter, HeartbeatListener, ReadProgress
-from khipu.detector.packed import PACKED_SCHEMA, RECORD_FIELDS, pack_records
-from khipu.detector.parse import parse_traces
+from khipu.detector.packed import PACKED_SCHEMA
+from khipu.detector.parse import RecordDecoder, kafka_columns
 from khipu.detector.processor import VerdictProcessor
-from khipu.detector.records import MALFORMED, MARK, TRACE
-from khipu.detector.routes import HOP_KEY_FIELDS, HOP_KEY_SEPARATOR, RoutePlans
+from khipu.detector.routes import RoutePlans
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
 from khipu.kafka.admin import TRACE_TOPIC_CONFIG
 from khipu.registry.loader import load_registry
@@ -182,40 +180,18 @@ def read_traces(spark: SparkSession, job: DetectorJob) -> DataFrame:
     return reader.load()
 
 
-def prepare(parsed: DataFrame, plans: RoutePlans, buckets: int) -> DataFrame:
-    """Every parsed record (:data:`khipu.detector.packed.RECORD_FIELDS`) with its kind,
-    its bucket (a hash of the message id; an emitter mark's of its emitter) and, for a trace, the number of its
-    hop (``-1``: no hop of the registry's routes), found by its hop key (:func:`khipu.detector.routes.hop_key`,
-    built here from the same fields). Lists travel as text, as the writer reads them."""
-    keys = plans.hop_keys()
-    actor = F.coalesce(F.when(F.col("type") == "SENT", F.col("location")).otherwise(F.col("group")), F.lit(""))
-    key = F.concat_ws(HOP_KEY_SEPARATOR, *[actor if name == "actor" else F.col(name) for name in HOP_KEY_FIELDS])
-    hop = F.lit(-1)
-    if keys:
-        hop = F.coalesce(F.create_map(*[F.lit(x) for pair in sorted(keys.items()) for x in pair])[key], F.lit(-1))
-    kind = (
-        F.when(F.col("malformed"), F.lit(MALFORMED)).when(F.col("type") == "MARK", F.lit(MARK)).otherwise(F.lit(TRACE))
-    )
-    identity = F.coalesce(F.col("message_id"), F.col("emitter_id"), F.col("source_offset").cast("string"))
-    columns = {
-        "bucket": F.pmod(F.xxhash64(identity), F.lit(buckets)).cast("int"),
-        "kind": kind,
-        "hop": F.when(kind == TRACE, hop).cast("int"),
-        "prev_offsets": F.array_join("prev_offsets", ","),
-        "received": F.to_json("received"),
-    }
-    names = RECORD_FIELDS.names
-    return parsed.select(*[columns[name].alias(name) if name in columns else F.col(f"`{name}`") for name in names])
-
-
-def judged_and_records(records: DataFrame, processor: VerdictProcessor, partitions: int) -> DataFrame:
-    """The records packed by bucket (:func:`khipu.detector.packed.pack_records`) and shuffled once, and what the
-    processor decides from them, in one frame of :data:`khipu.detector.packed.PACKED_SCHEMA`: the records' packed
-    rows (kind ``records``) and one row per bucket evaluated (kind ``judged``). Both sides read the same shuffle,
-    which Spark runs once (``ReusedExchange`` in the plan; ``test_detector.py`` checks it). The processor's side
-    comes first in the union, as it had to before the records were packed (as the union's first child the records'
-    side then kept an alias the other side's copy dropped, and the two shuffles were no longer equal)."""
-    shuffled = records.mapInArrow(pack_records, PACKED_SCHEMA).repartition(partitions, "bucket")
+def judged_and_records(
+    kafka_rows: DataFrame, decoder: RecordDecoder, processor: VerdictProcessor, partitions: int
+) -> DataFrame:
+    """The trace topic's records, decoded and packed by bucket in Python (:class:`khipu.detector.parse.RecordDecoder`)
+    and shuffled once, and what the processor decides from them, in one frame of
+    :data:`khipu.detector.packed.PACKED_SCHEMA`: the records' packed rows (kind ``records``) and one row per bucket
+    evaluated (kind ``judged``). Both sides read the same shuffle, which Spark runs once (``ReusedExchange`` in the
+    plan; ``test_detector.py`` checks it). The processor's side comes first in the union, as it had to before the
+    records were packed (as the union's first child the records' side then kept an alias the other side's copy
+    dropped, and the two shuffles were no longer equal)."""
+    packed = kafka_columns(kafka_rows).mapInArrow(decoder, PACKED_SCHEMA)
+    shuffled = packed.repartition(partitions, "bucket")
     judged = shuffled.groupBy("bucket").transformWithStateInPandas(
         statefulProcessor=processor, outputStructType=PACKED_SCHEMA, outputMode="Update", timeMode="ProcessingTime"
     )
@@ -283,8 +259,8 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         committed.history,
         read_progress.running,
     )
-    records = prepare(parse_traces(read_traces(spark, job), registry.streams), plans, job.buckets)
-    judged = judged_and_records(records, processor, job.shuffle_partitions)
+    decoder = RecordDecoder(tuple(registry.streams), plans.hop_keys(), job.buckets)
+    judged = judged_and_records(read_traces(spark, job), decoder, processor, job.shuffle_partitions)
     writer = DetectorWriter(
         job.store_url,
         str(job.archive_dir),

@@ -2,15 +2,15 @@
 
 Every Spark row costs the JVM twice (into its row format, then into Arrow for Python or the driver), and PySpark
 4.2's ``transformWithStateInPandas`` builds each key's input frame from row tuples, one Python object per value.
-So the detector packs: right after decoding, :func:`pack_records` (Spark's ``mapInArrow``, columnar) cuts each
-task's records by bucket and writes each bucket's rows as one blob (:data:`PACKED_SCHEMA`). The shuffle, the
-processor's input, the processor's verdicts and the writer's collect then move a few rows a bucket and batch,
-and both ends read them with :func:`unpack` as the Arrow tables they were.
+So the detector packs: where it decodes them (:class:`khipu.detector.parse.RecordDecoder`, Spark's
+``mapInArrow``), each task's records are cut by bucket (:func:`by_bucket`) and each bucket's rows written as one
+blob (:data:`PACKED_SCHEMA`). The shuffle, the processor's input, the processor's verdicts and the writer's collect
+then move a few rows a bucket and batch, and both ends read them with :func:`unpack` as the Arrow tables they were.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -21,8 +21,8 @@ from khipu.trace.archive import spark_ddl
 
 RECORDS, JUDGED = "records", "judged"  # a packed row's kind: a bucket's records, or one evaluation of a bucket
 
-# every parsed record of the trace topic (khipu.detector.job.prepare): its bucket and kind, a trace's columns as the
-# archive keeps them, its hop, and where the record came from; lists as text, as the writer reads them
+# every decoded line of the trace topic (khipu.detector.parse.RecordDecoder): its bucket and kind, a trace's
+# columns as the archive keeps them, its hop, and where the record came from; lists as text, as the writer reads them
 RECORD_FIELDS = pa.schema(
     [
         ("bucket", pa.int32()),
@@ -88,19 +88,3 @@ def by_bucket(table: pa.Table, kind: str) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(
         [*columns, pa.nulls(n, pa.int64()), pa.nulls(n, pa.int64())], schema=PACKED_FIELDS
     )
-
-
-def pack_records(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Spark's ``mapInArrow`` over a task's records (:data:`RECORD_FIELDS`): every :data:`PACK_ROWS` of them, and
-    at the end, one packed row per bucket."""
-    gathered: list[pa.RecordBatch] = []
-    rows = 0
-    for batch in batches:
-        if batch.num_rows:
-            gathered.append(batch)
-            rows += batch.num_rows
-        if rows >= PACK_ROWS:
-            yield by_bucket(pa.Table.from_batches(gathered).cast(RECORD_FIELDS), RECORDS)
-            gathered, rows = [], 0
-    if rows:
-        yield by_bucket(pa.Table.from_batches(gathered).cast(RECORD_FIELDS), RECORDS)

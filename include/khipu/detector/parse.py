@@ -1,457 +1,389 @@
-"""From Kafka-source rows (Spark's Kafka schema) to trace rows, decoded in the JVM; malformed records to quarantine.
+"""From Kafka-source rows to the detector's records, decoded in Python and packed by bucket; malformed lines kept
+for the quarantine.
 
-Each record's value is parsed once in the JVM (``try_parse_json`` to Spark's VARIANT) and checked
-there against the trace format (docs/trace-format.md) with the limits of the strict codec
-(:mod:`khipu.trace.codec`): exact JSON types (a number is not a string), no field its version
-does not define, every name and count in range. No Python runs per record. The few records that
-fail go to the quarantine; their reason is worded by the codec itself
-(:func:`quarantine_reason`, in the driver), so "valid" and "why not" mean the same here as in
-every application that decodes traces. ``tests/integration/detector/test_parse.py`` holds both
-decoders to the same table of records.
+The JVM only reads the trace topic: each Kafka record's value and position reach :class:`RecordDecoder` (Spark's
+``mapInArrow``) as Arrow. There every record is split into its lines (a record may be a batch of traces and marks,
+``khipu.trace.codec.split_record``; a record of one trace is its line 0), each line is decoded, and the records are
+packed by bucket (:mod:`khipu.detector.packed`) for the one shuffle. Two ways, one meaning:
 
-A record that is a valid trace but names a stream the registry does not define is quarantined
-too; the query keeps running.
+- **a trace exactly as an encoder writes it** (``khipu.trace.codec.encode_trace``, and the JVM interceptors' byte
+  for byte, vectors/): every such line of a batch at once, in Arrow's C++: one regular expression
+  (:data:`ENCODER_TEMPLATE`, RE2) checks its shape, Arrow's JSON reader reads its fields with their JSON types, and
+  vectorised checks hold each value to the codec's ranges. The path is only ever *stricter* than the codec: a line
+  it does not accept whole goes the other way;
+- **every other line** (a mark, a trace with attributes, an older format version, anything odd or malformed):
+  the strict codec itself (:func:`khipu.trace.codec.decode_record`), line by line.
 
-A record may be a batch: several traces (and marks) joined by a line feed (``khipu.trace.codec.split_record``).
-Each record is first exploded into its lines, numbered from 0 in ``source_line`` (a record of one: line 0), and
-everything above works per line: a line is decoded, limited and quarantined as a record of one trace was. Only a
-valid UTF-8 record holding ``}``, a line feed, ``{`` is split; every other record is its own line 0, untouched.
-A record that is not UTF-8 is not split (the JVM cannot split its bytes without decoding them): it is
-quarantined whole.
+So "valid" means what it means in every application that decodes traces, and a malformed line's quarantine reason
+is the codec's own words (:func:`quarantine_reason`, in the driver). A trace of a stream the registry does not
+define is malformed too. ``tests/unit/detector/test_parse.py`` holds the template path to the codec over the
+codec's own table of records, and ``tests/integration/detector/test_parse.py`` runs the same table through Spark.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import io
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from pyspark.sql import Column, DataFrame
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from khipu.detector.packed import PACK_ROWS, RECORD_FIELDS, RECORDS, by_bucket
+from khipu.detector.records import MALFORMED, MARK, TRACE
+from khipu.detector.routes import HOP_KEY_SEPARATOR
+from khipu.detector.xxhash64 import spark_bucket
 from khipu.trace.codec import (
-    BATCH_SPLIT_PATTERN,
-    MAX_ATTRIBUTE_CHARS,
-    MAX_ATTRIBUTES,
-    MAX_COUNT,
     MAX_ID_CHARS,
-    MAX_MARK_BYTES,
-    MAX_MARK_ENTRIES,
     MAX_PARTITION,
     MAX_PREV_OFFSETS,
     MAX_TRACE_BYTES,
-    READABLE_VERSIONS,
     TraceDecodeError,
     decode_record,
-    mark_fields,
-    trace_fields,
+    split_record,
 )
 from khipu.trace.keys import KEY_HASH_PATTERN
-from khipu.trace.model import EmitterMark
+from khipu.trace.model import EmitterMark, Trace
 from khipu.trace.names import MAX_NAME_CHARS
 
-TRACE_COLUMNS = (
-    "message_id string, stream string, location string, cluster string, type string, timestamp_ms long, "
-    "topic string, partition int, offset long, `group` string, emitter_id string, emitter_seq long, "
-    "sampling_percent double, attributes string, key_hash string, tombstone boolean, transactional boolean, "
-    "read_uncommitted boolean"
-)
-RECEIVED_SCHEMA = "array<struct<cluster:string, topic:string, partition:int, offset:long>>"
-POINTER_COLUMNS = f"prev_offsets array<long>, received {RECEIVED_SCHEMA}"  # back-pointers; a mark's list
-PARSED_SCHEMA = (
-    f"{TRACE_COLUMNS}, {POINTER_COLUMNS}, malformed boolean, raw_value binary, source_topic string, "
-    "source_partition int, source_offset long, source_line int, kafka_timestamp_ms long"
-)  # source_line: the line of a batch record (0: a record of one trace)
-TRACE_NAMES = [part.split()[0].strip("`") for part in TRACE_COLUMNS.split(", ")]
-_JSON = "_j"
-_KEY_HASH = KEY_HASH_PATTERN.pattern  # the same regular expression in Java's dialect
-
-
-# -- the JVM's checks, one small expression per rule of the trace format ------------------------------
-
-
-# Typed extraction is always try_variant_get: Spark may evaluate a cast before the type test guarding
-# it (common subexpressions are hoisted), and a failing variant_get cast throws instead of answering.
-
-
-def _kind(path: str) -> str:
-    """The JSON type at ``path``: STRING, BIGINT, DOUBLE, DECIMAL(p,s), BOOLEAN, VOID (null), OBJECT<..>,
-    ARRAY<..>; SQL NULL when absent."""
-    return f"schema_of_variant(variant_get({_JSON}, '{path}'))"
-
-
-def _absent(path: str) -> str:
-    return f"coalesce({_kind(path)} = 'VOID', true)"
-
-
-def _name(path: str, max_chars: int = MAX_NAME_CHARS) -> str:
-    return (
-        f"coalesce({_kind(path)} = 'STRING' "
-        f"AND char_length(try_variant_get({_JSON}, '{path}', 'string')) BETWEEN 1 AND {max_chars}, false)"
-    )
-
-
-def _count(path: str, largest: int = MAX_COUNT) -> str:
-    """An integer >= 0 that fits a long, or an int (a partition): the codec's 'integer >= 0'."""
-    value = f"try_variant_get({_JSON}, '{path}', 'bigint')"
-    return f"coalesce({_kind(path)} = 'BIGINT' AND {value} >= 0 AND {value} <= {largest}, false)"
-
-
-def _only_fields(allowed: Iterable[str]) -> str:
-    keys = ", ".join(f"'{name}'" for name in sorted(allowed))
-    return (
-        f"coalesce(size(array_except(map_keys(try_variant_get({_JSON}, '$', 'map<string,variant>')), "
-        f"array({keys}))) = 0, false)"
-    )
-
-
-def _version(version: int) -> str:
-    return f"coalesce({_kind('$.v')} = 'BIGINT' AND try_variant_get({_JSON}, '$.v', 'bigint') = {version}, false)"
-
-
-def _sampling_percent() -> str:
-    value = f"try_variant_get({_JSON}, '$.sampling_percent', 'double')"
-    kind = _kind("$.sampling_percent")
-    number = f"({kind} IN ('BIGINT', 'DOUBLE') OR {kind} LIKE 'DECIMAL%')"
-    return f"coalesce({number} AND {value} > 0 AND {value} <= 100, false)"
-
-
-def _attributes() -> str:
-    entries = f"try_variant_get({_JSON}, '$.attributes', 'map<string,variant>')"
-    return (
-        f"({_absent('$.attributes')} OR coalesce({_kind('$.attributes')} LIKE 'OBJECT<%' "
-        f"AND size({entries}) <= {MAX_ATTRIBUTES} "
-        f"AND forall(map_values({entries}), a -> schema_of_variant(a) = 'STRING' "
-        f"AND char_length(try_variant_get(a, '$', 'string')) <= {MAX_ATTRIBUTE_CHARS}), false))"
-    )
-
-
-def _prev_offsets(sent: str) -> str:
-    kind = _kind("$.prev_offsets")
-    offsets = f"try_variant_get({_JSON}, '$.prev_offsets', 'array<bigint>')"
-    empty = f"({_absent('$.prev_offsets')} OR coalesce({kind} = 'ARRAY<VOID>' AND size({offsets}) = 0, false))"
-    listed = (
-        f"coalesce({kind} = 'ARRAY<BIGINT>' AND size({offsets}) <= {MAX_PREV_OFFSETS} "
-        f"AND forall({offsets}, o -> o >= 0), false)"
-    )
-    return f"({empty} OR (NOT {sent} AND {listed}))"
-
-
-def _version_3_fields(sent: str) -> str:
-    """``key_hash`` (SENT only, 16 lowercase hex digits) and the flags, each a JSON boolean that may say true only on
-    the type of trace it is about; all absent or null is fine (the codec's _key_hash and _flag)."""
-    key_kind = _kind("$.key_hash")
-    key = f"try_variant_get({_JSON}, '$.key_hash', 'string')"
-    key_ok = (
-        f"({_absent('$.key_hash')} OR coalesce({key_kind} = 'STRING' AND {sent} AND {key} RLIKE '{_KEY_HASH}', false))"
-    )
-
-    def flag(name: str, allowed: str) -> str:
-        value = f"try_variant_get({_JSON}, '$.{name}', 'boolean')"
-        typed = f"{_kind(f'$.{name}')} = 'BOOLEAN' AND (NOT {value} OR {allowed})"
-        return f"({_absent(f'$.{name}')} OR coalesce({typed}, false))"
-
-    flags = [flag("tombstone", sent), flag("transactional", sent), flag("read_uncommitted", f"NOT {sent}")]
-    return " AND ".join([key_ok, *flags])
-
-
-def _received() -> str:
-    """A mark's list of ``[cluster, topic, partition, offset]`` entries."""
-    entries = f"try_variant_get({_JSON}, '$.received', 'array<variant>')"
-    names = [
-        f"schema_of_variant(variant_get(e, '$[{i}]')) = 'STRING' "
-        f"AND char_length(try_variant_get(e, '$[{i}]', 'string')) BETWEEN 1 AND {MAX_NAME_CHARS}"
-        for i in (0, 1)
+# What the JVM hands over per Kafka record of the trace topic (Spark's Kafka schema, its time in milliseconds)
+KAFKA_FIELDS = pa.schema(
+    [
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("kafka_timestamp_ms", pa.int64()),
     ]
-    counts = [
-        f"schema_of_variant(variant_get(e, '$[{i}]')) = 'BIGINT' AND try_variant_get(e, '$[{i}]', 'bigint') >= 0 "
-        f"AND try_variant_get(e, '$[{i}]', 'bigint') <= {largest}"
-        for i, largest in ((2, MAX_PARTITION), (3, MAX_COUNT))
-    ]
-    entry = " AND ".join(
-        ["schema_of_variant(e) LIKE 'ARRAY<%'", "size(try_variant_get(e, '$', 'array<variant>')) = 4", *names, *counts]
-    )
-    return (
-        f"({_absent('$.received')} OR coalesce({_kind('$.received')} LIKE 'ARRAY<%' "
-        f"AND size({entries}) <= {MAX_MARK_ENTRIES} AND forall({entries}, e -> coalesce({entry}, false)), false))"
-    )
-
-
-def _valid_trace(known_streams: Iterable[str]) -> str:
-    is_sent = f"coalesce(try_variant_get({_JSON}, '$.type', 'string') = 'SENT', false)"
-    is_received = f"coalesce(try_variant_get({_JSON}, '$.type', 'string') = 'RECEIVED', false)"
-    versions = " OR ".join(f"({_version(v)} AND {_only_fields(trace_fields(v))})" for v in READABLE_VERSIONS)
-    known = ", ".join(f"'{name}'" for name in sorted(known_streams)) or "NULL"
-    rules = [
-        f"octet_length(value) <= {MAX_TRACE_BYTES}",
-        f"({versions})",
-        _name("$.message_id", MAX_ID_CHARS),
-        *(_name(f"$.{field}") for field in ("stream", "location", "cluster", "topic", "emitter_id")),
-        f"{_kind('$.type')} = 'STRING' AND ({is_sent} OR {is_received})",
-        f"(({is_received} AND {_name('$.group')}) OR ({is_sent} AND {_absent('$.group')}))",
-        *(_count(f"$.{field}") for field in ("timestamp_ms", "offset", "emitter_seq")),
-        _count("$.partition", MAX_PARTITION),
-        _sampling_percent(),
-        _attributes(),
-        _prev_offsets(is_sent),
-        _version_3_fields(is_sent),
-        f"try_variant_get({_JSON}, '$.stream', 'string') IN ({known})",
-    ]
-    return " AND ".join(f"({rule})" for rule in rules)
-
-
-def _valid_mark() -> str:
-    versions = " OR ".join(f"({_version(v)} AND {_only_fields(mark_fields(v))})" for v in READABLE_VERSIONS)
-    rules = [
-        f"octet_length(value) <= {MAX_MARK_BYTES}",
-        f"({versions})",
-        _name("$.emitter_id"),
-        _name("$.location"),
-        _count("$.emitter_seq"),
-        _count("$.timestamp_ms"),
-        _received(),
-    ]
-    return " AND ".join(f"({rule})" for rule in rules)
-
-
-def _string(path: str) -> Column:
-    return F.expr(f"try_variant_get({_JSON}, '{path}', 'string')")
-
-
-def _typed(path: str, spark_type: str) -> Column:
-    return F.expr(f"try_variant_get({_JSON}, '{path}', '{spark_type}')")
-
-
-# -- the common case, checked cheaply: a trace without attributes, its shape read once ------------------
-
-# Each field's JSON types as ``schema_of_variant`` names them; optional fields may be absent. A record of exactly
-# this shape (its fields sorted, as schema_of_variant lists them) needs only its values checked, on the columns
-# extracted anyway; any other record (attributes, a mark, anything odd) gets every rule above.
-_SHAPE_TYPES = {
-    "attributes": r"OBJECT<>",
-    "cluster": "STRING",
-    "emitter_id": "STRING",
-    "emitter_seq": "BIGINT",
-    "group": "(?:STRING|VOID)",
-    "key_hash": "(?:STRING|VOID)",
-    "location": "STRING",
-    "message_id": "STRING",
-    "offset": "BIGINT",
-    "partition": "BIGINT",
-    "prev_offsets": "ARRAY<(?:BIGINT|VOID)>",
-    "read_uncommitted": "(?:BOOLEAN|VOID)",
-    "sampling_percent": r"(?:BIGINT|DOUBLE|DECIMAL\(\d+,\d+\))",
-    "stream": "STRING",
-    "timestamp_ms": "BIGINT",
-    "tombstone": "(?:BOOLEAN|VOID)",
-    "topic": "STRING",
-    "transactional": "(?:BOOLEAN|VOID)",
-    "type": "STRING",
-    "v": "BIGINT",
-}
-_OPTIONAL = frozenset(
-    {"attributes", "group", "prev_offsets", "key_hash", "tombstone", "transactional", "read_uncommitted"}
 )
 
+# -- the commonest case: a trace exactly as khipu's encoders write it ----------------------------------------------
 
-def _shape_pattern(version: int) -> str:
-    """The regular expression of the plain shape of a trace of this format version."""
-    fields = sorted(trace_fields(version))
-    unknown = set(fields) - set(_SHAPE_TYPES)
-    if unknown:  # a field the format gained: give it a type here
-        raise ValueError(f"trace fields without a shape type: {sorted(unknown)}")
-    if fields[-1] in _OPTIONAL:
-        raise ValueError(f"the last trace field in order, {fields[-1]!r}, must be required")
-    parts = [
-        (f"(?:{name}: {_SHAPE_TYPES[name]}, )?" if name in _OPTIONAL else f"{name}: {_SHAPE_TYPES[name]}, ")
-        for name in fields[:-1]
-    ]
-    return "^OBJECT<" + "".join(parts) + f"{fields[-1]}: {_SHAPE_TYPES[fields[-1]]}>$"
-
-
-def _plain_shape() -> Column:
-    """Whether the record has the plain shape of its version's trace."""
-    plain = F.lit(False)
-    for version in READABLE_VERSIONS:
-        plain = plain | ((F.col("_v") == version) & F.col("_shape").rlike(_shape_pattern(version)))
-    return F.coalesce(plain, F.lit(False))
-
-
-def _plain_values(known_streams: Iterable[str]) -> str:
-    """The rules of a trace of a known shape (the encoder's template, or the plain variant shape), on the columns
-    extracted from it: their JSON types are known to be right, only their values are checked."""
-    known = ", ".join(f"'{name}'" for name in sorted(known_streams)) or "NULL"
-    names = " AND ".join(
-        f"char_length(`{name}`) BETWEEN 1 AND {MAX_NAME_CHARS}"
-        for name in ("stream", "location", "cluster", "topic", "emitter_id")
-    )
-    return (
-        f"octet_length(value) <= {MAX_TRACE_BYTES} AND char_length(message_id) BETWEEN 1 AND {MAX_ID_CHARS} "
-        f"AND {names} "
-        f"AND ((type = 'RECEIVED' AND char_length(`group`) BETWEEN 1 AND {MAX_NAME_CHARS}) "
-        "OR (type = 'SENT' AND `group` IS NULL)) "
-        f"AND timestamp_ms >= 0 AND `offset` >= 0 AND emitter_seq >= 0 AND `partition` BETWEEN 0 AND {MAX_PARTITION} "
-        "AND sampling_percent > 0 AND sampling_percent <= 100 "
-        f"AND (_prev IS NULL OR size(_prev) = 0 OR (type <> 'SENT' AND size(_prev) <= {MAX_PREV_OFFSETS} "
-        "AND coalesce(forall(_prev, o -> o >= 0), false))) "
-        f"AND (key_hash IS NULL OR (type = 'SENT' AND key_hash RLIKE '{_KEY_HASH}')) "
-        "AND (NOT coalesce(tombstone, false) OR type = 'SENT') "
-        "AND (NOT coalesce(transactional, false) OR type = 'SENT') "
-        "AND (NOT coalesce(read_uncommitted, false) OR type = 'RECEIVED') "
-        f"AND stream IN ({known})"
-    )
-
-
-# -- the commonest case of all, cheaper still: a trace exactly as khipu's own encoder writes it ----------
-
-# Java regular expressions; every repetition possessive (no backtracking, no recursion on long input).
-_STRING = r'"[^"\\\x00-\x1f]*+(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*+)*+"'  # a JSON string
-_INTEGER = r"(?:0|[1-9][0-9]{0,18}+)"  # >= 0, as an integer
-_NUMBER = r"-?(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?+(?:[eE][+-]?+[0-9]++)?+"
+# RE2 (Arrow's) and Python's re read these alike; RE2 never backtracks. A JSON string without control characters;
+# its escapes the simple ones, or \uXXXX outside the surrogates (a lone surrogate is no text: the codec decides).
+_ESCAPE = r'\\(?:["\\/bfnrt]|u(?:[0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}))'
+_STRING = rf'"[^"\\\x00-\x1f]*(?:{_ESCAPE}[^"\\\x00-\x1f]*)*"'
+_INTEGER = r"(?:0|[1-9][0-9]{0,18})"  # >= 0, up to 19 digits (beyond a long the JSON reader refuses: the codec)
+_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 # khipu.trace.codec.encode_trace's template (format version 3, no attributes; the version-3 fields in their order,
-# each only when true or set): matched, its fields are read by from_json with these types (a JSON string where a
-# string is due, an integer where one is)
+# each only when true or set)
 ENCODER_TEMPLATE = (
     r'^\{"v":3,"message_id":<S>,"stream":<S>,"location":<S>,"cluster":<S>,"type":"(?:SENT|RECEIVED)",'
     r'"timestamp_ms":<N>,"topic":<S>,"partition":<N>,"offset":<N>,"group":(?:null|<S>),"emitter_id":<S>,'
-    r'"emitter_seq":<N>,"sampling_percent":<F>,"attributes":\{\},"prev_offsets":\[(?:<N>(?:,<N>)*+)?+\]'
-    r'(?:,"key_hash":<S>)?+(?:,"tombstone":true)?+(?:,"transactional":true)?+(?:,"read_uncommitted":true)?+\}$'
+    r'"emitter_seq":<N>,"sampling_percent":<F>,"attributes":\{\},"prev_offsets":\[(?:<N>(?:,<N>)*)?\]'
+    r'(?:,"key_hash":<S>)?(?:,"tombstone":true)?(?:,"transactional":true)?(?:,"read_uncommitted":true)?\}$'
 )
 for _mark_, _pattern_ in (("<S>", _STRING), ("<N>", _INTEGER), ("<F>", _NUMBER)):
     ENCODER_TEMPLATE = ENCODER_TEMPLATE.replace(_mark_, _pattern_)
-_TEMPLATE_SCHEMA = (
-    "message_id string, stream string, location string, cluster string, type string, timestamp_ms bigint, "
-    "topic string, partition bigint, offset bigint, `group` string, emitter_id string, emitter_seq bigint, "
-    "sampling_percent double, prev_offsets array<bigint>, key_hash string, tombstone boolean, transactional boolean, "
-    "read_uncommitted boolean"
+# the template's fields as Arrow's JSON reader reads them (a JSON type per field: the template guarantees it)
+_TEMPLATE_FIELDS = pa.schema(
+    [
+        ("v", pa.int64()),
+        ("message_id", pa.string()),
+        ("stream", pa.string()),
+        ("location", pa.string()),
+        ("cluster", pa.string()),
+        ("type", pa.string()),
+        ("timestamp_ms", pa.int64()),
+        ("topic", pa.string()),
+        ("partition", pa.int64()),
+        ("offset", pa.int64()),
+        ("group", pa.string()),
+        ("emitter_id", pa.string()),
+        ("emitter_seq", pa.int64()),
+        ("sampling_percent", pa.float64()),
+        ("attributes", pa.struct([])),
+        ("prev_offsets", pa.list_(pa.int64())),
+        ("key_hash", pa.string()),
+        ("tombstone", pa.bool_()),
+        ("transactional", pa.bool_()),
+        ("read_uncommitted", pa.bool_()),
+    ]
 )
+_NAMES = ("stream", "location", "cluster", "topic", "emitter_id")
+_FLAGS = ("tombstone", "transactional", "read_uncommitted")
+_LINE_FIELDS = ("source_topic", "source_partition", "source_offset", "source_line", "kafka_timestamp_ms")
 
 
-def _field(name: str, variant: Column) -> Column:
-    """A field read from the template's parse for a templated record, else from its variant."""
-    return F.when(F.col("_tpl"), F.col(f"_t.`{name}`")).otherwise(variant)
-
-
-def record_lines(kafka_rows: DataFrame) -> DataFrame:
-    """Each Kafka row as the lines of its value: ``value`` (binary) one line, ``source_line`` its number (0 for a
-    record of one trace), ``_utf8`` whether the record is valid UTF-8 (so is each of its lines).
-
-    Only a valid UTF-8 value holding ``}``, a line feed, ``{`` is split (at
-    :data:`khipu.trace.codec.BATCH_SPLIT_PATTERN`, as :func:`khipu.trace.codec.split_record` splits); any other
-    value is its own line, its bytes untouched."""
-    record = F.col("value").cast("string")
-    utf8 = F.expr("is_valid_utf8(CAST(value AS STRING))").alias("_utf8")
-    records = kafka_rows.select("value", "topic", "partition", "offset", "timestamp", utf8)
-    batch = F.col("_utf8") & record.contains("}\n{")
-    split = F.split(record, BATCH_SPLIT_PATTERN).cast("array<binary>")
-    return records.select(
-        "topic",
-        "partition",
-        "offset",
-        "timestamp",
-        "_utf8",
-        F.posexplode(F.when(batch, split).otherwise(F.array("value"))).alias("source_line", "value"),
+def kafka_columns(kafka_rows: DataFrame) -> DataFrame:
+    """The JVM's whole part: the Kafka source's rows as :data:`KAFKA_FIELDS`."""
+    return kafka_rows.select(
+        "value", "topic", "partition", "offset", F.expr("unix_millis(timestamp)").alias("kafka_timestamp_ms")
     )
 
 
-def parse_traces(kafka_rows: DataFrame, known_streams: Iterable[str]) -> DataFrame:
-    """Decode a DataFrame of Spark's Kafka schema (in the JVM), line by line (:func:`record_lines`); split it with
-    :func:`valid`.
+def _between(text: pa.Array, low: int, high: int) -> pa.Array:
+    length = pc.utf8_length(text)
+    return pc.and_kleene(pc.greater_equal(length, low), pc.less_equal(length, high))
 
-    Three ways, each at most as lenient as the next: a line exactly as khipu's encoder writes a trace is read
-    with ``from_json`` (its shape checked by one regular expression); any other is parsed to a VARIANT, and
-    one of the plain variant shape has only its values checked; everything else gets every rule."""
-    streams = sorted(set(known_streams))
-    is_mark = f"coalesce({_kind('$.mark')} = 'BOOLEAN' AND try_variant_get({_JSON}, '$.mark', 'boolean'), false)"
-    text = F.col("value").cast("string")
-    decoded = (
-        record_lines(kafka_rows)
-        .withColumn("_tpl", F.col("_utf8") & text.rlike(ENCODER_TEMPLATE))
-        .withColumn("_t", F.when(F.col("_tpl"), F.from_json(text, _TEMPLATE_SCHEMA)))
-        .withColumn(_JSON, F.when(F.col("_utf8") & ~F.col("_tpl"), F.expr("try_parse_json(CAST(value AS STRING))")))
-        .withColumn("_shape", F.expr(f"schema_of_variant({_JSON})"))
-        .withColumn("_v", F.expr(f"try_variant_get({_JSON}, '$.v', 'bigint')"))
-        .withColumn("_plain", _plain_shape())
-        .withColumn("_mark", F.expr(f"NOT _tpl AND NOT _plain AND {is_mark}"))
-    )
-    full = F.expr(
-        f"{_JSON} IS NOT NULL AND _shape LIKE 'OBJECT<%' "
-        f"AND CASE WHEN _mark THEN {_valid_mark()} ELSE {_valid_trace(streams)} END"
-    )
-    entries = F.expr(
-        f"transform(try_variant_get({_JSON}, '$.received', 'array<variant>'), e -> named_struct("
-        "'cluster', try_variant_get(e, '$[0]', 'string'), 'topic', try_variant_get(e, '$[1]', 'string'), "
-        "'partition', try_variant_get(e, '$[2]', 'int'), 'offset', try_variant_get(e, '$[3]', 'bigint')))"
-    )
-    trace = ~F.col("_mark")
-    attributes = _typed("$.attributes", "map<string,string>")
-    prev = _field("prev_offsets", _typed("$.prev_offsets", "array<bigint>"))
-    extracted = decoded.select(
-        F.when(trace, _field("message_id", _string("$.message_id"))).alias("message_id"),
-        F.when(trace, _field("stream", _string("$.stream"))).alias("stream"),
-        _field("location", _string("$.location")).alias("location"),
-        F.when(trace, _field("cluster", _string("$.cluster"))).alias("cluster"),
-        F.when(F.col("_mark"), F.lit("MARK")).otherwise(_field("type", _string("$.type"))).alias("type"),
-        _field("timestamp_ms", _typed("$.timestamp_ms", "bigint")).alias("timestamp_ms"),
-        F.when(trace, _field("topic", _string("$.topic"))).alias("topic"),
-        F.when(trace, _field("partition", _typed("$.partition", "bigint"))).alias("_partition"),
-        F.when(trace, _field("offset", _typed("$.offset", "bigint"))).alias("offset"),
-        F.when(trace, _field("group", _string("$.group"))).alias("group"),
-        _field("emitter_id", _string("$.emitter_id")).alias("emitter_id"),
-        _field("emitter_seq", _typed("$.emitter_seq", "bigint")).alias("emitter_seq"),
-        F.when(trace, _field("sampling_percent", _typed("$.sampling_percent", "double"))).alias("sampling_percent"),
-        F.when(trace & ~F.col("_tpl") & ~F.col("_plain") & (F.size(attributes) > 0), F.to_json(attributes)).alias(
-            "attributes"
+
+def _template_traces(lines: pa.Array, known_streams: pa.Array) -> tuple[pa.Table, np.ndarray]:
+    """The lines the template path accepts whole (their trace columns, as the codec would read them), and which
+    of ``lines`` (valid UTF-8 text) they are."""
+    shaped = pc.fill_null(
+        pc.and_kleene(
+            pc.less_equal(pc.binary_length(lines), MAX_TRACE_BYTES), pc.match_substring_regex(lines, ENCODER_TEMPLATE)
         ),
-        F.when(trace, _field("key_hash", _string("$.key_hash"))).alias("key_hash"),
-        *(
-            F.when(trace, F.coalesce(_field(flag, _typed(f"$.{flag}", "boolean")), F.lit(False))).alias(flag)
-            for flag in ("tombstone", "transactional", "read_uncommitted")
-        ),
-        F.when(trace, prev).alias("_prev"),
-        F.when(F.col("_mark") & (F.size(entries) > 0), entries).alias("received"),
-        "_tpl",
-        "_plain",
-        "_shape",
-        "_mark",
-        "value",
-        F.col(_JSON),
-        F.col("topic").alias("source_topic"),
-        F.col("partition").alias("source_partition"),
-        F.col("offset").alias("source_offset"),
-        F.col("source_line").cast("int").alias("source_line"),
-        F.expr("unix_millis(timestamp)").alias("kafka_timestamp_ms"),
-    ).withColumn("partition", F.col("_partition").try_cast("int"))
-    known_shape = (F.col("_tpl") | F.col("_plain")) & F.expr(f"coalesce({_plain_values(streams)}, false)")
-    checked = extracted.withColumn("_ok", F.when(known_shape, F.lit(True)).otherwise(full))
-    return checked.select(
-        *[F.col(f"`{name}`") for name in TRACE_NAMES],
-        F.when(F.size("_prev") > 0, F.col("_prev")).alias("prev_offsets"),
-        "received",
-        (~F.col("_ok")).alias("malformed"),
-        F.when(~F.col("_ok"), F.col("value")).alias("raw_value"),
-        "source_topic",
-        "source_partition",
-        "source_offset",
-        "source_line",
-        "kafka_timestamp_ms",
+        False,
     )
+    rows = np.flatnonzero(np.asarray(shaped, dtype=bool))
+    if not len(rows):
+        return _TEMPLATE_FIELDS.empty_table(), rows
+    read, kept = _read_json(lines.take(pa.array(rows)).cast(pa.binary()))
+    rows = rows[kept]
+    sent = pc.equal(read.column("type"), "SENT")
+    received = pc.equal(read.column("type"), "RECEIVED")
+    prev = pc.list_value_length(read.column("prev_offsets"))
+    key_hash = read.column("key_hash")
+    checks = [
+        _between(read.column("message_id"), 1, MAX_ID_CHARS),
+        *(_between(read.column(name), 1, MAX_NAME_CHARS) for name in _NAMES),
+        pc.is_in(read.column("stream"), value_set=known_streams),
+        pc.or_kleene(
+            pc.and_kleene(received, _between(read.column("group"), 1, MAX_NAME_CHARS)),
+            pc.and_kleene(sent, pc.is_null(read.column("group"))),
+        ),
+        pc.less_equal(read.column("partition"), MAX_PARTITION),
+        pc.and_kleene(
+            pc.greater(read.column("sampling_percent"), 0.0), pc.less_equal(read.column("sampling_percent"), 100.0)
+        ),
+        pc.or_kleene(pc.equal(prev, 0), pc.and_kleene(received, pc.less_equal(prev, MAX_PREV_OFFSETS))),
+        pc.or_kleene(
+            pc.is_null(key_hash), pc.and_kleene(sent, pc.match_substring_regex(key_hash, KEY_HASH_PATTERN.pattern))
+        ),
+        pc.or_kleene(pc.is_null(read.column("tombstone")), sent),
+        pc.or_kleene(pc.is_null(read.column("transactional")), sent),
+        pc.or_kleene(pc.is_null(read.column("read_uncommitted")), received),
+    ]
+    ok = checks[0]
+    for check in checks[1:]:
+        ok = pc.and_kleene(ok, check)
+    accepted = np.asarray(pc.fill_null(ok, False), dtype=bool)
+    return read.filter(pa.array(accepted)), rows[accepted]
 
 
-def valid(parsed: DataFrame, with_pointers: bool = False) -> DataFrame:
-    """The traces (emitter marks left out), with their back-pointers if asked."""
-    columns = [*[f"`{name}`" for name in TRACE_NAMES], *(["prev_offsets"] if with_pointers else [])]
-    return parsed.where("NOT malformed AND type <> 'MARK'").select(*columns)
+def _read_json(lines: pa.BinaryArray) -> tuple[pa.Table, np.ndarray]:
+    """Template-shaped lines read by Arrow's JSON reader (:data:`_TEMPLATE_FIELDS`), and which of them were read.
+    The objects are read back to back, as one block; a block the reader refuses (a number beyond a double) is
+    halved until the lines it refuses are alone, and those are left to the codec."""
+    offsets = np.frombuffer(lines.buffers()[1], np.int32, len(lines) + 1, lines.offset * 4)
+    start, end = int(offsets[0]), int(offsets[-1])
+    try:
+        read = pa_json.read_json(
+            io.BytesIO(memoryview(lines.buffers()[2])[start:end]),
+            read_options=pa_json.ReadOptions(block_size=max(end - start, 1) + 1, use_threads=False),
+            parse_options=pa_json.ParseOptions(explicit_schema=_TEMPLATE_FIELDS, unexpected_field_behavior="error"),
+        )
+        if read.num_rows == len(lines):
+            return read, np.ones(len(lines), dtype=bool)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    if len(lines) == 1:
+        return _TEMPLATE_FIELDS.empty_table(), np.zeros(1, dtype=bool)
+    half = len(lines) // 2
+    first, first_kept = _read_json(lines.slice(0, half))
+    second, second_kept = _read_json(lines.slice(half))
+    return pa.concat_tables([first, second]), np.concatenate([first_kept, second_kept])
+
+
+def _lines(kafka: pa.Table) -> tuple[pa.Array, pa.Table]:
+    """Each Kafka row's lines (:func:`khipu.trace.codec.split_record`: only a UTF-8 batch record is split), and
+    per line where it sat (:data:`_LINE_FIELDS`)."""
+    values = kafka.column("value").combine_chunks() if kafka.num_rows else pa.array([], pa.binary())
+    batch = np.asarray(pc.fill_null(pc.match_substring(values, "}\n{"), False), dtype=bool)
+    if not batch.any():
+        lines: pa.Array = values
+        counts = np.ones(kafka.num_rows, dtype=np.int64)
+        numbers = np.zeros(kafka.num_rows, dtype=np.int32)
+    else:  # batch records: split as the codec splits them
+        split = [split_record(v) if is_batch else [v] for v, is_batch in zip(values.to_pylist(), batch, strict=True)]
+        lines = pa.array([line for parts in split for line in parts], pa.binary())
+        counts = np.array([len(parts) for parts in split], dtype=np.int64)
+        numbers = np.concatenate([np.arange(n, dtype=np.int32) for n in counts])
+    rows = pa.array(np.repeat(np.arange(kafka.num_rows), counts))
+    source = pa.table(
+        {
+            "source_topic": kafka.column("topic").take(rows),
+            "source_partition": kafka.column("partition").take(rows),
+            "source_offset": kafka.column("offset").take(rows),
+            "source_line": pa.array(numbers, pa.int32()),
+            "kafka_timestamp_ms": kafka.column("kafka_timestamp_ms").take(rows),
+        }
+    )
+    return lines, source
+
+
+def _as_text(lines: pa.Array) -> pa.Array:
+    """The lines as text; a line that is not valid UTF-8 is null (the codec says why it is malformed)."""
+    try:
+        return lines.cast(pa.string())
+    except pa.ArrowInvalid:
+        texts = []
+        for line in lines.to_pylist():
+            try:
+                texts.append(None if line is None else line.decode("utf-8"))
+            except UnicodeDecodeError:
+                texts.append(None)
+        return pa.array(texts, pa.string())
+
+
+def _joined_offsets(offsets: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """Back-pointers as the writer reads them: ``"13,12,10"``; null when there are none."""
+    joined = pc.binary_join(pc.cast(offsets, pa.list_(pa.string())), ",")
+    return pc.if_else(pc.greater(pc.list_value_length(offsets), 0), joined, pa.scalar(None, pa.string()))
+
+
+def _codec_row(line: bytes | None, known_streams: frozenset[str]) -> dict[str, Any]:
+    """One line the codec decides: a trace's, a mark's or a malformed line's columns."""
+    try:
+        record = decode_record(line)
+    except TraceDecodeError:
+        return {"kind": MALFORMED, "raw_value": line}
+    if isinstance(record, EmitterMark):
+        entries = [
+            {"cluster": cluster, "topic": topic, "partition": partition, "offset": offset}
+            for cluster, topic, partition, offset in record.received
+        ]
+        return {
+            "kind": MARK,
+            "type": "MARK",
+            "location": record.location,
+            "emitter_id": record.emitter_id,
+            "emitter_seq": record.emitter_seq,
+            "timestamp_ms": record.timestamp_ms,
+            "received": json.dumps(entries, separators=(",", ":"), ensure_ascii=False) if entries else None,
+        }
+    if record.stream not in known_streams:
+        return {"kind": MALFORMED, "raw_value": line}
+    return {"kind": TRACE, **_trace_columns(record)}
+
+
+def _trace_columns(trace: Trace) -> dict[str, Any]:
+    columns = trace._asdict()
+    columns["type"] = trace.type.value
+    attributes = dict(trace.attributes)
+    columns["attributes"] = (
+        json.dumps(attributes, separators=(",", ":"), ensure_ascii=False, sort_keys=True) if attributes else None
+    )
+    columns["prev_offsets"] = ",".join(map(str, trace.prev_offsets)) if trace.prev_offsets else None
+    return columns
+
+
+@dataclass(frozen=True, slots=True)
+class RecordDecoder:
+    """Spark's ``mapInArrow`` over a task's Kafka rows (:data:`KAFKA_FIELDS`): every line decoded to a record of
+    :data:`khipu.detector.packed.RECORD_FIELDS` (its bucket, kind and hop found here), packed by bucket every
+    :data:`khipu.detector.packed.PACK_ROWS` records and at the task's end."""
+
+    known_streams: tuple[str, ...]
+    hop_keys: Mapping[str, int]  # khipu.detector.routes.RoutePlans.hop_keys
+    buckets: int
+    _streams: pa.Array = field(init=False, repr=False)
+    _keys: pa.Array = field(init=False, repr=False)
+    _hops: pa.Array = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        keys = sorted(self.hop_keys.items())
+        object.__setattr__(self, "_streams", pa.array(sorted(set(self.known_streams)), pa.string()))
+        object.__setattr__(self, "_keys", pa.array([key for key, _ in keys], pa.string()))
+        object.__setattr__(self, "_hops", pa.array([hop for _, hop in keys], pa.int32()))
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        gathered: list[pa.Table] = []
+        rows = 0
+        for batch in batches:
+            if batch.num_rows:
+                decoded = self.decode(batch)
+                gathered.append(decoded)
+                rows += decoded.num_rows
+            if rows >= PACK_ROWS:
+                yield by_bucket(pa.concat_tables(gathered), RECORDS)
+                gathered, rows = [], 0
+        if rows:
+            yield by_bucket(pa.concat_tables(gathered), RECORDS)
+
+    def decode(self, kafka: pa.RecordBatch | pa.Table) -> pa.Table:
+        """The records of these Kafka rows (:data:`KAFKA_FIELDS`), a line each and in order, as
+        :data:`khipu.detector.packed.RECORD_FIELDS`."""
+        lines, source = _lines(pa.Table.from_batches([kafka]) if isinstance(kafka, pa.RecordBatch) else kafka)
+        templated, at = _template_traces(_as_text(lines), self._streams)
+        others = np.ones(len(lines), dtype=bool)
+        others[at] = False
+        streams = frozenset(self.known_streams)
+        decided = [_codec_row(line, streams) for line in lines.filter(pa.array(others)).to_pylist()]
+        template_part = {
+            name: templated.column(name) for name in templated.column_names if name not in ("v", "attributes")
+        }
+        template_part["prev_offsets"] = _joined_offsets(templated.column("prev_offsets"))
+        for flag in _FLAGS:
+            template_part[flag] = pc.fill_null(templated.column(flag), False)
+        template_part["kind"] = pa.array([TRACE] * templated.num_rows, pa.string())
+        fields = pa.schema([f for f in RECORD_FIELDS if f.name not in ("bucket", "hop", *_LINE_FIELDS)])
+        both = pa.concat_tables(
+            [
+                pa.table(
+                    [
+                        template_part[f.name].cast(f.type) if f.name in template_part else pa.nulls(len(at), f.type)
+                        for f in fields
+                    ],
+                    schema=fields,
+                ),
+                pa.Table.from_pylist(decided, schema=fields),
+            ]
+        )
+        order = np.concatenate([at, np.flatnonzero(others)])
+        both = both.take(pa.array(np.argsort(order, kind="stable")))  # back in line order
+        for name in _LINE_FIELDS:
+            both = both.append_column(name, source.column(name))
+        return self._numbered(both)
+
+    def _numbered(self, records: pa.Table) -> pa.Table:
+        """The records with their bucket and, for a trace, its hop (-1: none of the registry's)."""
+        kind = records.column("kind")
+        is_trace = pc.equal(kind, TRACE)
+        identity = pc.coalesce(
+            records.column("message_id"),
+            records.column("emitter_id"),
+            pc.cast(records.column("source_offset"), pa.string()),
+        )
+        bucket = pa.array(spark_bucket(identity, self.buckets), pa.int32())
+        actor = pc.coalesce(
+            pc.if_else(pc.equal(records.column("type"), "SENT"), records.column("location"), records.column("group")),
+            "",
+        )
+        key = pc.binary_join_element_wise(
+            records.column("stream"),
+            records.column("type"),
+            records.column("cluster"),
+            records.column("topic"),
+            actor,
+            HOP_KEY_SEPARATOR,
+            null_handling="skip",
+        )
+        found = pc.take(self._hops, pc.index_in(key, value_set=self._keys))
+        hop = pc.if_else(is_trace, pc.coalesce(found, pa.scalar(-1, pa.int32())), pa.scalar(None, pa.int32()))
+        columns = {"bucket": bucket, "hop": hop}
+        return pa.table(
+            [columns[f.name] if f.name in columns else records.column(f.name) for f in RECORD_FIELDS],
+            schema=RECORD_FIELDS,
+        )
 
 
 def quarantine_reason(raw: bytes | None, known_streams: Iterable[str]) -> str:
-    """Why the JVM rejected a record (a line of a batch record), in the codec's words (the codec is the
-    specification)."""
+    """Why a line is malformed, in the codec's words (the codec is the specification)."""
     try:
         record = decode_record(raw)
     except TraceDecodeError as exc:
         return str(exc)
     if isinstance(record, EmitterMark):
-        return "an emitter mark the JVM decoder rejected though the codec accepts it (report this as a bug)"
+        return "an emitter mark the detector rejected though the codec accepts it (report this as a bug)"
     known = sorted(set(known_streams))
     if record.stream not in known:
         return f"unknown stream {record.stream!r}; the registry defines: {', '.join(known) or 'none'}"
-    return "a trace the JVM decoder rejected though the codec accepts it (report this as a bug)"
+    return "a trace the detector rejected though the codec accepts it (report this as a bug)"

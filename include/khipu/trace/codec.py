@@ -245,6 +245,11 @@ def _load(raw: bytes | bytearray | memoryview | None, max_bytes: int = MAX_TRACE
         raise TraceDecodeError("<record>", f"not JSON ({exc.msg} at char {exc.pos})") from None
     if not isinstance(record, dict):
         raise TraceDecodeError("<record>", f"expected a JSON object, got {type(record).__name__}")
+    if b"\\u" in data:  # an escape may name half a surrogate pair: no text, and no UTF-8 store could keep it
+        try:
+            json.dumps(record, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise TraceDecodeError("<record>", "not text: a \\u escape names a lone UTF-16 surrogate") from None
     return record
 
 

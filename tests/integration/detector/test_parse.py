@@ -1,48 +1,53 @@
-"""Decoding after the source, in the JVM, on a DataFrame of Spark's Kafka schema.
+"""Decoding in Spark: the Kafka source's rows through :class:`khipu.detector.parse.RecordDecoder` (``mapInArrow``),
+as the detector runs it.
 
-The JVM's checks and the strict codec are held to the same table of records: the codec's own
-malformed cases, the marks' malformed cases, valid traces and marks, and batch records. For each
-line (``split_record``'s; a record of one trace is its line 0), "malformed in the JVM" equals "the
-codec raises", and the quarantine's reason is the codec's.
+Line by line, the decoder is held to the strict codec in ``tests/unit/detector/test_parse.py`` (the same table runs
+through Spark here); these tests add what only Spark shows: the Kafka source's rows as they arrive, batch records
+split into lines, and buckets equal to Spark's own ``pmod(xxhash64(message_id), buckets)``, which kept every
+checkpoint's state before the decoding moved to Python.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import random
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from pyspark.sql import functions as F
 
 from khipu.detector import records
-from khipu.detector.job import prepare
-from khipu.detector.parse import parse_traces, quarantine_reason, valid
-from khipu.detector.routes import RoutePlans, trace_hop_key
-from khipu.registry import parse_registry
+from khipu.detector.packed import PACKED_SCHEMA, RECORD_FIELDS, unpack
+from khipu.detector.parse import RecordDecoder, kafka_columns, quarantine_reason
+from khipu.detector.routes import trace_hop_key
+from khipu.detector.xxhash64 import spark_bucket
 from khipu.trace.codec import TraceDecodeError, decode_record, encode_batch, encode_mark, encode_trace, split_record
 from khipu.trace.model import EmitterMark, Trace, TraceType
-from tests.unit.trace.test_codec import MALFORMED, MALFORMED_MARKS, record, sent_trace
+from tests.unit.detector.test_parse import PARITY, PLANS, STREAMS, decoded_columns, expected_columns
+from tests.unit.trace.test_codec import record, sent_trace
 
 pytestmark = pytest.mark.integration
 AT = datetime(2026, 11, 23, tzinfo=UTC)
 KAFKA_SCHEMA = (
     "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int"
 )
-STREAMS = ["orders"]
-PLANS = RoutePlans.of(
-    parse_registry(
-        "version: 1\nclusters: {local: {}}\nstreams:\n  orders:\n    owner: t\n    route:\n"
-        "      producers: [{location: api, writes: [local/demo.orders]}]\n"
-        "      consumers: [{group: sink, reads: [local/demo.orders]}]\n"
-    )
-)
 
 
 def kafka_rows(spark: Any, values: list[bytes | None]) -> Any:
     rows = [(None, value, "khipu.traces", 0, offset, AT, 0) for offset, value in enumerate(values)]
     return spark.createDataFrame(rows, KAFKA_SCHEMA)
+
+
+def decoded(spark: Any, values: list[bytes | None], buckets: int = 4) -> pa.Table:
+    """The records as the detector's shuffle gets them: decoded and packed in Spark, unpacked, in line order."""
+    packed = kafka_columns(kafka_rows(spark, values)).mapInArrow(
+        RecordDecoder(tuple(STREAMS), PLANS.hop_keys(), buckets), PACKED_SCHEMA
+    )
+    table = unpack(packed.toArrow().column("blob"), RECORD_FIELDS)
+    return table.sort_by([("source_offset", "ascending"), ("source_line", "ascending")])
 
 
 def received(offset: int, seq: int, prev: tuple[int, ...], partition: int = 0, location: str = "sink") -> Trace:
@@ -63,23 +68,21 @@ def test_traces_marks_pointers_and_quarantine_from_kafka_rows(spark: Any) -> Non
         b"\xff not json",
         json.dumps({**json.loads(encode_trace(sent)), "stream": "nope"}).encode(),
     ]
-    parsed = parse_traces(kafka_rows(spark, values), STREAMS).cache()
-    batch = prepare(parsed, PLANS, 4).toArrow()  # the records, as the writer collects them
-
-    assert sorted((r.message_id, r.type, r.offset) for r in valid(parsed).collect()) == [
+    batch = decoded(spark, values)  # the records, as the writer collects them
+    traces = batch.filter(pc.equal(batch.column("kind"), records.TRACE)).to_pylist()
+    assert sorted((r["message_id"], r["type"], r["offset"]) for r in traces) == [
         ("m10", "RECEIVED", 10),
         ("m13", "RECEIVED", 13),
         ("m14", "RECEIVED", 14),
         ("m9", "SENT", 9),
     ]
-    assert {r.message_id: r.prev_offsets for r in valid(parsed, with_pointers=True).collect()} == {
+    assert {r["message_id"]: r["prev_offsets"] for r in traces} == {  # as the writer reads them
         "m9": None,
         "m10": None,
-        "m13": [10],
-        "m14": [13, 12, 10],
+        "m13": "10",
+        "m14": "13,12,10",
     }
-    # Spark numbers each trace's hop by the hop key spelt in khipu.detector.routes, as Python does
-    traces = batch.filter(pc.equal(batch.column("kind"), "trace")).to_pylist()
+    # each trace's hop is found by the hop key spelt in khipu.detector.routes
     keys = PLANS.hop_keys()
     assert [row["hop"] for row in traces] == [keys.get(trace_hop_key(row), -1) for row in traces]
     assert sorted(row["hop"] for row in traces) == [0, 1, 1, 1]  # api -> demo.orders, then sink's reads
@@ -104,196 +107,6 @@ def test_traces_marks_pointers_and_quarantine_from_kafka_rows(spark: Any) -> Non
     assert "unknown stream 'nope'" in reason and "orders" in reason
 
 
-def test_every_trace_field_comes_out_of_the_jvm_as_the_codec_reads_it(spark: Any) -> None:
-    traces = [
-        sent_trace(),
-        sent_trace(type=TraceType.RECEIVED, group="enricher", attributes={}, prev_offsets=(40, 39, 37)),
-        sent_trace(message_id="ünïcode-✓", sampling_percent=100.0, offset=0, partition=0, attributes={"a": "é"}),
-        sent_trace(message_id="v3", attributes={}, key_hash="0123456789abcdef", tombstone=True, transactional=True),
-        sent_trace(message_id="v3", type=TraceType.RECEIVED, group="g", attributes={}, read_uncommitted=True),
-        sent_trace(message_id="v3a", key_hash="fedcba9876543210", attributes={"a": "b"}),  # the variant's way
-    ]
-    parsed = parse_traces(kafka_rows(spark, [encode_trace(t) for t in traces]), STREAMS)
-    rows = {(r.message_id, r.type): r for r in valid(parsed, with_pointers=True).collect()}
-    assert len(rows) == len(traces)
-    for trace in traces:
-        row = rows[(trace.message_id, trace.type.value)]
-        decoded = decode_record(encode_trace(trace))
-        assert isinstance(decoded, Trace)
-        assert (row.stream, row.location, row.cluster, row.type, row.timestamp_ms) == (
-            decoded.stream,
-            decoded.location,
-            decoded.cluster,
-            decoded.type.value,
-            decoded.timestamp_ms,
-        )
-        assert (row.topic, row.partition, row.offset, row.group, row.emitter_id, row.emitter_seq) == (
-            decoded.topic,
-            decoded.partition,
-            decoded.offset,
-            decoded.group,
-            decoded.emitter_id,
-            decoded.emitter_seq,
-        )
-        assert row.sampling_percent == decoded.sampling_percent
-        assert (json.loads(row.attributes) if row.attributes else {}) == dict(decoded.attributes)
-        assert tuple(row.prev_offsets or ()) == decoded.prev_offsets
-        assert (row.key_hash, row.tombstone, row.transactional, row.read_uncommitted) == (
-            decoded.key_hash,
-            decoded.tombstone,
-            decoded.transactional,
-            decoded.read_uncommitted,
-        )
-
-
-def templated(**raw: str) -> bytes:
-    """A trace in the encoder's own template (the detector's cheapest path) with fields replaced by raw JSON text."""
-    text = encode_trace(sent_trace(attributes={}, type=TraceType.RECEIVED, group="g", prev_offsets=(3, 2))).decode()
-    for name, value in raw.items():
-        field = f'"{name}":{value}'
-        text = re.sub(rf'"{name}":(\[[^\]]*\]|"(?:[^"\\]|\\.)*"|[^,}}]*)', lambda _, f=field: f, text, count=1)
-    return text.encode()
-
-
-def _mark(**changes: Any) -> bytes:
-    return json.dumps(json.loads(encode_mark(EmitterMark("sink-1", "sink", 3, 5))) | changes).encode()
-
-
-PARITY: list[bytes | None] = [
-    *(data for data, _, _ in MALFORMED),
-    *(_mark(**changes) for changes, _, _ in MALFORMED_MARKS),
-    # valid ones, including the edges of every range
-    json.dumps(record()).encode(),
-    json.dumps(record(v=1)).encode(),
-    json.dumps(record(sampling_percent=100, attributes=None)).encode(),
-    json.dumps(record(type="RECEIVED", group="g", prev_offsets=list(range(16)))).encode(),
-    json.dumps(record(message_id="x" * 256, stream="orders", topic="t" * 249)).encode(),
-    encode_mark(EmitterMark("sink-1", "sink", 3, 5, (("local", "orders", 0, 4),))),
-    json.dumps(
-        {"v": 1, "mark": True, "emitter_id": "e", "location": "l", "emitter_seq": 0, "timestamp_ms": 0}
-    ).encode(),
-    # malformed in ways the table above does not show
-    json.dumps(record(message_id="x" * 257)).encode(),
-    json.dumps(record(sampling_percent=100.5)).encode(),
-    json.dumps(record(sampling_percent="50")).encode(),
-    json.dumps(record(offset="41")).encode(),
-    json.dumps(record(timestamp_ms=2**64)).encode(),
-    json.dumps(record(partition=2**31)).encode(),  # Kafka partitions are 32-bit
-    json.dumps(record(partition=2**31 - 1)).encode(),
-    json.dumps(record(v=2.0)).encode(),
-    _mark(received=[["local", "orders", 2**31, 4]]),
-    json.dumps(record(attributes={f"k{i}": "v" for i in range(33)})).encode(),
-    json.dumps(record(attributes=["a"])).encode(),
-    json.dumps(record(v=True)).encode(),
-    json.dumps(record(mark=False)).encode(),
-    _mark(emitter_seq=-1),
-    _mark(received=[["local", "orders", 0, 4, 5]]),
-    _mark(received=[["local", 7, 0, 4]]),
-    _mark(location=""),
-    # the plain shape checked on its values only: each of these must still be refused
-    json.dumps(record(type="RECEIVED", group="g", prev_offsets=[None])).encode(),
-    json.dumps(record(type="RECEIVED", group="g", prev_offsets=[3, None])).encode(),
-    json.dumps(record(prev_offsets=[3])).encode(),  # back-pointers on a SENT trace
-    json.dumps(record(type="RECEIVED", group=None)).encode(),
-    json.dumps(record(group="g")).encode(),  # a group on a SENT trace
-    json.dumps(record(type="SEEN")).encode(),
-    json.dumps(record(stream="")).encode(),
-    json.dumps(record(emitter_seq=-1)).encode(),
-    json.dumps(record(sampling_percent=0)).encode(),
-    json.dumps(record(partition=-1)).encode(),
-    json.dumps(record(v=1, prev_offsets=[])).encode(),  # a version-1 trace has no back-pointers
-    json.dumps({k: v for k, v in record().items() if k != "attributes"}).encode(),
-    json.dumps({k: v for k, v in record().items() if k not in ("group", "prev_offsets")}).encode(),
-    # in the encoder's own template, read without the variant: valid ones and every value out of range
-    templated(),
-    templated(type='"SENT"', group="null", prev_offsets="[]"),
-    templated(message_id='"\\u00fc\\"x\\\\y"', sampling_percent="1e-07"),
-    templated(message_id='""'),
-    templated(message_id='"' + "x" * 257 + '"'),
-    templated(stream='"nope"'),
-    templated(group="null"),
-    templated(type='"SENT"'),  # a group and back-pointers on a SENT trace
-    templated(type='"SENT"', group="null"),  # back-pointers on a SENT trace
-    templated(partition=str(2**31)),
-    templated(offset="99999999999999999999"),
-    templated(timestamp_ms=str(2**63)),
-    templated(sampling_percent="0"),
-    templated(sampling_percent="100.5"),
-    templated(prev_offsets="[" + ",".join(map(str, range(17))) + "]"),
-    templated(location='"' + "l" * 250 + '"'),
-    # version 3: valid, with and without its fields, and each of its rules broken
-    json.dumps(record(key_hash="0123456789abcdef", tombstone=True, transactional=True)).encode(),
-    json.dumps(record(type="RECEIVED", group="g", read_uncommitted=True)).encode(),
-    json.dumps(record(key_hash=None, tombstone=False, read_uncommitted=False)).encode(),
-    json.dumps(record(type="RECEIVED", group="g", transactional=False)).encode(),
-    json.dumps(record(v=2, tombstone=True)).encode(),  # a version-2 trace has no version-3 field
-    json.dumps(record(key_hash="ABCDEF0123456789")).encode(),
-    json.dumps(record(key_hash="0123456789abcde")).encode(),
-    json.dumps(record(key_hash=7)).encode(),
-    json.dumps(record(tombstone="true")).encode(),
-    json.dumps(record(type="RECEIVED", group="g", key_hash="0123456789abcdef")).encode(),
-    json.dumps(record(type="RECEIVED", group="g", transactional=True)).encode(),
-    json.dumps(record(read_uncommitted=True)).encode(),
-    *(
-        encode_trace(trace)  # the encoder's template, its version-3 tail valid and broken
-        for trace in (
-            sent_trace(attributes={}, key_hash="0123456789abcdef", tombstone=True, transactional=True),
-            sent_trace(attributes={}, transactional=True),
-            sent_trace(attributes={}, type=TraceType.RECEIVED, group="g", read_uncommitted=True),
-            sent_trace(attributes={}, key_hash="ABCDEF0123456789"),
-            sent_trace(attributes={}, read_uncommitted=True),
-            sent_trace(attributes={}, type=TraceType.RECEIVED, group="g", key_hash="0123456789abcdef"),
-            sent_trace(attributes={}, type=TraceType.RECEIVED, group="g", tombstone=True),
-            sent_trace(attributes={}, type=TraceType.RECEIVED, group="g", transactional=True),
-        )
-    ),
-    b'"a string"',
-    b"",
-    # batches: each line read as it would be alone in a record (the template's path, the variant's, a mark)
-    encode_batch(
-        [
-            encode_trace(sent_trace(attributes={})),
-            encode_trace(sent_trace(type=TraceType.RECEIVED, group="g", prev_offsets=(40,))),
-            encode_mark(EmitterMark("sink-1", "sink", 3, 5, (("local", "orders", 0, 4),))),
-        ]
-    ),
-    encode_batch([encode_trace(sent_trace()), json.dumps(record(offset=-1)).encode(), _mark()]),
-    encode_batch([json.dumps(record()).encode(), json.dumps(record(stream="nope")).encode()]),
-    encode_batch([templated(), templated(partition=str(2**31))]),
-    encode_batch([b"{", b"}"]),  # "{" + line feed + "}": no batch
-    encode_batch([b"}", b"{"]),  # two lines, neither JSON
-    json.dumps(record(), indent=2).encode(),  # pretty-printed: line feeds, one trace
-    json.dumps(record(offset=-1), indent=2).encode(),
-    b'{"v": 3,\n "message_id": "\xff"}',  # not UTF-8, with a line feed: one record
-]
-
-
-def test_the_jvm_and_the_codec_agree_on_what_is_malformed_and_the_reason_is_the_codecs(spark: Any) -> None:
-    parsed = parse_traces(kafka_rows(spark, PARITY), STREAMS)
-    jvm_malformed = {
-        (r.source_offset, r.source_line): (r.malformed, r.raw_value)
-        for r in parsed.select("source_offset", "source_line", "malformed", "raw_value").collect()
-    }
-    lines = {(offset, n): line for offset, value in enumerate(PARITY) for n, line in enumerate(split_record(value))}
-    assert sorted(jvm_malformed) == sorted(lines)  # the JVM splits each record as split_record does
-    assert len(lines) > len(PARITY)
-    disagreements = []
-    for position, line in lines.items():
-        try:
-            decoded = decode_record(line)
-            codec_malformed = isinstance(decoded, Trace) and decoded.stream not in STREAMS
-        except TraceDecodeError:
-            codec_malformed = True
-        malformed, raw_value = jvm_malformed[position]
-        if malformed != codec_malformed:
-            disagreements.append((position, line, "JVM", malformed, "codec", codec_malformed))
-        elif malformed and raw_value != line:  # what is quarantined is the line, byte for byte
-            disagreements.append((position, line, "quarantined", raw_value))
-    assert not disagreements, disagreements
-    reasons = [quarantine_reason(line, STREAMS) for position, line in lines.items() if jvm_malformed[position][0]]
-    assert not [reason for reason in reasons if "report this as a bug" in reason]
-
-
 def test_a_batch_record_is_read_line_by_line_and_only_its_malformed_lines_are_quarantined(spark: Any) -> None:
     sent = encode_trace(sent_trace(message_id="b-sent", attributes={}))
     received = encode_trace(sent_trace(message_id="b-received", type=TraceType.RECEIVED, group="g"))
@@ -310,11 +123,15 @@ def test_a_batch_record_is_read_line_by_line_and_only_its_malformed_lines_are_qu
         encode_trace(sent_trace(message_id="b-one")),  # 4: a record of one trace
         None,  # 5: a tombstone
     ]
-    parsed = parse_traces(kafka_rows(spark, values), STREAMS).cache()
-    read = sorted(
-        (r.source_offset, r.source_line, "malformed" if r.malformed else (r.type, r.message_id or r.emitter_id))
-        for r in parsed.collect()
-    )
+    batch = decoded(spark, values)  # the records, as the writer collects them
+    read = [
+        (
+            r["source_offset"],
+            r["source_line"],
+            "malformed" if r["kind"] == records.MALFORMED else (r["type"], r["message_id"] or r["emitter_id"]),
+        )
+        for r in batch.to_pylist()
+    ]
     assert read == [
         (0, 0, ("SENT", "b-sent")),
         (0, 1, ("RECEIVED", "b-received")),
@@ -327,13 +144,40 @@ def test_a_batch_record_is_read_line_by_line_and_only_its_malformed_lines_are_qu
         (4, 0, ("SENT", "b-one")),
         (5, 0, "malformed"),
     ]
-    assert {r.kafka_timestamp_ms for r in parsed.select("kafka_timestamp_ms").collect()} == {
-        int(AT.timestamp() * 1000)
-    }  # every line carries its record's time
-    batch = prepare(parsed, PLANS, 4).toArrow()  # the records, as the writer collects them
+    assert set(batch.column("kafka_timestamp_ms").to_pylist()) == {int(AT.timestamp() * 1000)}  # its record's time
     bad = sorted(((r["source_offset"], r["source_line"]), r["raw_value"]) for r in records.malformed(batch))
     assert bad == [((1, 1), bad_line), ((3, 0), values[3]), ((5, 0), None)]
     with pytest.raises(TraceDecodeError) as caught:
         decode_record(bad_line)
     assert quarantine_reason(bad_line, STREAMS) == str(caught.value) and caught.value.field == "offset"
     assert "not UTF-8" in quarantine_reason(values[3], STREAMS)  # the whole record, as the codec finds it
+
+
+def test_the_parity_table_decoded_in_spark_is_what_the_codec_reads(spark: Any) -> None:
+    batch = decoded(spark, PARITY)
+    rows = {(r["source_offset"], r["source_line"]): r for r in batch.to_pylist()}
+    lines = {(offset, n): line for offset, value in enumerate(PARITY) for n, line in enumerate(split_record(value))}
+    assert sorted(rows) == sorted(lines)
+    wrong = [p for p, line in lines.items() if decoded_columns(rows[p]) != expected_columns(line)]
+    assert not wrong, [(p, lines[p]) for p in wrong]
+    reasons = [quarantine_reason(lines[p], STREAMS) for p, r in rows.items() if r["kind"] == records.MALFORMED]
+    assert len(reasons) > 60 and not [reason for reason in reasons if "report this as a bug" in reason]
+
+
+def test_every_trace_keeps_the_bucket_sparks_own_hash_gave_it(spark: Any) -> None:
+    """A checkpoint's state is kept by bucket: the decoder, in Python, must give each message id the bucket Spark's
+    ``pmod(xxhash64(message_id), buckets)`` gave it when Spark decoded (ids of every length and alphabet)."""
+    chance = random.Random(20)
+    alphabet = 'abcXYZ0189-_.:/ üé日本😀\\"'
+    ids = [f"m-{n}" for n in range(200)] + [
+        "".join(chance.choice(alphabet) for _ in range(chance.randint(1, 90))) for _ in range(800)
+    ]
+    values = [encode_trace(sent_trace(message_id=message_id, attributes={})) for message_id in ids]
+    batch = decoded(spark, values, buckets=32)
+    assert batch.column("message_id").to_pylist() == ids  # every one decoded
+    ours = batch.column("bucket").to_pylist()
+    frame = spark.createDataFrame([(message_id,) for message_id in ids], "message_id string")
+    sparks = [r[0] for r in frame.select(F.pmod(F.xxhash64("message_id"), F.lit(32)).cast("int")).collect()]
+    assert ours == sparks
+    assert spark_bucket(pa.array(ids), 32).tolist() == sparks
+    assert len(set(sparks)) == 32

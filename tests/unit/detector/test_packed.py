@@ -1,44 +1,25 @@
-"""Records packed by bucket for the shuffle, and unpacked as they were (:mod:`khipu.detector.packed`)."""
+"""Records packed by bucket for the shuffle, and unpacked as they were (:mod:`khipu.detector.packed`); a task's
+records packed as they are decoded: ``test_parse.py``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pyarrow as pa
-import pytest
 
-from khipu.detector import packed
 from khipu.detector.bucket import VERDICT_FIELDS
-from khipu.detector.packed import PACKED_FIELDS, RECORD_FIELDS, RECORDS, ipc_bytes, pack_records, unpack
+from khipu.detector.packed import PACKED_FIELDS, RECORD_FIELDS, RECORDS, by_bucket, ipc_bytes, unpack
 from khipu.detector.records import TRACE
 from khipu.trace.archive import spark_ddl
 
 
-def records(buckets: list[int], first: int = 0) -> pa.RecordBatch:
-    rows: list[dict[str, Any]] = [
-        {"bucket": b, "kind": TRACE, "message_id": f"m{first + n}", "offset": first + n, "raw_value": b"{}"}
-        for n, b in enumerate(buckets)
-    ]
-    return pa.RecordBatch.from_pylist(rows, schema=RECORD_FIELDS)
-
-
-def test_a_tasks_records_are_packed_one_row_per_bucket_each_holding_exactly_that_buckets_records() -> None:
-    out = list(pack_records(iter([records([3, 0, 3, 1]), records([], 4), records([0, 3], 4)])))
-    assert len(out) == 1 and out[0].schema == PACKED_FIELDS
-    rows = out[0].to_pylist()
-    assert [(row["bucket"], row["kind"]) for row in rows] == [(0, RECORDS), (1, RECORDS), (3, RECORDS)]
-    held = {row["bucket"]: sorted(unpack([row["blob"]], RECORD_FIELDS).column("offset").to_pylist()) for row in rows}
-    assert held == {0: [1, 4], 1: [3], 3: [0, 2, 5]}
-
-
-def test_a_large_task_is_packed_as_it_goes_and_nothing_is_lost_or_doubled(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(packed, "PACK_ROWS", 5)
-    batches = [records([n % 3 for n in range(4)], first=4 * k) for k in range(5)]  # 20 records, 4 at a time
-    out = list(pack_records(iter(batches)))
-    assert [batch.num_rows for batch in out] == [3, 3, 3]  # after 8 records, after 16, and the 4 left at the end
-    table = unpack([b for batch in out for b in batch.column("blob").to_pylist()], RECORD_FIELDS)
-    assert sorted(table.column("offset").to_pylist()) == list(range(20))
-    assert table.schema == RECORD_FIELDS
+def test_a_table_is_cut_one_packed_row_per_bucket_each_blob_holding_exactly_that_buckets_rows() -> None:
+    rows: list[dict[str, Any]] = [{"bucket": b, "kind": TRACE, "offset": n} for n, b in enumerate([3, 0, 3, 1, 0])]
+    out = by_bucket(pa.Table.from_pylist(rows, schema=RECORD_FIELDS), RECORDS)
+    assert out.schema == PACKED_FIELDS
+    assert [(row["bucket"], row["kind"]) for row in out.to_pylist()] == [(0, RECORDS), (1, RECORDS), (3, RECORDS)]
+    held = {row["bucket"]: unpack([row["blob"]], RECORD_FIELDS).column("offset").to_pylist() for row in out.to_pylist()}
+    assert {bucket: sorted(offsets) for bucket, offsets in held.items()} == {0: [1, 4], 1: [3], 3: [0, 2]}
 
 
 def test_unpacking_no_blobs_gives_an_empty_table_of_the_schema_and_skips_a_bucket_without_verdicts() -> None:

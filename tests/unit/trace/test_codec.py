@@ -243,6 +243,8 @@ MALFORMED = [
     (raw(record(type="RECEIVED", group="g", transactional=True)), "transactional", "only SENT traces"),
     # 32. a producer has no isolation level
     (raw(record(read_uncommitted=True)), "read_uncommitted", "only RECEIVED traces"),
+    # 33. half a surrogate pair is no text: json reads it, no UTF-8 store could keep it (a whole pair is text)
+    (raw(record(message_id="m-\ud800")), "<record>", "lone UTF-16 surrogate"),
 ]
 
 

@@ -79,8 +79,8 @@ def test_a_record_that_is_no_batch_is_read_whole_however_it_is_written(vector: d
 def test_the_detector_reads_a_vector_by_its_cheapest_path_unless_it_has_attributes(vector: dict[str, Any]) -> None:
     """The parity table of docs/trace-format.md: any encoder writing these bytes (Python's, the JVM interceptors')
     takes the detector's template path, except a trace with attributes (a resent record's RECEIVED trace), which
-    takes the variant path. ENCODER_TEMPLATE is a Java regular expression; Python 3.11's re reads its possessive
-    quantifiers the same way."""
+    is read by the codec. ENCODER_TEMPLATE is read alike by RE2 (Arrow's, where the detector matches it) and by
+    Python's re; tests/unit/detector/test_parse.py checks the detector takes that path for these same vectors."""
     templated = re.fullmatch(ENCODER_TEMPLATE, vector["bytes"]) is not None
     assert templated == (not vector["trace"]["attributes"])
 
