@@ -37,7 +37,7 @@ from pyspark.sql import functions as F
 
 from khipu.detector.packed import PACK_ROWS, RECORD_FIELDS, RECORDS, by_bucket
 from khipu.detector.records import MALFORMED, MARK, TRACE
-from khipu.detector.routes import HOP_KEY_SEPARATOR
+from khipu.detector.routes import HOP_KEY_FIELDS, HOP_KEY_SEPARATOR
 from khipu.detector.xxhash64 import spark_bucket
 from khipu.trace.codec import (
     MAX_ID_CHARS,
@@ -357,15 +357,8 @@ class RecordDecoder:
             pc.if_else(pc.equal(records.column("type"), "SENT"), records.column("location"), records.column("group")),
             "",
         )
-        key = pc.binary_join_element_wise(
-            records.column("stream"),
-            records.column("type"),
-            records.column("cluster"),
-            records.column("topic"),
-            actor,
-            HOP_KEY_SEPARATOR,
-            null_handling="skip",
-        )
+        fields = [actor if name == "actor" else records.column(name) for name in HOP_KEY_FIELDS]
+        key = pc.binary_join_element_wise(*fields, HOP_KEY_SEPARATOR, null_handling="skip")
         found = pc.take(self._hops, pc.index_in(key, value_set=self._keys))
         hop = pc.if_else(is_trace, pc.coalesce(found, pa.scalar(-1, pa.int32())), pa.scalar(None, pa.int32()))
         columns = {"bucket": bucket, "hop": hop}

@@ -9,7 +9,7 @@ reads them with pyarrow (no Python per record):
   trace from a lost message; :meth:`khipu.store.channel.TraceChannelRepository.record_pointers`);
 - :func:`sequence_numbers`: every emitter sequence number seen (its gaps are traces the emitter lost);
 - :func:`newest_read`: per trace-topic partition, the newest record time read (:mod:`khipu.detector.clock`);
-- :func:`malformed`: the records (lines of batch records) the JVM's decoder rejected, with where they sat.
+- :func:`malformed`: the records (lines of batch records) the detector's decoder rejected, with where they sat.
 """
 
 from __future__ import annotations

@@ -245,8 +245,9 @@ class RoutePlans:
 
 
 # A trace's hop key: these of its fields, joined by HOP_KEY_SEPARATOR; the actor is the writing location of a SENT
-# trace and the reading group of a RECEIVED one. Spelt here only: Spark builds the same string from the same
-# fields (khipu.detector.job.prepare), and tests/integration/detector/test_parse.py holds the two to it.
+# trace and the reading group of a RECEIVED one. Spelt here only: the detector's decoder builds the same string a
+# column at a time from the same fields (khipu.detector.parse.RecordDecoder), and tests/unit/detector/test_parse.py
+# holds the two to it.
 HOP_KEY_FIELDS = ("stream", "type", "cluster", "topic", "actor")
 HOP_KEY_SEPARATOR = "|"
 

@@ -5,7 +5,7 @@ bucket was first computed by Spark's SQL function (``pmod(xxhash64(message_id), 
 decoded in Python (:mod:`khipu.detector.parse`), so the same bucket must come out of Python, bit for bit, or a
 message's later traces would meet another bucket's state. XXH64 is the published algorithm
 (https://github.com/Cyan4973/xxHash, ``doc/xxhash_spec.md``); Spark's ``XXH64.hashUnsafeBytes`` reads the same
-little-endian words. ``tests/integration/detector/test_xxhash64.py`` holds this to Spark's own function.
+little-endian words. ``tests/integration/detector/test_parse.py`` holds this to Spark's own function.
 """
 
 from __future__ import annotations

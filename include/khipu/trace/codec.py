@@ -37,7 +37,7 @@ BATCH_MAX_TRACES = 500
 BATCH_MAX_BYTES = 65_536  # of traces; a batch that closes with the emitter's mark may be larger by that mark
 # Where a record is split: a line feed between "}" and "{". Compact JSON never has one (a line feed in a string
 # is escaped), and no single JSON object, however written, has "}" + line feed + "{": a pretty-printed trace stays
-# whole. The same regular expression in Python's and Java's dialect (the detector splits in the JVM).
+# whole. The same regular expression in Python's and Java's dialect.
 BATCH_SPLIT_PATTERN = r"(?<=\})\n(?=\{)"
 _BATCH_SPLIT = re.compile(BATCH_SPLIT_PATTERN.encode())
 MAX_COUNT = 2**63 - 1  # offsets, times and sequence numbers are Kafka's and Java's 64-bit longs
@@ -151,16 +151,6 @@ _MARK_FIELDS = frozenset({"v", "mark", "emitter_id", "location", "emitter_seq", 
 _MARK_FIELDS_BY_VERSION = {1: _MARK_FIELDS, 2: _MARK_FIELDS | {"received"}, 3: _MARK_FIELDS | {"received"}}
 
 
-def trace_fields(version: int) -> frozenset[str]:
-    """The fields a trace of this format version may carry."""
-    return _FIELDS_BY_VERSION[version]
-
-
-def mark_fields(version: int) -> frozenset[str]:
-    """The fields an emitter mark of this format version may carry."""
-    return _MARK_FIELDS_BY_VERSION[version]
-
-
 def encode_mark(mark: EmitterMark) -> bytes:
     """Serialize an emitter mark: ``{"v":2,"mark":true,"emitter_id":...,"location":...,"emitter_seq":...,
     "timestamp_ms":...,"received":[[cluster, topic, partition, offset], ...]}``."""
@@ -191,7 +181,7 @@ def split_record(raw: bytes | bytearray | memoryview | None) -> list[bytes | Non
         return [data]
     try:
         data.decode("utf-8")
-    except UnicodeDecodeError:  # not text: no lines to tell apart (the detector, in the JVM, splits only text)
+    except UnicodeDecodeError:  # not text: no lines to tell apart
         return [data]
     return _BATCH_SPLIT.split(data)
 
@@ -243,6 +233,12 @@ def _load(raw: bytes | bytearray | memoryview | None, max_bytes: int = MAX_TRACE
         raise TraceDecodeError("<record>", f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise TraceDecodeError("<record>", f"not JSON ({exc.msg} at char {exc.pos})") from None
+    except RecursionError:
+        raise TraceDecodeError("<record>", "nested too deeply to be a trace or a mark") from None
+    except TraceDecodeError:  # a key given twice (itself a ValueError)
+        raise
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise TraceDecodeError("<record>", f"not a JSON value Python can read ({exc})") from None
     if not isinstance(record, dict):
         raise TraceDecodeError("<record>", f"expected a JSON object, got {type(record).__name__}")
     if b"\\u" in data:  # an escape may name half a surrogate pair: no text, and no UTF-8 store could keep it
@@ -315,7 +311,7 @@ def _key_hash(record: Mapping[str, Any], sent: bool) -> str | None:
         return None
     if not sent:
         raise TraceDecodeError("key_hash", f"only SENT traces carry a key hash, got {value!r}")
-    if not isinstance(value, str) or not KEY_HASH_PATTERN.match(value):
+    if not isinstance(value, str) or not KEY_HASH_PATTERN.fullmatch(value):  # fullmatch: no line feed after it
         raise TraceDecodeError("key_hash", f"expected {KEY_HASH_RULE}, got {value!r}")
     return value
 
@@ -421,7 +417,14 @@ def _trace_type(record: Mapping[str, Any]) -> TraceType:
 
 def _sampling_percent(record: Mapping[str, Any]) -> float:
     value = _present(record, "sampling_percent")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (
+            isinstance(value, float)
+            and not math.isfinite(value)  # an int is finite, however long (too long for a float)
+        )
+    ):
         raise TraceDecodeError("sampling_percent", f"expected a number in (0, 100], got {value!r}")
     if not 0 < value <= 100:
         raise TraceDecodeError("sampling_percent", f"expected a number in (0, 100], got {value}")

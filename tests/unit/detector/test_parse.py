@@ -159,6 +159,7 @@ PARITY: list[bytes | None] = [
     templated(sampling_percent="100"),
     templated(sampling_percent="100.5"),
     templated(sampling_percent="1e999"),  # beyond a double: Arrow's reader refuses the line, the codec decides
+    templated(sampling_percent="1" + "0" * 400),  # an integer beyond a double, as the JSON reader and the codec see it
     templated(sampling_percent="33.333333333333336"),
     templated(prev_offsets="[" + ",".join(map(str, range(16))) + "]"),
     templated(prev_offsets="[" + ",".join(map(str, range(17))) + "]"),

@@ -245,6 +245,14 @@ MALFORMED = [
     (raw(record(read_uncommitted=True)), "read_uncommitted", "only RECEIVED traces"),
     # 33. half a surrogate pair is no text: json reads it, no UTF-8 store could keep it (a whole pair is text)
     (raw(record(message_id="m-\ud800")), "<record>", "lone UTF-16 surrogate"),
+    # 34. what Python's json cannot read is malformed, never another exception: nesting past its recursion limit,
+    (b"[" * 3000, "<record>", "nested too deeply"),
+    # 35. ... an integer of more digits than Python converts
+    (b'{"v":3,"offset":' + b"1" * 4301 + b"}", "<record>", "not a JSON value Python can read"),
+    # 36. an integer too large for a float is a number, out of range
+    (raw(record(sampling_percent=10**400)), "sampling_percent", "expected a number in (0, 100]"),
+    # 37. a key hash is exactly its 16 digits: no line feed after them
+    (raw(record(key_hash="0123456789abcdef\n")), "key_hash", "16 lowercase hex digits"),
 ]
 
 
