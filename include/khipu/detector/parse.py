@@ -39,6 +39,7 @@ from khipu.detector.packed import PACK_ROWS, RECORD_FIELDS, RECORDS, by_bucket
 from khipu.detector.records import MALFORMED, MARK, TRACE
 from khipu.detector.routes import HOP_KEY_FIELDS, HOP_KEY_SEPARATOR
 from khipu.detector.xxhash64 import spark_bucket
+from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
 from khipu.trace.codec import (
     MAX_ID_CHARS,
     MAX_PARTITION,
@@ -81,29 +82,13 @@ ENCODER_TEMPLATE = (
 )
 for _mark_, _pattern_ in (("<S>", _STRING), ("<N>", _INTEGER), ("<F>", _NUMBER)):
     ENCODER_TEMPLATE = ENCODER_TEMPLATE.replace(_mark_, _pattern_)
-# the template's fields as Arrow's JSON reader reads them (a JSON type per field: the template guarantees it)
+# the template's fields as Arrow's JSON reader reads them: a trace's fields as the archive keeps them, each with the
+# JSON type the template guarantees (a partition is read as any integer, and checked to fit 32 bits)
+_AS_JSON = {"partition": pa.int64(), "attributes": pa.struct([])}  # "attributes": {} only
 _TEMPLATE_FIELDS = pa.schema(
     [
         ("v", pa.int64()),
-        ("message_id", pa.string()),
-        ("stream", pa.string()),
-        ("location", pa.string()),
-        ("cluster", pa.string()),
-        ("type", pa.string()),
-        ("timestamp_ms", pa.int64()),
-        ("topic", pa.string()),
-        ("partition", pa.int64()),
-        ("offset", pa.int64()),
-        ("group", pa.string()),
-        ("emitter_id", pa.string()),
-        ("emitter_seq", pa.int64()),
-        ("sampling_percent", pa.float64()),
-        ("attributes", pa.struct([])),
-        ("prev_offsets", pa.list_(pa.int64())),
-        ("key_hash", pa.string()),
-        ("tombstone", pa.bool_()),
-        ("transactional", pa.bool_()),
-        ("read_uncommitted", pa.bool_()),
+        *((f.name, _AS_JSON.get(f.name, f.type)) for f in ARCHIVED_TRACE if f.name != "kafka_timestamp_ms"),
     ]
 )
 _NAMES = ("stream", "location", "cluster", "topic", "emitter_id")
