@@ -36,7 +36,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from khipu.detector.packed import PACK_ROWS, RECORD_FIELDS, RECORDS, by_bucket
-from khipu.detector.records import MALFORMED, MARK, TRACE
+from khipu.detector.records import MALFORMED, MARK, POSITION, TRACE
 from khipu.detector.routes import HOP_KEY_FIELDS, HOP_KEY_SEPARATOR
 from khipu.detector.xxhash64 import spark_bucket
 from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
@@ -45,12 +45,13 @@ from khipu.trace.codec import (
     MAX_PARTITION,
     MAX_PREV_OFFSETS,
     MAX_TRACE_BYTES,
+    NAME_FIELDS,
     TraceDecodeError,
     decode_record,
     split_record,
 )
 from khipu.trace.keys import KEY_HASH_PATTERN
-from khipu.trace.model import EmitterMark, Trace
+from khipu.trace.model import EmitterMark, trace_columns
 from khipu.trace.names import MAX_NAME_CHARS
 
 # What the JVM hands over per Kafka record of the trace topic (Spark's Kafka schema, its time in milliseconds)
@@ -91,7 +92,6 @@ _TEMPLATE_FIELDS = pa.schema(
         *((f.name, _AS_JSON.get(f.name, f.type)) for f in ARCHIVED_TRACE if f.name != "kafka_timestamp_ms"),
     ]
 )
-_NAMES = ("stream", "location", "cluster", "topic", "emitter_id")
 _FLAGS = ("tombstone", "transactional", "read_uncommitted")
 _LINE_FIELDS = ("source_topic", "source_partition", "source_offset", "source_line", "kafka_timestamp_ms")
 
@@ -128,7 +128,7 @@ def _template_traces(lines: pa.Array, known_streams: pa.Array) -> tuple[pa.Table
     key_hash = read.column("key_hash")
     checks = [
         _between(read.column("message_id"), 1, MAX_ID_CHARS),
-        *(_between(read.column(name), 1, MAX_NAME_CHARS) for name in _NAMES),
+        *(_between(read.column(name), 1, MAX_NAME_CHARS) for name in NAME_FIELDS),
         pc.is_in(read.column("stream"), value_set=known_streams),
         pc.or_kleene(
             pc.and_kleene(received, _between(read.column("group"), 1, MAX_NAME_CHARS)),
@@ -231,10 +231,8 @@ def _codec_row(line: bytes | None, known_streams: frozenset[str]) -> dict[str, A
     except TraceDecodeError:
         return {"kind": MALFORMED, "raw_value": line}
     if isinstance(record, EmitterMark):
-        entries = [
-            {"cluster": cluster, "topic": topic, "partition": partition, "offset": offset}
-            for cluster, topic, partition, offset in record.received
-        ]
+        # cluster, topic, partition, offset: as khipu.detector.records.pointers reads them
+        entries = [dict(zip(POSITION[1:], entry, strict=True)) for entry in record.received]
         return {
             "kind": MARK,
             "type": "MARK",
@@ -246,18 +244,9 @@ def _codec_row(line: bytes | None, known_streams: frozenset[str]) -> dict[str, A
         }
     if record.stream not in known_streams:
         return {"kind": MALFORMED, "raw_value": line}
-    return {"kind": TRACE, **_trace_columns(record)}
-
-
-def _trace_columns(trace: Trace) -> dict[str, Any]:
-    columns = trace._asdict()
-    columns["type"] = trace.type.value
-    attributes = dict(trace.attributes)
-    columns["attributes"] = (
-        json.dumps(attributes, separators=(",", ":"), ensure_ascii=False, sort_keys=True) if attributes else None
-    )
-    columns["prev_offsets"] = ",".join(map(str, trace.prev_offsets)) if trace.prev_offsets else None
-    return columns
+    columns = trace_columns(record)
+    columns["prev_offsets"] = ",".join(map(str, record.prev_offsets)) if record.prev_offsets else None
+    return {"kind": TRACE, **columns}
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,12 +259,14 @@ class RecordDecoder:
     hop_keys: Mapping[str, int]  # khipu.detector.routes.RoutePlans.hop_keys
     buckets: int
     _streams: pa.Array = field(init=False, repr=False)
+    _stream_names: frozenset[str] = field(init=False, repr=False)
     _keys: pa.Array = field(init=False, repr=False)
     _hops: pa.Array = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         keys = sorted(self.hop_keys.items())
         object.__setattr__(self, "_streams", pa.array(sorted(set(self.known_streams)), pa.string()))
+        object.__setattr__(self, "_stream_names", frozenset(self.known_streams))
         object.__setattr__(self, "_keys", pa.array([key for key, _ in keys], pa.string()))
         object.__setattr__(self, "_hops", pa.array([hop for _, hop in keys], pa.int32()))
 
@@ -300,8 +291,7 @@ class RecordDecoder:
         templated, at = _template_traces(_as_text(lines), self._streams)
         others = np.ones(len(lines), dtype=bool)
         others[at] = False
-        streams = frozenset(self.known_streams)
-        decided = [_codec_row(line, streams) for line in lines.filter(pa.array(others)).to_pylist()]
+        decided = [_codec_row(line, self._stream_names) for line in lines.filter(pa.array(others)).to_pylist()]
         template_part = {
             name: templated.column(name) for name in templated.column_names if name not in ("v", "attributes")
         }
@@ -338,7 +328,7 @@ class RecordDecoder:
             pc.cast(records.column("source_offset"), pa.string()),
         )
         bucket = pa.array(spark_bucket(identity, self.buckets), pa.int32())
-        actor = pc.coalesce(
+        actor = pc.coalesce(  # khipu.detector.routes.trace_actor, a column at a time
             pc.if_else(pc.equal(records.column("type"), "SENT"), records.column("location"), records.column("group")),
             "",
         )

@@ -43,7 +43,7 @@ _BATCH_SPLIT = re.compile(BATCH_SPLIT_PATTERN.encode())
 MAX_COUNT = 2**63 - 1  # offsets, times and sequence numbers are Kafka's and Java's 64-bit longs
 MAX_PARTITION = 2**31 - 1  # partitions are 32-bit ints
 
-_NAME_FIELDS = ("stream", "location", "cluster", "topic", "emitter_id")
+NAME_FIELDS = ("stream", "location", "cluster", "topic", "emitter_id")  # names: 1 to MAX_NAME_CHARS characters
 _FIELDS = frozenset(
     {
         "v",
@@ -272,7 +272,7 @@ def trace_from_mapping(record: Mapping[str, Any]) -> Trace:
         )
 
     message_id = _text(record, "message_id", MAX_ID_CHARS)
-    names = {name: _text(record, name, MAX_NAME_CHARS) for name in _NAME_FIELDS}
+    names = {name: _text(record, name, MAX_NAME_CHARS) for name in NAME_FIELDS}
     trace_type = _trace_type(record)
     group = record.get("group")
     if trace_type is TraceType.RECEIVED:

@@ -72,6 +72,18 @@ class Trace(NamedTuple):
     read_uncommitted: bool = False  # RECEIVED: the group reads with isolation.level=read_uncommitted
 
 
+def trace_columns(trace: Trace) -> dict[str, Any]:
+    """A trace as decoded columns, as :func:`trace_from_columns` reads them: ``type`` as text, ``attributes`` as
+    JSON text (its keys sorted; null when there are none)."""
+    columns = trace._asdict()
+    columns["type"] = trace.type.value
+    attributes = dict(trace.attributes)
+    columns["attributes"] = (
+        json.dumps(attributes, separators=(",", ":"), ensure_ascii=False, sort_keys=True) if attributes else None
+    )
+    return columns
+
+
 def trace_from_columns(values: Mapping[str, Any]) -> Trace:
     """A trace from decoded columns (a Spark row, an Arrow or pandas row as a mapping; ``attributes`` as JSON
     text; the version-3 columns may be absent or null, as in what was archived before them)."""
