@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -237,8 +238,9 @@ def _load(raw: bytes | bytearray | memoryview | None, max_bytes: int = MAX_TRACE
         raise TraceDecodeError("<record>", "nested too deeply to be a trace or a mark") from None
     except TraceDecodeError:  # a key given twice (itself a ValueError)
         raise
-    except ValueError as exc:  # e.g. an integer of more digits than Python converts
-        raise TraceDecodeError("<record>", f"not a JSON value Python can read ({exc})") from None
+    except ValueError:  # the one other ValueError json raises: an integer of more digits than Python converts
+        longest = f"at most {sys.get_int_max_str_digits():,} digits"
+        raise TraceDecodeError("<record>", f"a number longer than the decoder reads ({longest})") from None
     if not isinstance(record, dict):
         raise TraceDecodeError("<record>", f"expected a JSON object, got {type(record).__name__}")
     if b"\\u" in data:  # an escape may name half a surrogate pair: no text, and no UTF-8 store could keep it
