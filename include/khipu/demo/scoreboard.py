@@ -13,7 +13,9 @@ The baselines are computed from the same archived traces Khipu reads:
   duplicates, with no identities and no causes. Scored by the best matching the counts allow.
 
 Scored per (message, hop) against :func:`khipu.demo.score.expected_verdicts`. A final verdict counts by
-what its evidence says (:func:`khipu.demo.score.said`).
+what its evidence says (:func:`khipu.demo.score.said`). Precision counts every answer about a message of the
+truth, on hops the truth expects no verdict for too (:func:`khipu.demo.score.score`'s extra verdicts, e.g. a
+LOST said of a hop downstream of a loss, which the message never reached).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from khipu.demo.ledger import GroundTruth
-from khipu.demo.score import expected_verdicts
+from khipu.demo.score import expected_verdicts, score
 from khipu.registry.model import Hop, HopKind, Stream
 from khipu.trace.model import Trace, TraceType
 
@@ -49,6 +51,9 @@ class ScoreRow:
     duplicate_precision: float | None
     false_lost_late: int  # LOST said of a hop whose trace existed but came after the answer
     false_lost_trace_loss: int  # LOST said of a hop that happened, its trace lost
+    # LOST said of a hop the truth expects no verdict for (None: a design without identities cannot say which)
+    false_lost_unexpected: int | None
+    unexpected_verdicts: int | None  # verdicts of any kind said of such hops (khipu.demo.score's extra)
     trace_lost_hops: int
     labelled_trace_lost: int  # of those, how many were said TRACE_LOST
     first_answer_p50_s: float | None
@@ -138,10 +143,14 @@ def score_answers(
     the trace came (late); a false LOST of a hop with no trace at all is trace loss."""
     expected = expected_verdicts(truth)
     said = {key: answers.said[key] for key in expected if key in answers.said}
+    rows = ({"message_id": m, "hop": h, "verdict": v, "cause": c} for (m, h), (v, c) in answers.said.items())
+    unexpected = score(truth, rows).extra  # said of hops the truth expects no verdict for
+    # precision weighs every answer about a message of the truth (as score() reads them), unexpected hops included
+    judged = {key: answer for key, answer in answers.said.items() if key[0] in truth.messages}
     true_lost = {k for k, (v, _) in expected.items() if v == "LOST"}
-    said_lost = {k for k, (v, _) in said.items() if v == "LOST"}
+    said_lost = {k for k, (v, _) in judged.items() if v == "LOST"}
     true_dup = {k: c for k, (v, c) in expected.items() if v == "DUPLICATE"}
-    said_dup = {k: c for k, (v, c) in said.items() if v == "DUPLICATE"}
+    said_dup = {k: c for k, (v, c) in judged.items() if v == "DUPLICATE"}
     right_dup = {k for k, c in said_dup.items() if true_dup.get(k, "-") == c}
     trace_lost = {k for k, (v, _) in expected.items() if v == "TRACE_LOST"}
     false_lost = said_lost - true_lost
@@ -158,6 +167,8 @@ def score_answers(
         duplicate_precision=_share(len(right_dup), len(said_dup)),
         false_lost_late=len(false_lost & traced),
         false_lost_trace_loss=len(false_lost & trace_lost),
+        false_lost_unexpected=len(false_lost & unexpected.keys()),
+        unexpected_verdicts=len(unexpected),
         trace_lost_hops=len(trace_lost),
         labelled_trace_lost=sum(1 for k in trace_lost if said.get(k, ("", None))[0] == "TRACE_LOST"),
         first_answer_p50_s=statistics.median(delays) if delays else None,
@@ -211,6 +222,8 @@ def window_audit(
         duplicate_precision=0.0 if sum(excess.values()) else None,
         false_lost_late=sum(max(0, f - trace_lost[k]) for k, f in false_lost.items()),
         false_lost_trace_loss=sum(min(f, trace_lost[k]) for k, f in false_lost.items()),
+        false_lost_unexpected=None,  # its deficits count every hop the messages headed for (in its precision)
+        unexpected_verdicts=None,
         trace_lost_hops=sum(trace_lost.values()),
         labelled_trace_lost=0,
         first_answer_p50_s=lag_s,
@@ -229,16 +242,20 @@ def markdown(rows: Iterable[ScoreRow]) -> str:
     def secs(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.0f} s"
 
+    def count(value: int | None) -> str:
+        return "n/a" if value is None else str(value)
+
     lines = [
         "| design | loss recall | loss precision | duplicate recall (with cause) | duplicate precision "
-        "| false LOST: late traces | false LOST: trace loss | trace-lost hops labelled TRACE_LOST "
-        "| first answer p50 / p95 |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| false LOST: late traces | false LOST: trace loss | false LOST: no verdict expected "
+        "| verdicts on hops with no verdict expected | trace-lost hops labelled TRACE_LOST | first answer p50 / p95 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.design} | {pct(r.loss_recall)} | {pct(r.loss_precision)} | {pct(r.duplicate_recall)} "
             f"| {pct(r.duplicate_precision)} | {r.false_lost_late} | {r.false_lost_trace_loss} "
+            f"| {count(r.false_lost_unexpected)} | {count(r.unexpected_verdicts)} "
             f"| {r.labelled_trace_lost} of {r.trace_lost_hops} | {secs(r.first_answer_p50_s)} / "
             f"{secs(r.first_answer_p95_s)} |"
         )

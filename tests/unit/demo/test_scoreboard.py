@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from khipu.demo.ledger import GroundTruth, HopTruth, MessageTruth
 from khipu.demo.scoreboard import (
+    Answers,
     first_trace_times,
     fixed_timeout,
     score_answers,
@@ -83,3 +84,17 @@ def test_the_count_audit_sees_deficits_without_knowing_whose() -> None:
     assert (row.loss_recall, row.loss_precision) == (1.0, 1 / 3)
     assert (row.false_lost_late, row.false_lost_trace_loss) == (1, 1)
     assert row.duplicate_recall is None and row.labelled_trace_lost == 0
+
+
+def test_a_loss_said_of_a_hop_the_truth_expects_no_verdict_for_counts_against_precision() -> None:
+    # m-cut's ledger has its write only: no read row, so the truth expects no verdict at the read hop (as for a hop
+    # downstream of a loss); a design that says LOST there said a false LOST, as khipu.demo.score counts it (extra)
+    cut = MessageTruth("m-cut", True, {WRITE: HopTruth("m-cut", WRITE, HopKind.WRITE, 1, frozenset(), 1)})
+    truth = GroundTruth({**TRUTH.messages, "m-cut": cut})
+    answers = Answers(
+        {("m-gone", READ): ("LOST", None), ("m-ok", READ): ("DELIVERED", None), ("m-cut", READ): ("LOST", None)},
+        {},
+    )
+    row = score_answers("design", answers, truth, first_trace_times(BY_MESSAGE), traced_hops(BY_MESSAGE))
+    assert (row.loss_recall, row.loss_precision) == (1.0, 0.5)  # m-gone found, among two LOSTs said
+    assert (row.unexpected_verdicts, row.false_lost_unexpected) == (1, 1)
