@@ -41,6 +41,7 @@ from khipu.store import Store, StoreError
 from khipu_airflow.view import finding, resending
 from khipu_airflow.view.charts import sparkline
 from khipu_airflow.view.formats import duration, pct
+from khipu_airflow.view.guard import SECURITY_HEADERS, CrossSiteRefused, login_return_path
 from khipu_airflow.view.routemap import route_map_svg
 from khipu_airflow.view.scope import CallerScope, NotLoggedIn, ViewerOf, every_stream_to_everyone
 
@@ -103,9 +104,16 @@ def create_app(
         _check_texts(request)
         return user
 
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        answer = await call_next(request)
+        answer.headers.update(SECURITY_HEADERS)  # khipu_airflow.view.guard: no framing by another site
+        return answer
+
     @app.exception_handler(NotLoggedIn)
     async def to_login(request: Request, _exc: NotLoggedIn) -> Response:
-        return RedirectResponse(login_url(str(request.url)), status_code=303)
+        home = str(request.scope.get("root_path", "")).rstrip("/") + "/"
+        return RedirectResponse(login_url(login_return_path(request, home)), status_code=303)
 
     def problem(request: Request, status: int, detail: str) -> Response:
         """An API call gets ``{"detail": ...}``; a page gets the page frame with the problem in it."""
@@ -125,6 +133,7 @@ def create_app(
         app.add_exception_handler(error, answer_with(status))
     app.add_exception_handler(resending.NotThisLoss, answer_with(404))  # a run id not of this message's resend
     app.add_exception_handler(AccessUnanswered, answer_with(503))  # KHIPU_VIEW_ACCESS does not fit the auth manager
+    app.add_exception_handler(CrossSiteRefused, answer_with(403))  # a POST not from the view's own pages
 
     @app.exception_handler(resending.ResendRefused)
     async def resend_refused(request: Request, exc: resending.ResendRefused) -> Response:

@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from khipu.access import SeenRegistry, Viewer, seen_registry
 from khipu.registry.model import Registry
+from khipu_airflow.view.guard import check_same_origin
 
 if TYPE_CHECKING:
     from khipu_airflow.view.app import ViewSources
@@ -57,7 +58,9 @@ class CallerScope:
         self.sources: ViewSources = dataclasses.replace(sources, load_registry=self.registry)
 
     async def caller(self, request: Request) -> Viewer:
-        """Every route's first dependency: the caller's login, and what they see."""
+        """Every route's first dependency: a state-changing request from the view's own pages only
+        (:func:`khipu_airflow.view.guard.check_same_origin`), the caller's login, and what they see."""
+        check_same_origin(request)
         try:
             user = await self._authenticate(request)
         except HTTPException as exc:

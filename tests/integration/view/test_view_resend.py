@@ -80,7 +80,11 @@ class Stack:
         request = urllib.request.Request(
             f"{self.airflow.base}/khipu{path}",
             data=urlencode(form).encode(),
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/x-www-form-urlencoded"},
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Content-Type": "application/x-www-form-urlencoded",
+                "Origin": self.airflow.base,  # as the view's own page sends it (khipu_airflow.view.guard)
+            },
             method="POST",
         )
         opener = urllib.request.build_opener(_NoRedirect())

@@ -57,8 +57,8 @@ class Served:
     def ask(self, user: str, method: str, path: str, form: dict[str, str] | None = None) -> tuple[int, str]:
         data = urlencode(form).encode() if form else None
         headers = {"Authorization": f"Bearer {self.tokens[user]}"}
-        if data is not None:
-            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        if data is not None:  # a POST: with the Origin the view's own page sends (khipu_airflow.view.guard)
+            headers.update({"Content-Type": "application/x-www-form-urlencoded", "Origin": self.airflow.base})
         request = urllib.request.Request(f"{self.airflow.base}/khipu{path}", data=data, headers=headers, method=method)
         opener = urllib.request.build_opener(_NoRedirect())
         try:

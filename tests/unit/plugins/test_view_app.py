@@ -72,17 +72,83 @@ def test_without_a_login_every_route_is_refused_and_pages_send_to_the_login(
     seeded: tuple[TestClient, Seeded, Store],
 ) -> None:
     client, data, _ = seeded
-    anonymous = TestClient(client.app)
+    anonymous = TestClient(client.app, headers={"Origin": "http://testserver"})  # as a browser sends with a POST
     routes = [route for route in client.app.routes if isinstance(route, APIRoute)]
     assert len(routes) == 19  # 10 API answers (with the OpenAPI description), 8 pages, a resend: each one tried below
     for route in routes:
         path = route.path.replace("{stream}", STREAM).replace("{message_id}", data.skipped)
-        answer = anonymous.request(sorted(route.methods)[0], path, follow_redirects=False)
+        method = sorted(route.methods)[0]
+        answer = anonymous.request(method, path, follow_redirects=False)
         if "/api/v1/" in route.path:
             assert answer.status_code == 401, path
         else:
             assert answer.status_code == 303, path
-            assert answer.headers["location"] == f"/auth/login?next=http://testserver{path}"
+            back_to = path if method == "GET" else "/"  # a POST without a Referer: the home page, not a POST address
+            assert answer.headers["location"] == f"/auth/login?next={back_to}", path
+
+
+def test_the_login_returns_to_a_path_of_this_site_whatever_host_the_request_named(
+    seeded: tuple[TestClient, Seeded, Store],
+) -> None:
+    client, _, _ = seeded
+    anonymous = TestClient(client.app)
+    answer = anonymous.get("/lost?stream=demo.orders", headers={"Host": "evil.example"}, follow_redirects=False)
+    assert answer.status_code == 303
+    assert answer.headers["location"] == "/auth/login?next=/lost?stream=demo.orders"  # no host: this site's path
+    doubled = anonymous.get("//evil.example/lost", follow_redirects=False)  # a path that reads as a host
+    assert doubled.headers["location"].startswith("/auth/login?next=/") and "next=//" not in doubled.headers["location"]
+
+
+def test_a_resend_whose_session_expired_returns_after_the_login_to_the_message_page(
+    seeded: tuple[TestClient, Seeded, Store],
+) -> None:
+    client, data, _ = seeded
+    page = f"http://testserver/messages/{data.skipped}"
+    expired = TestClient(client.app, headers={"Origin": "http://testserver", "Referer": page})
+    answer = expired.post(f"/messages/{data.skipped}/resend", data={"hop": "x"}, follow_redirects=False)
+    assert answer.status_code == 303
+    assert answer.headers["location"] == f"/auth/login?next=/messages/{data.skipped}"  # a page, not the POST address
+    elsewhere = TestClient(client.app, headers={"Origin": "http://testserver", "Referer": "http://evil.example/x"})
+    answer = elsewhere.post(f"/messages/{data.skipped}/resend", data={"hop": "x"}, follow_redirects=False)
+    assert answer.status_code == 303  # the Origin is ours; the Referer names another site: never returned to
+    assert answer.headers["location"] == "/auth/login?next=/"
+
+
+@pytest.mark.parametrize(
+    ("headers", "why"),
+    [
+        ({}, "carried neither"),
+        ({"Origin": "http://evil.example"}, "Origin names evil.example"),
+        ({"Origin": "null"}, "carried neither"),  # a sandboxed frame's Origin, and no Referer
+        ({"Referer": "http://evil.example/page"}, "Referer names evil.example"),
+        ({"Origin": "http://evil.example", "Referer": "http://testserver/messages/x"}, "Origin names evil.example"),
+    ],
+)
+def test_a_state_changing_request_not_from_the_views_own_pages_is_refused_logged_in_or_not(
+    seeded: tuple[TestClient, Seeded, Store], headers: dict[str, str], why: str
+) -> None:
+    client, data, _ = seeded
+    for caller in (client, TestClient(client.app)):  # with a session, and without one
+        answer = caller.post(f"/messages/{data.skipped}/resend", data={"hop": "x"}, headers=headers,
+                             follow_redirects=False)  # fmt: skip
+        assert answer.status_code == 403, (headers, answer.text)
+        assert why in html.unescape(answer.text)
+
+
+def test_every_answer_forbids_framing_by_another_site(seeded: tuple[TestClient, Seeded, Store]) -> None:
+    client, data, _ = seeded
+    answers = [
+        client.get("/"),
+        client.get(f"/messages/{data.skipped}"),
+        client.get("/api/v1/streams"),
+        client.get("/nowhere"),  # a 404
+        TestClient(client.app).get("/", follow_redirects=False),  # the login redirect
+        client.post(f"/messages/{data.skipped}/resend", data={"hop": "x"}),  # refused: no Origin
+    ]
+    for answer in answers:
+        assert answer.headers["x-frame-options"] == "SAMEORIGIN", answer.url
+        assert answer.headers["content-security-policy"] == "frame-ancestors 'self'", answer.url
+        assert answer.headers["x-content-type-options"] == "nosniff", answer.url
 
 
 def test_streams_api_sums_the_stored_minutes_per_hop(seeded: tuple[TestClient, Seeded, Store]) -> None:

@@ -71,7 +71,9 @@ def two_teams(tmp_path: Path) -> tuple[TestClient, Seeded, SecondTeam]:
 
 
 def as_(client: TestClient, token: str) -> TestClient:
-    return TestClient(client.app, headers={"Authorization": f"Bearer {token}"}, follow_redirects=False)
+    return TestClient(  # with the Origin a browser sends with a POST (khipu_airflow.view.guard)
+        client.app, headers={"Authorization": f"Bearer {token}", "Origin": "http://testserver"}, follow_redirects=False
+    )
 
 
 def bursts_foreign(team: SecondTeam) -> Foreign:
@@ -211,6 +213,6 @@ def test_without_a_login_the_resend_route_sends_to_the_login_too(
     two_teams: tuple[TestClient, Seeded, SecondTeam],
 ) -> None:
     client, orders, _ = two_teams
-    anonymous = TestClient(client.app, follow_redirects=False)
+    anonymous = TestClient(client.app, headers={"Origin": "http://testserver"}, follow_redirects=False)
     answer = anonymous.post(f"/messages/{orders.dropped}/resend", data={"hop": "x"})
     assert answer.status_code == 303 and answer.headers["location"].startswith("/auth/login?next=")
