@@ -36,6 +36,8 @@ class HopLine:
     traces: tuple[TraceLine, ...] = field(default_factory=tuple)
     history: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     not_reached: str | None = None  # no verdict because the message never got here: "not reached: lost at <hop>"
+    decided_ms: int | None = None  # when its verdict became what it is (its last change); None: no verdict
+    first_decided_ms: int | None = None  # when it was first judged (the verdict's decided_ms, its metrics minute)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,27 @@ def why_not_reached(route: Route, hop: Hop, kinds: Mapping[str, str], seen: froz
             if upstream is not None:
                 return upstream
     return None
+
+
+def decision_times(
+    verdict: Mapping[str, Any] | None, history: Sequence[Mapping[str, Any]]
+) -> tuple[list[dict[str, Any]], int | None]:
+    """A hop's history told in decision times, oldest first, and when its verdict became what it is.
+
+    A verdict keeps the time it was first judged (``decided_ms``: the detector's moment of judgement on its
+    executors, the minute its figures count it in); the history keeps each change. The detector's writer stores a
+    batch seconds after it was judged, and the history line of a first decision it writes carries the writer's
+    clock (:func:`khipu.verdicts.book.history_entry`), where the verdict archive's carries ``decided_ms``
+    (:func:`khipu.verdicts.read.with_first_decisions`). One decision is shown at one time: the first decision at
+    ``decided_ms``; every later change at its own time. The verdict is what it is since its last change to it."""
+    entries = sorted((dict(entry) for entry in history), key=lambda e: int(e["at_ms"]))
+    if verdict is None or verdict.get("decided_ms") is None:
+        return entries, None
+    first_ms = int(verdict["decided_ms"])
+    if entries and entries[0].get("from_verdict") is None:
+        entries[0]["at_ms"] = first_ms
+    to_it = [int(e["at_ms"]) for e in entries if e.get("to_verdict") == verdict.get("verdict")]
+    return entries, max(to_it, default=first_ms)
 
 
 def trace_hop(trace: ArchivedTrace) -> Hop:
@@ -126,6 +149,7 @@ def lay_out(
     attributes: dict[str, str] = {}
     for trace in traces:
         attributes.update(trace.attributes)
+    told = {hop_id: decision_times(by_hop_verdict.get(hop_id), by_hop_history.get(hop_id, ())) for hop_id in ordered}
     return MessageReport(
         message_id=message_id,
         stream=stream.name if stream is not None else (str(verdicts[0]["stream"]) if verdicts else None),
@@ -141,8 +165,10 @@ def lay_out(
                     else None
                 ),
                 traces=tuple(by_hop_traces.get(hop_id, ())),
-                history=tuple(by_hop_history.get(hop_id, ())),
+                history=tuple(told[hop_id][0]),
                 not_reached=unreached.get(hop_id),
+                decided_ms=told[hop_id][1],
+                first_decided_ms=by_hop_verdict[hop_id].get("decided_ms") if hop_id in by_hop_verdict else None,
             )
             for hop_id in ordered
         ),

@@ -10,10 +10,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from khipu.reconcile.window import changes_for
 from khipu.registry.loader import load_registry
 from khipu.report.message import lay_out
-from khipu.report.service import ReportQueryError, decode_cursor, encode_cursor
+from khipu.report.service import ReportQueryError, decode_cursor, encode_cursor, message_report
+from khipu.store import Store
 from khipu.trace.archive import HOUR_MS, ArchivedTrace, hour_folder, read_traces
+from khipu.verdicts.book import VerdictBook
+from khipu.verdicts.model import Cause, Verdict, VerdictKind
 
 ROOT = Path(__file__).resolve().parents[3]
 STREAM = load_registry(ROOT / "config" / "registry.yaml").stream("demo.orders")
@@ -101,3 +105,35 @@ def test_the_archive_reader_reads_only_the_asked_hours_and_drops_replayed_duplic
     assert [(t.message_id, t.timestamp_ms, t.attributes) for t in found] == [("m1", 5 * HOUR_MS, {"k": "v"})]
     assert read_traces(tmp_path / "missing", ["m1"], 0, 10 * HOUR_MS) == []
     assert [t.timestamp_ms for t in read_traces(tmp_path, ["m1"], 0, 10 * HOUR_MS)] == [5 * HOUR_MS, 9 * HOUR_MS]
+
+
+def test_each_hop_says_one_time_for_each_decision_the_judgements_not_the_writers(tmp_path: Path) -> None:
+    """The detector judges a batch on its executors at ``decided_ms``; its writer stores the batch seconds later and
+    stamped the history's first line with its own clock (09:44:16 against 09:44:19 in issue 38). Reconciliation
+    confirms the loss an hour on; the verdict keeps its first minute (its metrics') and the history the change."""
+    store = Store(f"sqlite:///{tmp_path / 'khipu.db'}")
+    store.migrate()
+    book = VerdictBook(store.verdicts)
+    hop = STREAM.route.hops[-1]
+    judged_ms, written_ms, reconciled_ms = 1_795_000_000_000, 1_795_000_003_000, 1_795_003_600_000
+
+    def lost(at_ms: int, by: str) -> Verdict:
+        return Verdict(
+            message_id="m1", stream=STREAM.name, hop=hop.id, hop_kind=hop.kind.value, kind=VerdictKind.LOST,
+            cause=Cause.SKIPPED_BY_CONSUMER, count=0, topic=hop.topic.topic, partition=0, offset=7, group=hop.group,
+            location=None, observed_ms=None, latency_ms=None, e2e_latency_ms=None, decided_ms=at_ms,
+            detail="skipped", first_seen_ms=at_ms - 5_000, decided_by=by,
+        )  # fmt: skip
+
+    book.record([lost(judged_ms, "detector")], written_ms)  # as the detector's writer does
+    stored = book.stored_verdicts(["m1"])["m1"]
+    book.apply(changes_for(stored, [lost(reconciled_ms, "reconciliation")]), reconciled_ms)  # as reconciliation does
+    report = message_report(store, load_registry(ROOT / "config" / "registry.yaml"), None, "m1", reconciled_ms)
+    (line,) = [h for h in report.hops if h.verdict is not None]
+    assert [(c["to_verdict"], c["at_ms"]) for c in line.history] == [
+        ("LOST", judged_ms),  # when the detector judged it, as the verdict's decided_ms says
+        ("CONFIRMED_LOST", reconciled_ms),
+    ]
+    assert (line.verdict or {})["verdict"] == "CONFIRMED_LOST" and line.decided_ms == reconciled_ms
+    assert line.first_decided_ms == judged_ms
+    store.close()

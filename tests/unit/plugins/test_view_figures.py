@@ -1,0 +1,77 @@
+"""Each figure of the view's pages says what its label says (issue 38's defects seen on the running stack): one
+decision time per verdict on a message's page, a time lag that is the oldest unconsumed record's age or says it is
+not known, a latency the first hop of a route cannot have said so, readable times in the links to lost messages.
+
+Served by the view's FastAPI app over a real SQLite store (``tests/viewdata.py``'s seed, and what each test writes
+through the store's own writers); Airflow's login is replaced by ``test_view_app.py``'s token check.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from khipu.clock import utc_text
+from khipu.reconcile.window import changes_for
+from khipu.registry.loader import load_registry
+from khipu.store import Store
+from khipu.verdicts.book import VerdictBook
+from khipu.verdicts.model import Cause, Verdict, VerdictKind
+from khipu_airflow.view.app import ViewSources, create_app
+from tests.unit.plugins.test_view_app import TOKEN, token_check
+from tests.viewdata import AUDIT_READ, GROUP, STREAM, seed
+
+ROOT = Path(__file__).resolve().parents[3]
+NOW_MS = 1_795_000_000_000
+
+
+@pytest.fixture
+def view(tmp_path: Path) -> tuple[TestClient, Store]:
+    url = f"sqlite:///{tmp_path / 'khipu.db'}"
+    store = Store(url)
+    store.migrate()
+    registry = load_registry(ROOT / "config" / "registry.yaml")
+    seed(store, tmp_path / "archive", registry, NOW_MS)
+    sources = ViewSources(lambda: store, lambda: registry, tmp_path / "archive", "local", lambda: NOW_MS)
+    app = create_app(sources, token_check, lambda next_url: f"/auth/login?next={next_url}")
+    return TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"}), store
+
+
+def fields(fragment: str, name: str) -> list[str]:
+    """The texts of the elements ``data-field="name"`` in ``fragment`` (none of them nests another element)."""
+    return [html.unescape(t).strip() for t in re.findall(rf'data-field="{name}"[^>]*>([^<]*)<', fragment)]
+
+
+def hop_block(page: str, hop: str) -> str:
+    """The message page's part about ``hop``."""
+    return page.split(f'data-hop="{html.escape(hop)}"', 1)[1].split('<div class="hop', 1)[0]
+
+
+def test_a_message_page_shows_each_decision_at_one_time(view: tuple[TestClient, Store]) -> None:
+    """The detector judged the loss at 09:44:16 and its writer stored it at 09:44:19 (issue 38's two times);
+    reconciliation confirmed it an hour later. The verdict line and the history say the same two times."""
+    client, store = view
+    book = VerdictBook(store.verdicts)
+    judged_ms, written_ms, confirmed_ms = NOW_MS - 3_600_000, NOW_MS - 3_597_000, NOW_MS - 60_000
+
+    def lost(at_ms: int, by: str) -> Verdict:
+        return Verdict(
+            message_id="m-decided", stream=STREAM, hop=AUDIT_READ, hop_kind="read", kind=VerdictKind.LOST,
+            cause=Cause.SKIPPED_BY_CONSUMER, count=0, topic="demo.orders-enriched", partition=0, offset=9,
+            group=GROUP[AUDIT_READ], location=None, observed_ms=None, latency_ms=None, e2e_latency_ms=None,
+            decided_ms=at_ms, detail="skipped", first_seen_ms=at_ms - 5_000, decided_by=by,
+        )  # fmt: skip
+
+    book.record([lost(judged_ms, "detector")], written_ms)  # the detector's writer, seconds after the judgement
+    stored = book.stored_verdicts(["m-decided"])["m-decided"]
+    book.apply(changes_for(stored, [lost(confirmed_ms, "reconciliation")]), confirmed_ms)
+
+    block = hop_block(client.get("/messages/m-decided").text, AUDIT_READ)
+    assert fields(block, "verdict") == ["CONFIRMED_LOST"]
+    assert fields(block, "decided") == [utc_text(confirmed_ms)]  # when it became CONFIRMED_LOST
+    assert fields(block, "first-decided") == [utc_text(judged_ms)]  # when the detector judged it LOST
+    assert fields(block, "at") == [utc_text(judged_ms), utc_text(confirmed_ms)]  # the history: the same two times
