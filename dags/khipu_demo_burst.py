@@ -6,7 +6,8 @@ Runs one burst of the traced **demo pipeline** on the registry stream `demo.burs
 demo-burst-sink-store / demo-burst-sink-audit`, topics and groups of its own, so it never
 disturbs the continuously running demo) against the Kafka connection `khipu_kafka`, with the
 faults you choose, and records the ground truth of every message in a ledger under the state
-folder (`<state>/demo/burst-<run>.jsonl`).
+folder (`<state>/demo/burst-<run>.jsonl`). `<run>`, which also begins every message id of the
+burst, is `burst` and 16 hex digits of a hash of Airflow's run id: each run its own.
 
 Use it to exercise Khipu on demand: the traces land on the trace topic like any application's.
 
@@ -74,7 +75,7 @@ def khipu_demo_burst() -> None:
         from khipu_airflow.demo import run_burst
 
         context = get_current_context()
-        return run_burst(dict(context["params"]), run_id=f"burst{context['ti'].run_id[-8:]}")
+        return run_burst(dict(context["params"]), airflow_run_id=context["ti"].run_id)
 
     run_demo_burst()
 

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from khipu.demo.faults import DemoConfigError, FaultRates
 from khipu.demo.pipeline import DemoConfig
+
+
+def burst_run_id(airflow_run_id: str) -> str:
+    """The demo run id of the burst an Airflow run makes: ``burst`` and 64 bits of a hash of the whole run id.
+
+    Each Airflow run gets its own (a thousand bursts share one with a chance of about 3e-14), and a retried task
+    the same one. The run id goes into message ids and the ledger's name, so it holds letters and digits only."""
+    return "burst" + hashlib.blake2b(airflow_run_id.encode(), digest_size=8).hexdigest()
 
 
 def demo_config_from_params(

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from khipu.demo.faults import DemoConfigError
-from khipu.demo.params import demo_config_from_params
+from khipu.demo.params import burst_run_id, demo_config_from_params
 
 
 def build(params: dict[str, object]):  # type: ignore[no-untyped-def]
@@ -37,3 +37,24 @@ def test_bad_params_name_what_was_wrong(params: dict[str, object], message: str)
     with pytest.raises(DemoConfigError) as caught:
         build(params)
     assert str(caught.value).startswith(message)
+
+
+def test_bursts_of_runs_a_second_apart_or_a_day_apart_get_ids_of_their_own() -> None:
+    # Airflow's run ids of manual triggers: only the time differs, often only in its first digits
+    runs = [f"manual__2026-12-{day:02d}T10:{minute:02d}:07.123456+00:00" for day in (6, 7) for minute in (0, 1)]
+    runs += ["scheduled__2026-12-06T10:00:00+00:00", "backfill__2026-12-06T10:00:00+00:00"]
+    ids = [burst_run_id(run) for run in runs]
+    assert len(set(ids)) == len(runs), dict(zip(runs, ids, strict=True))
+    assert ids == [burst_run_id(run) for run in runs]  # a retried task writes to the same burst
+    for burst in ids:  # the demo config takes it (letters, digits and '-' only)
+        config = demo_config_from_params(
+            {}, bootstrap_servers="h:1", trace_topic="t", ledger_dir=Path("/l"), run_id=burst
+        )
+        assert config.ledger_path == Path(f"/l/burst-{burst}.jsonl")
+
+
+def test_a_thousand_bursts_never_share_an_id() -> None:
+    # the old prefix (the run id's last 8 characters) left ~100 values: ten bursts collided with ~37 % chance
+    runs = [f"manual__2026-12-06T{n // 3600:02d}:{n // 60 % 60:02d}:{n % 60:02d}.{n * 7919 % 10**6:06d}+00:00"
+            for n in range(0, 86_400, 86)]  # fmt: skip
+    assert len({burst_run_id(run) for run in runs}) == len(runs) == 1005
