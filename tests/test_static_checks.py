@@ -31,6 +31,7 @@ def test_mypy_strict_passes_on_the_product_code() -> None:
 # stands on the trace format alone.
 LAYERS = (
     "errors",
+    "files",
     "clock",
     "trace",
     "config",

@@ -70,10 +70,27 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
         }
         assert {name: table.running(name) for name in started} == started  # same processes, none added
 
-        # the exporter serves Prometheus metrics; the Khipu view answers only behind Airflow's login
-        with urllib.request.urlopen(f"http://127.0.0.1:{exporter_port}/metrics", timeout=10) as answer:
+        # the exporter serves Prometheus metrics with the token `up` drew (owner-only, never printed); the Khipu view
+        # answers only behind Airflow's login
+        metrics = f"http://127.0.0.1:{exporter_port}/metrics"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(metrics, timeout=10)
+        assert refused.value.code == 401  # every team's figures: not without the token
+        token_file = tmp_path / "state" / "exporter.token"
+        token = token_file.read_text().strip()
+        assert len(token) >= 32 and token not in first.stdout + first.stderr and str(token_file) in first.stdout
+        scrape = urllib.request.Request(metrics, headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(scrape, timeout=10) as answer:
             families = {f.name for f in text_string_to_metric_families(answer.read().decode())}
         assert {"khipu_exporter_scrape_error", "khipu_quarantined_records"} <= families
+        # what names the teams' messages is its owner's only
+        state = tmp_path / "state"
+        private = [state, state / "khipu.db", state / "airflow" / "airflow.db", state / "demo" / "ledger.jsonl",
+                   token_file, state / "airflow" / "khipu-connections.json"]  # fmt: skip
+        modes = {str(path.relative_to(tmp_path)): oct(path.stat().st_mode & 0o777) for path in private}
+        assert modes == {**{name: "0o600" for name in modes}, "state": "0o700"}
+        readable = [str(p) for p in state.rglob("*") if p.is_file() and p.stat().st_mode & 0o044]
+        assert readable == [], "files of the state folder readable by others"
         view = f"http://127.0.0.1:{airflow_port}/khipu/api/v1/streams"
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(view, timeout=10)

@@ -21,6 +21,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 
 from khipu.config.model import LOCAL_MASTER
+from khipu.files import owner_only, write_owner_only
 from khipu.settings import KhipuSettings, project_root
 
 KAFKA_CONNECTION_ID = "khipu_kafka"
@@ -141,10 +142,12 @@ def prepare_airflow(settings: KhipuSettings, airflow_home: Path, env: dict[str, 
     connections. Safe to repeat."""
     airflow_home.mkdir(parents=True, exist_ok=True)
     run_airflow_cli(["db", "migrate"], env, log_path)
+    if (metadata := airflow_home / "airflow.db").exists():  # SQLite's: DAG runs, XComs, run confs of every team
+        owner_only(metadata)
     ensure_teams(sorted({team for user in STACK_USERS for team in user.teams}), env, log_path)
     ensure_passwords(airflow_home / PASSWORDS_FILE, [user.name for user in STACK_USERS])
     connections_file = airflow_home / "khipu-connections.json"
-    connections_file.write_text(json.dumps(connections(settings), indent=2))
+    write_owner_only(connections_file, json.dumps(connections(settings), indent=2))
     run_airflow_cli(["connections", "import", "--overwrite", str(connections_file)], env, log_path)
 
 
@@ -180,10 +183,7 @@ def ensure_passwords(path: Path, users: list[str]) -> None:
     if not missing:
         return
     passwords.update({user: secrets.token_urlsafe(12) for user in missing})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600, exist_ok=True)
-    path.chmod(0o600)
-    path.write_text(json.dumps(passwords) + "\n")
+    write_owner_only(path, json.dumps(passwords) + "\n")
 
 
 def airflow_healthy(port: int, timeout_s: float = 10.0) -> bool:

@@ -9,6 +9,7 @@ process groups recorded at start.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
 from khipu.detector.model import DETECTOR_QUERY
+from khipu.files import ensure_token
 from khipu.kafka import KafkaAdmin, KafkaUnavailable
 from khipu.localstack.airflow import (
     PASSWORDS_FILE,
@@ -60,6 +62,7 @@ def _paths(settings: KhipuSettings) -> dict[str, Path]:
         "airflow_home": state / "airflow",
         "ledger": state / "demo" / "ledger.jsonl",
         "kafka": state / "kafka",
+        "exporter_token": state / "exporter.token",  # drawn by the first `up` unless KHIPU_EXPORTER_TOKEN is set
     }
 
 
@@ -68,6 +71,12 @@ def broker_spec(settings: KhipuSettings) -> BrokerSpec:
 
 
 def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
+    """Start what is not running. Everything the stack writes is its owner's only: the state folder is 0700 and
+    every process starts with umask 077 (the store, Airflow's database, the ledgers and archives name every team's
+    messages)."""
+    os.umask(0o077)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    settings.state_dir.chmod(0o700)
     paths = _paths(settings)
     table = ProcessTable(settings.state_dir)
     registry = load_registry(settings.registry_path)
@@ -158,16 +167,17 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
         say(f"exporter: already running (pid {exporter.pid})")
     else:
         _require_free(exporter_config.port, "KHIPU_EXPORTER_PORT")
+        token = exporter_config.token or ensure_token(paths["exporter_token"])  # every team's figures: never open
         started = table.spawn(
             EXPORTER,
             [str(Path(sys.executable).parent / "khipu"), "exporter"],
-            child_env(settings.as_env()),
+            child_env({**settings.as_env(), "KHIPU_EXPORTER_TOKEN": token}),  # in its environment, never its argv
             paths["logs"] / "exporter.log",
-            f"Prometheus metrics on {_metrics_url(exporter_config)}",
+            f"Prometheus metrics on {_metrics_url(exporter_config, paths['exporter_token'])}",
             cwd=project_root(),
             keep=True,
         )
-        say(f"exporter: started (pid {started.pid}), {_metrics_url(exporter_config)}")
+        say(f"exporter: started (pid {started.pid}), {_metrics_url(exporter_config, paths['exporter_token'])}")
     say("")
     status(settings, say, settle_s=AIRFLOW_SETTLE_S)
 
@@ -177,9 +187,10 @@ def _require_free(port: int, variable: str) -> None:
         raise StackError(f"port {port} is taken by a process this stack did not start; stop it or set {variable}")
 
 
-def _metrics_url(config: ExporterConfig) -> str:
+def _metrics_url(config: ExporterConfig, token_file: Path) -> str:
     host = f"[{config.host}]" if ":" in config.host else config.host
-    return f"http://{host}:{config.port}/metrics" + (" (bearer token: $KHIPU_EXPORTER_TOKEN)" if config.token else "")
+    token = "$KHIPU_EXPORTER_TOKEN" if config.token else f"in {token_file}"
+    return f"http://{host}:{config.port}/metrics (bearer token {token}; every team's figures: admins only)"
 
 
 def restarts_note(state_dir: Path, name: str) -> str:

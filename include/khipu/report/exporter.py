@@ -94,6 +94,15 @@ class ExporterConfig:
     alert_window_ms: int = ThresholdConfig().window_ms  # the verdict-threshold alerts' window
     verdict_window_ms: int = HOUR_MS  # verdict counts and the latency histogram
 
+    def __post_init__(self) -> None:
+        if self.token is None and not _is_loopback(self.host):  # every team's figures, to whoever reaches the port
+            raise ExporterConfigError(
+                "KHIPU_EXPORTER_TOKEN",
+                None,
+                f"a bearer token when the exporter listens on {self.host}, which is not a loopback address: its "
+                "metrics carry every team's figures (set KHIPU_EXPORTER_TOKEN, or KHIPU_EXPORTER_HOST=127.0.0.1)",
+            )
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ExporterConfig:
         """``KHIPU_EXPORTER_HOST``, ``KHIPU_EXPORTER_PORT``, ``KHIPU_EXPORTER_TOKEN`` (unset or empty: none;
@@ -588,9 +597,6 @@ def run_exporter(settings: KhipuSettings, config: ExporterConfig, say: Callable[
     try:
         with serve_metrics(collector_registry, config.host, config.port, config.token) as server:
             say(_listening_line(server, settings.cluster, store_name, config.token is not None))
-            if config.token is None and not _is_loopback(config.host):
-                log.warning("khipu exporter: listening on %s without a token: anyone who can reach it reads the "
-                            "metrics; set KHIPU_EXPORTER_TOKEN", config.host)  # fmt: skip
             while not stop.wait(timeout=1.0):
                 pass
     finally:

@@ -20,6 +20,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
+from khipu.files import owner_only
 from khipu.offsets.model import PartitionKey
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -43,7 +44,7 @@ class StoreEngine:
         if url.startswith("sqlite") and ":memory:" not in url:
             database = make_url(url).database
             if database:
-                Path(database).parent.mkdir(parents=True, exist_ok=True)
+                owner_only(Path(database))  # every stream's verdicts: SQLite gives its WAL and SHM files this mode too
         if url.startswith("sqlite"):
             engine_options.setdefault("connect_args", {"timeout": 30})
         self.sql: Engine = create_engine(url, **engine_options)  # the SQLAlchemy engine

@@ -369,6 +369,17 @@ def test_bad_exporter_settings_name_the_variable_the_value_and_what_is_expected(
     assert variable in str(raised.value) and repr(value) in str(raised.value) and expected in str(raised.value)
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "metrics.internal"])
+def test_an_exporter_off_the_loopback_without_a_token_is_refused_by_name(host: str) -> None:
+    with pytest.raises(ExporterConfigError) as raised:
+        ExporterConfig.from_env({"KHIPU_EXPORTER_HOST": host})
+    assert raised.value.setting == "KHIPU_EXPORTER_TOKEN" and f"listens on {host}" in str(raised.value)
+    assert "every team's figures" in str(raised.value)
+    assert ExporterConfig.from_env({"KHIPU_EXPORTER_HOST": host, "KHIPU_EXPORTER_TOKEN": TOKEN}).host == host
+    for loopback in ("127.0.0.1", "::1", "localhost"):  # only this machine reaches it: no token asked for
+        assert ExporterConfig.from_env({"KHIPU_EXPORTER_HOST": loopback}).token is None
+
+
 def test_a_bad_token_is_refused_without_showing_it() -> None:
     token = "two words"
     with pytest.raises(ExporterConfigError) as raised:
