@@ -10,6 +10,12 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def elapsed_ms(since_ms: int, now_ms: int) -> int:
+    """The time from ``since_ms`` to ``now_ms``: 0, never negative, when ``since_ms`` is later (a clock set back, a
+    time stamped by another host's clock, a progress recorded after the ``now`` a check was given)."""
+    return max(0, now_ms - since_ms)
+
+
 def utc_text(ms: int | None, missing: str = "-") -> str:
     """``2026-11-23 18:42:02Z`` (``missing`` for None): how people read a time in the CLI and the view."""
     if ms is None:

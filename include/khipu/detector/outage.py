@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from khipu.clock import elapsed_ms
 from khipu.detector.committed import CLUSTER_UNAVAILABLE, FIRST_RETRY_MS, MOST_RETRY_MS, STORE_UNAVAILABLE
 from khipu.kafka import KafkaAdmin, KafkaConnection
 from khipu.store import Store
@@ -99,7 +100,8 @@ def write_with_retries(
     """``write()``, again and again while it fails for want of the store or a cluster: after 1 s, then twice as
     long each time, at most 30 s apart, each try logged and reported; past ``give_up_after_s`` the last error is
     raised. Any other error is raised at once (a fault of ours is not waited out)."""
-    since = time.time_ns() // 1_000_000
+    since = time.time_ns() // 1_000_000  # the wall clock for the heartbeat; durations on the monotonic clock
+    started_s = time.monotonic()
     tries = 0
     while True:
         try:
@@ -107,7 +109,7 @@ def write_with_retries(
         except WRITER_UNAVAILABLE as exc:
             tries += 1
             now = time.time_ns() // 1_000_000
-            waited_s = (now - since) / 1000
+            waited_s = time.monotonic() - started_s
             why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             if waited_s >= give_up_after_s:
                 log.error("%s: gave up after %d tries over %.0f s: %s", what, tries, waited_s, why)
@@ -121,7 +123,7 @@ def write_with_retries(
             continue
         if tries:
             log.warning("%s went through after %d failed tries, %.1f s", what, tries,
-                        (time.time_ns() // 1_000_000 - since) / 1000)  # fmt: skip
+                        time.monotonic() - started_s)  # fmt: skip
         return result
 
 
@@ -168,23 +170,34 @@ class OutageWatch(threading.Thread):
                 log.exception("outage watch failed; it goes on")
 
     def check(self, now_ms: int) -> Waiting | None:
-        if now_ms - self.last_progress_ms() < self.quiet_after_s * 1000:
-            if self._since is not None:
-                log.warning("the detector's query goes on after waiting %.0f s (%d checks)",
-                            (now_ms - self._since) / 1000, self._tries)  # fmt: skip
-                self._since, self._tries = None, 0
+        """Whether the query waits at ``now_ms``: the query's progress is read once, before the probes (which take
+        up to their timeout); a batch that ends meanwhile means it does not wait. Durations never go negative (a
+        clock set back, a progress stamped after ``now_ms``)."""
+        last_progress_ms = self.last_progress_ms()
+        quiet_ms = elapsed_ms(last_progress_ms, now_ms)
+        if quiet_ms < self.quiet_after_s * 1000:
+            self._went_on(now_ms)
             return None
         silent = self.silent()
         if not silent:
             return None
+        if self.last_progress_ms() > last_progress_ms:  # a batch ended while the probes waited: it goes on
+            self._went_on(now_ms)
+            return None
         self._tries += 1
         self._since = self._since if self._since is not None else now_ms
-        self.longest_wait_ms = max(self.longest_wait_ms, now_ms - self._since)
+        self.longest_wait_ms = max(self.longest_wait_ms, elapsed_ms(self._since, now_ms))
         waiting = Waiting("waiting for " + "; ".join(silent), self._since, self._tries)
         log.warning("the detector's query has made no progress for %.0f s: %s (check %d)",
-                    (now_ms - self.last_progress_ms()) / 1000, waiting.what, self._tries)  # fmt: skip
+                    quiet_ms / 1000, waiting.what, self._tries)  # fmt: skip
         self.reporter.report(waiting, now_ms)
         return waiting
+
+    def _went_on(self, now_ms: int) -> None:
+        if self._since is not None:
+            log.warning("the detector's query goes on after waiting %.0f s (%d checks)",
+                        elapsed_ms(self._since, now_ms) / 1000, self._tries)  # fmt: skip
+            self._since, self._tries = None, 0
 
     def silent(self) -> list[str]:
         """What does not answer now: each cluster (its metadata), then the store."""
@@ -215,7 +228,7 @@ def describe(waiting: Waiting | None, now_ms: int) -> str:
     """One line for a person: what the detector waits for and for how long, or ''."""
     if waiting is None:
         return ""
-    return f"waiting {(now_ms - waiting.since_ms) / 1000:.0f} s ({waiting.retries} tries): {waiting.what}"
+    return f"waiting {elapsed_ms(waiting.since_ms, now_ms) / 1000:.0f} s ({waiting.retries} tries): {waiting.what}"
 
 
 def heartbeat_waiting(beat: Mapping[str, Any] | None) -> Waiting | None:

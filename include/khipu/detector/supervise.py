@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from khipu.clock import elapsed_ms
 from khipu.config import SupervisionSection, default, load
 from khipu.errors import InvalidSetting
 
@@ -87,7 +88,7 @@ class DetectorHealth:
 
 
 def _age_s(now_ms: int, then_ms: int) -> str:
-    return f"{(now_ms - then_ms) / 1000:.0f}s"
+    return f"{elapsed_ms(then_ms, now_ms) / 1000:.0f}s"  # a heartbeat stamped by a clock ahead of ours: 0 s
 
 
 def starting(seen: DetectorObservation, now_ms: int, config: SupervisionConfig) -> str | None:

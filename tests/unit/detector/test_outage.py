@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,15 @@ from sqlalchemy.exc import OperationalError
 from khipu.detector.committed import CommitHistories, CommittedOffsets, PointedPositions
 from khipu.detector.decide import LookupUnavailable
 from khipu.detector.model import DETECTOR_QUERY
-from khipu.detector.outage import OutageWatch, WaitingReporter, backoff_ms, heartbeat_waiting, write_with_retries
+from khipu.detector.outage import (
+    OutageWatch,
+    Waiting,
+    WaitingReporter,
+    backoff_ms,
+    describe,
+    heartbeat_waiting,
+    write_with_retries,
+)
 from khipu.kafka import KafkaConnection
 from khipu.localstack.processes import free_port
 from khipu.store import Store
@@ -216,3 +225,34 @@ def test_messages_whose_lookups_cannot_ask_wait_through_the_outage_and_end_as_wi
     assert sorted(got) == sorted(expected)
     assert len(expected) > 300 and asked_in_outage[0] > 0  # messages did wait on a lookup that could not ask
     print(f"seed {seed}: {len(expected)} verdicts equal; {asked_in_outage[0]} lookups could not ask in the outage")
+
+
+def test_the_watch_never_says_a_negative_wait_when_the_query_moves_during_its_probe_or_the_clock_goes_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The probe of a cluster that does not answer takes up to its timeout; a batch that ends meanwhile moves the
+    query's progress past the ``now`` the check was given (the detector's log once said "no progress for -3 s").
+    And a clock set back makes ``now`` earlier than the wait's start."""
+    url = _store(tmp_path)
+    nowhere = KafkaConnection(f"127.0.0.1:{free_port()}", cluster="local")
+    progress = [0]
+
+    class MovesDuringTheProbe(OutageWatch):
+        def silent(self) -> list[str]:
+            found = super().silent()  # the real probe: the cluster does not answer
+            progress[0] = moved_to
+            return found
+
+    watch = MovesDuringTheProbe(WaitingReporter(url, DETECTOR_QUERY), {"(traces)": nowhere}, lambda: progress[0],
+                                quiet_after_s=30, probe_timeout_s=1)  # fmt: skip
+    moved_to = 0
+    first = watch.check(31_000)  # quiet 31 s: a wait since 31 s
+    assert first is not None and first.since_ms == 31_000
+    moved_to = 34_000  # a batch ended 3 s after the check began, while the cluster was probed
+    assert watch.check(36_000 - 5_000) is None  # the clock was set back 5 s, and the query moved: not waiting
+    progress[0], moved_to = 0, 0
+    again = watch.check(29_000 + 31_000)
+    assert again is not None and watch.longest_wait_ms >= 0
+    assert describe(Waiting("waiting for the store", 40_000, 1), 37_000).startswith("waiting 0 s")  # since after now
+    said = [record.getMessage() for record in caplog.records if record.name == "khipu.detector.outage"]
+    assert said and not [line for line in said if re.search(r"-\d+ s", line)], said

@@ -46,6 +46,11 @@ CASES = [
      "a cluster driver that reports is healthy"),
     (13, DetectorObservation(None, False, NOW - 60 * S), DetectorState.DOWN, "its driver is gone",
      "submitted, then died at start before a single heartbeat: that is down (and alerts), not never-ran"),
+    (14, DetectorObservation(NOW + 3 * S, True, NOW - 600 * S), DetectorState.HEALTHY, "last heartbeat 0s ago",
+     "a heartbeat stamped 3 s ahead of this clock (the driver's host runs ahead, or this clock was set back): "
+     "fresh, and its age is 0 s, never a negative one"),
+    (15, DetectorObservation(None, True, NOW + 2 * S), DetectorState.STARTING, "submitted 0s ago",
+     "a submission stamped after now by a clock ahead of this one: just submitted, never '-2s ago'"),
 ]  # fmt: skip
 
 
