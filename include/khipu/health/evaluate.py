@@ -60,13 +60,54 @@ class PartitionHealth:
     windows: tuple[OffsetWindow, ...] = ()
 
 
-def time_lag_ms(lag: int | None, backlog_started_ms: int | None, now_ms: int) -> int | None:
-    """Age of the oldest unconsumed record: since the log end first passed the committed offset."""
-    if lag is None:
-        return None
-    if lag == 0:
-        return 0
-    return None if backlog_started_ms is None else max(0, now_ms - backlog_started_ms)
+@dataclass(frozen=True, slots=True)
+class TimeLag:
+    """How old the oldest unconsumed record is (the record at the committed offset), as snapshots a minute apart
+    can tell: ``age_ms`` when known (to within one snapshot interval: at least this old), else None; then
+    ``under_ms``, when something bounds it (None: nothing does)."""
+
+    age_ms: int | None
+    under_ms: int | None = None
+
+
+def nothing_unconsumed(latest: PartitionSnapshot, previous: PartitionSnapshot | None) -> bool:
+    return latest.lag == 0
+
+
+def written_since_previous_snapshot(latest: PartitionSnapshot, previous: PartitionSnapshot | None) -> bool:
+    """The previous snapshot's log end had not reached the committed offset yet: the oldest unconsumed record was
+    written since then, and no snapshot saw its age grow."""
+    return (
+        previous is not None
+        and previous.log_end is not None
+        and latest.committed is not None
+        and previous.log_end <= latest.committed
+    )
+
+
+def time_lag(
+    latest: PartitionSnapshot, previous: PartitionSnapshot | None, backlog_started_ms: int | None, now_ms: int
+) -> TimeLag:
+    """The time lag of a group's partition from its newest snapshot and the one before (None: none), and when the
+    log end first passed the committed offset (``backlog_started_ms``, the store's answer; None: not known).
+
+    1. lag unknown (no commit, or no log end): unknown;
+    2. lag zero: nothing is unconsumed, 0;
+    3. the oldest unconsumed record was written since the previous snapshot: not measured, under the time since
+       that snapshot (a consumer keeping up with a small lag; never "0" while records wait);
+    4. the backlog started before the newest snapshot: its age since then;
+    5. otherwise (the backlog began at the only snapshot there is, or its start is not known): unknown.
+    """
+    if latest.lag is None:
+        return TimeLag(None)
+    if nothing_unconsumed(latest, previous):
+        return TimeLag(0)
+    if written_since_previous_snapshot(latest, previous):
+        assert previous is not None  # the rule says there is one
+        return TimeLag(None, max(now_ms - previous.snapshot_ms, 0))
+    if backlog_started_ms is not None and backlog_started_ms < latest.snapshot_ms:
+        return TimeLag(now_ms - backlog_started_ms)
+    return TimeLag(None)
 
 
 def at_expiry_risk(time_lag: int | None, retention_ms: int | None, margin_ms: int) -> bool:
@@ -85,7 +126,8 @@ def evaluate_history(
     """Judge one group's partition from its snapshots (oldest first, at least one).
 
     ``backlog_started_ms`` is when the log end first passed the current committed offset (the
-    store finds it; ``None`` when unknown).
+    store finds it; ``None`` when unknown). The time lag is :func:`time_lag`'s; when only a bound of it is
+    known, the evidence holds it as ``time_lag_under_ms``.
     """
     latest = history[-1]
     live = [s for s in history if s.live]
@@ -100,7 +142,8 @@ def evaluate_history(
         window, recent_log_ends, lag or 0, now_ms, min_window=config.min_window, min_stop_ms=config.min_stop_ms
     )
     status, reasons = evaluation.status, [evaluation.reason]
-    age = time_lag_ms(lag, backlog_started_ms, now_ms)
+    lagged = time_lag(latest, history[-2] if len(history) >= 2 else None, backlog_started_ms, now_ms)
+    age = lagged.age_ms
     retention = latest.retention_ms
     expired = latest.committed is not None and latest.log_start is not None and latest.log_start > latest.committed
     if expired or at_expiry_risk(age, retention, config.expiry_margin_ms):
@@ -131,4 +174,6 @@ def evaluate_history(
         "group_state": latest.group_state,
         "retention_ms": retention,
     }
+    if lagged.under_ms is not None:  # the age is not known, but bounded: the view says "< 1.0 min"
+        evidence["time_lag_under_ms"] = lagged.under_ms
     return PartitionHealth(latest.key, status, now_ms, lag, age, "; ".join(reasons), evidence, windows)

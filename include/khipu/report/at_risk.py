@@ -18,10 +18,12 @@ The rules are pure functions over small values (:func:`pace_per_ms`, :func:`reac
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow.dataset as ds
 
@@ -225,6 +227,16 @@ def backlogs_of(
     return backlogs
 
 
+def oldest_age_ms(health_row: Mapping[str, Any]) -> int | None:
+    """The age to reckon a backlog's oldest record with, from its stored consumer health: the time lag, or when
+    that was not measured (records written since the previous snapshot) the bound it is under: the record is no
+    older, so it leaves no sooner than this says, and its trace is no older either."""
+    if health_row["time_lag_ms"] is not None:
+        return int(health_row["time_lag_ms"])
+    under = json.loads(health_row.get("evidence") or "{}").get("time_lag_under_ms")
+    return None if under is None else int(under)
+
+
 def messages_at_risk(
     store: Store,
     archive_dir: Path | None,
@@ -240,7 +252,7 @@ def messages_at_risk(
     person sees it, of the partitions its streams' routes read, and the messages of its streams, only."""
     reach = reach_limit(registry) if registry is not None else None
     health = {
-        PartitionKey(r["cluster"], r["group_id"], r["topic"], int(r["partition"])): (r["time_lag_ms"], str(r["status"]))
+        PartitionKey(r["cluster"], r["group_id"], r["topic"], int(r["partition"])): (oldest_age_ms(r), str(r["status"]))
         for r in store.health.current_rows(cluster)
     }
     backlogs = [

@@ -330,7 +330,7 @@ class PartitionHealthLine:
     since_ms: int
     evaluated_ms: int
     lag: int | None
-    time_lag_ms: int | None
+    time_lag_ms: int | None  # the oldest unconsumed record's age; None: not known (khipu.health.evaluate.time_lag)
     reason: str
     expiry_risk: bool
     retention_ms: int | None
@@ -339,6 +339,7 @@ class PartitionHealthLine:
     committed: int | None
     log_end: int | None
     lag_history: list[int | None] = field(default_factory=list)  # the last hour's snapshots, oldest first
+    time_lag_under_ms: int | None = None  # the time lag is not known, but under this (records came since a snapshot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,6 +393,7 @@ def consumer_report(
                 committed=evidence.get("committed"),
                 log_end=evidence.get("log_end"),
                 lag_history=[snapshot.lag for snapshot in histories.get(key, [])],
+                time_lag_under_ms=evidence.get("time_lag_under_ms"),
             )
         )
     windows = [

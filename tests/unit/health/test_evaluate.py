@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from khipu.health.evaluate import HealthConfig, at_expiry_risk, evaluate_history, time_lag_ms
+from typing import NamedTuple
+
+import pytest
+
+from khipu.health.evaluate import HealthConfig, TimeLag, at_expiry_risk, evaluate_history, time_lag
 from khipu.health.rules import PartitionStatus
 from khipu.health.windows import WindowKind
 from khipu.offsets.model import PartitionSnapshot
@@ -44,7 +48,17 @@ def test_a_healthy_consumer_is_ok_and_the_evidence_shows_its_window() -> None:
     health = evaluate_history(history, 5 * M + 1, CONFIG, backlog_started_ms=5 * M)
     assert health.status is PartitionStatus.OK
     assert len(health.evidence["window"]) == 5  # window_size entries
-    assert health.time_lag_ms == 1
+
+
+def test_a_consumer_keeping_up_with_a_small_lag_has_no_time_lag_of_zero() -> None:
+    """Issue 38's "lag 3, time lag 0 s": the group keeps up, so the log end first passed its committed offset at the
+    newest snapshot (as the store's backlog_started_ms answers), and the age came out as 0 although 3 records wait.
+    They were written after the previous snapshot (its log end, 50, was below the committed 51): their age is not
+    known, only that it is under a minute."""
+    history = [snap(m, 10 * m + 1, 10 * m + 4) for m in range(6)]  # committed 51, log end 54 at minute 5
+    health = evaluate_history(history, 5 * M, CONFIG, backlog_started_ms=5 * M)
+    assert health.lag == 3
+    assert health.time_lag_ms is None and health.evidence["time_lag_under_ms"] == M
 
 
 def test_old_unconsumed_data_near_retention_is_an_expiry_risk() -> None:
@@ -68,9 +82,40 @@ def test_a_rewind_between_the_last_two_snapshots_opens_a_window() -> None:
     assert [(w.kind, w.from_offset, w.to_offset) for w in health.windows] == [(WindowKind.REWIND, 20, 200)]
 
 
-def test_time_lag_and_expiry_helpers() -> None:
-    assert time_lag_ms(0, None, 10) == 0
-    assert time_lag_ms(5, None, 10) is None  # backlog start unknown
-    assert time_lag_ms(5, 4, 10) == 6
+class LagCase(NamedTuple):
+    number: int
+    latest: PartitionSnapshot
+    previous: PartitionSnapshot | None
+    backlog_started_ms: int | None
+    expected: TimeLag
+    reason: str
+
+
+# fmt: off
+LAG_CASES = [
+    LagCase(1, snap(5, 100, 100), snap(4, 90, 100), 0, TimeLag(0),
+            "committed offset at the log end: nothing waits, no time lag"),
+    LagCase(2, snap(5, 51, 54), snap(4, 41, 50), 5 * M, TimeLag(None, M),
+            "the log end was 50 a minute ago, below the committed 51: the 3 waiting records came since, under 1 min"),
+    LagCase(3, snap(5, 51, 54), snap(4, 41, 50), None, TimeLag(None, M),
+            "the same, whatever the store said of the backlog's start"),
+    LagCase(4, snap(5, 100, 140), snap(4, 100, 130), 2 * M, TimeLag(3 * M),
+            "the log end passed 100 at minute 2 (the store's answer): at least 3 min old"),
+    LagCase(5, snap(5, 100, 140), None, 5 * M, TimeLag(None),
+            "the backlog began at the only snapshot there is: nothing says how old it is"),
+    LagCase(6, snap(5, 100, 140), snap(4, 100, 130), None, TimeLag(None),
+            "the backlog's start is not known: unknown, never 0"),
+    LagCase(7, PartitionSnapshot(5 * M, "local", "sink", "orders", 0, None, 0, 140), snap(4, 100, 130), 0,
+            TimeLag(None), "no commit: no lag, no time lag"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", LAG_CASES, ids=lambda c: f"case{c.number}")
+def test_time_lag_is_the_oldest_unconsumed_records_age_or_says_it_is_not_known(case: LagCase) -> None:
+    assert time_lag(case.latest, case.previous, case.backlog_started_ms, 5 * M) == case.expected, case.reason
+
+
+def test_expiry_helper() -> None:
     assert not at_expiry_risk(10 * M, -1, M)  # unlimited retention
     assert at_expiry_risk(50 * M, 60 * M, 10 * M) and not at_expiry_risk(49 * M, 60 * M, 10 * M)

@@ -3,6 +3,7 @@ left; the group's pace from its snapshots; which backlogs can hold such records,
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 
 import pytest
@@ -14,6 +15,7 @@ from khipu.report.at_risk import (
     at_risk,
     backlogs_of,
     exposed,
+    oldest_age_ms,
     pace_per_ms,
     reached_at_ms,
     trace_window,
@@ -155,3 +157,12 @@ def test_backlogs_come_from_the_newest_snapshot_with_the_partitions_health() -> 
     (backlog,) = backlogs_of(histories, {KEY: (42_000, "EXPIRY_RISK")})  # unlimited retention: never at risk
     assert (backlog.committed, backlog.log_end, backlog.retention_ms, backlog.observed_ms) == (160, 500, RETENTION, NOW)
     assert (backlog.time_lag_ms, backlog.status, backlog.pace_per_ms) == (42_000, "EXPIRY_RISK", pytest.approx(0.001))
+
+
+def test_a_backlog_whose_time_lag_was_not_measured_is_reckoned_with_the_bound_it_is_under() -> None:
+    """Records written since the previous snapshot have no measured age (consumer health's time lag is None) but
+    are no older than the time since that snapshot: their exposure and their traces' hours are reckoned with it."""
+    row = {"time_lag_ms": None, "evidence": json.dumps({"time_lag_under_ms": 60_000})}
+    assert oldest_age_ms(row) == 60_000
+    assert oldest_age_ms({"time_lag_ms": 42_000, "evidence": "{}"}) == 42_000
+    assert oldest_age_ms({"time_lag_ms": None, "evidence": "{}"}) is None  # unknown: perhaps exposed
