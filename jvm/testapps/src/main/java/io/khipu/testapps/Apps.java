@@ -43,8 +43,9 @@ public final class Apps {
             case "consume" -> consume(properties(args[1]), args[2], Integer.parseInt(args[3]), Path.of(args[4]),
                     args.length > 5 ? args[5] : null);
             case "bench-produce" -> BenchApp.produce(properties(args[1]), args[2], Integer.parseInt(args[3]),
+                    Integer.parseInt(args[4]), Integer.parseInt(args[5]));
+            case "bench-consume" -> BenchApp.consume(properties(args[1]), args[2], Integer.parseInt(args[3]),
                     Integer.parseInt(args[4]));
-            case "bench-consume" -> BenchApp.consume(properties(args[1]), args[2], Integer.parseInt(args[3]));
             case "streams" -> StreamsApp.run(properties(args[1]), args[2], args[3], Integer.parseInt(args[4]),
                     Path.of(args[5]));
             default -> throw new IllegalArgumentException("unknown app " + args[0]);
