@@ -157,6 +157,7 @@ class HopInWindow:
     hop_kind: str
     figures: WindowFigures
     series: tuple[SeriesPoint, ...]  # the window in steps of its ``step_ms``
+    enters_route: bool = False  # a producer's write: the message's first trace, no latency is measured there
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +211,7 @@ def streams_in_window(
     found = []
     for name, hops in _streams_and_hops(registry, by_hop):
         stream = registry.streams[name]
+        entries = {hop.id for hop in stream.route.hops if stream.route.is_source(hop)}
         found.append(
             StreamInWindow(
                 stream=name,
@@ -224,6 +226,7 @@ def streams_in_window(
                         hop_kind=kind,
                         figures=window_figures(by_hop.get((name, hop), ()), since_ms),
                         series=series(by_hop.get((name, hop), ()), first_step, now_ms, window.step_ms),
+                        enters_route=hop in entries,
                     )
                     for hop, kind in hops
                 ),

@@ -134,6 +134,7 @@ class MapEdge:
     figures: WindowFigures
     state: EdgeState
     health: HealthBadge | None = None  # a read hop's: its group's partitions of its topic
+    enters_route: bool = False  # a producer's write: the message's first trace, no latency is measured there
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +211,9 @@ def route_map(
             continue  # a hop the route names twice is drawn once
         shown = figures.get(hop.id, WindowFigures(since_ms))
         source, target, badge = _ends(stream, hop, read_health)
-        edges[hop.id] = MapEdge(hop.id, hop.kind, source, target, shown, edge_state(shown, stream.alerts), badge)
+        edges[hop.id] = MapEdge(
+            hop.id, hop.kind, source, target, shown, edge_state(shown, stream.alerts), badge, route.is_source(hop)
+        )
 
     clusters = tuple(dict.fromkeys(n.cluster for n in nodes.values() if n.kind is NodeKind.TOPIC and n.cluster))
     return RouteMap(stream.name, since_ms, stream.alerts, clusters, tuple(nodes.values()), tuple(edges.values()))

@@ -115,10 +115,32 @@ def _edge_lines(edge: MapEdge) -> list[tuple[str, str]]:
         lines = [("no verdicts", "idle")]
     else:
         rates = f"loss {pct(f.loss_rate)}" + (f" \N{MIDDLE DOT} dup {pct(f.duplicate_rate)}" if f.duplicate else "")
-        lines = [(f"{f.verdicts:,} msgs", "volume"), (rates, "rates"), (f"p95 {duration(f.latency_p95_ms)}", "p95")]
+        lines = [(f"{f.verdicts:,} msgs", "volume"), (rates, "rates"), (_p95_line(edge), "p95")]
     if edge.health is not None and edge.health.status is not PartitionStatus.OK:
         lines.append((edge.health.label, "health"))
     return lines
+
+
+FIRST_WRITE = "a producer's write is the message's first trace: there is no earlier one to measure a latency from"
+NONE_MEASURED = (
+    "no latency was measured in the window: none delivered, or a processor that stamps its writes with its input's "
+    "timestamp (Kafka Streams does by default)"
+)
+
+
+def _p95_line(edge: MapEdge) -> str:
+    """The edge's p95 latency, or why it has none: a producer's write never has one."""
+    p95 = edge.figures.latency_p95_ms
+    if p95 is not None:
+        return f"p95 {duration(p95)}"
+    return "first write: no latency" if edge.enters_route else "p95 \N{EN DASH}: none measured"
+
+
+def _latency_note(edge: MapEdge) -> str:
+    """What the edge's tooltip says of a latency it has not."""
+    if edge.figures.latency_p95_ms is not None or not edge.figures.verdicts:
+        return ""
+    return f"; {FIRST_WRITE if edge.enters_route else NONE_MEASURED}"
 
 
 def _dot_source(route: RouteMap) -> _Graph:
@@ -320,7 +342,8 @@ def _edge_svg(route: RouteMap, edge: MapEdge, drawn: Mapping[str, Any], widest: 
     return (
         f'<a class="edge-link" href="{escape(_lost_link(route, edge, base))}">'
         f'<g class="edge" {_attributes(attributes)}>'
-        f"<title>{escape(edge.hop)} ({escape(STATE_WORDS[edge.state])}): its lost messages</title>"
+        f"<title>{escape(edge.hop)} ({escape(STATE_WORDS[edge.state])}): its lost messages"
+        f"{escape(_latency_note(edge))}</title>"
         f'<path d="{path}" fill="none" stroke="{colour}" stroke-width="{stroke:.1f}"{dash}/>{arrow}</g></a>'
     )
 
@@ -338,7 +361,8 @@ def _edge_label_svg(
     texts = "".join(_text(line, EDGE_FONT_PT, colour, edge.health) for line in placed)
     return (
         f'<a class="edge-link" href="{escape(_lost_link(route, edge, base))}">'
-        f'<g class="edge-label" data-hop="{escape(edge.hop)}"><title>{escape(edge.hop)}: its lost messages</title>'
+        f'<g class="edge-label" data-hop="{escape(edge.hop)}"><title>{escape(edge.hop)}: its lost messages'
+        f"{escape(_latency_note(edge))}</title>"
         f'<rect x="{left:.1f}" y="{top:.1f}" width="{right - left:.1f}" height="{bottom - top:.1f}" rx="3" '
         f'fill="#ffffff" fill-opacity="0.85"/>{texts}</g></a>'
     )
@@ -407,6 +431,7 @@ def _legend() -> str:
     )
     return (
         f'{keys}<span class="key muted">Each edge: messages judged, loss (and duplicate) rate, p95 latency over the '
-        "window, and a read's consumer health when not OK; a thicker edge carries more. Click an edge for its lost "
-        "messages, a group for its consumer health.</span>"
+        "window (a read's from the write it read, a processor's write from its read; a producer's write has none: "
+        "it is the message's first trace), and a read's consumer health when not OK; a thicker edge carries more. "
+        "Click an edge for its lost messages, a group for its consumer health.</span>"
     )

@@ -224,3 +224,34 @@ def test_the_demo_route_draws_its_processor_between_its_two_topics(tmp_path: Pat
     assert {g.get("data-health") for g in svg.iter(f"{SVG}g") if g.get("data-node") == "group:demo-sink-audit"} == {
         "STALL"
     }
+
+
+@needs_dot
+def test_an_edge_without_a_latency_says_why_a_producers_write_has_none(tmp_path: Path) -> None:
+    """Issue 38: producer edges showed a bare "p95" and a dash. A producer's write is a message's first trace:
+    nothing before it to measure a latency from (khipu.detector.decide._write_latency); a read's latency runs from
+    the write, a processor's write's from its read, and a window of such a hop can still have none (a processor
+    that carries its input's timestamp, a window of losses only)."""
+    stream = load_registry(data.ROOT / "config" / "registry.yaml").stream("demo.orders")
+    produce, enrich_read, enrich_write = (hop.id for hop in stream.route.hops[:3])
+    figures = {
+        produce: WindowFigures(0, delivered=40),  # as the detector judges a producer's write: no latency
+        enrich_read: WindowFigures(0, delivered=40, latency_p95_ms=120),
+        enrich_write: WindowFigures(0, delivered=40),
+    }
+    svg = svg_of(route_map_svg(route_map(stream, figures, [], since_ms=0), ""))
+    labels = {
+        g.get("data-hop"): (
+            [t.text for t in g.iter(f"{SVG}text")],
+            next(t.text for t in g.iter(f"{SVG}title")),
+        )
+        for g in svg.iter(f"{SVG}g")
+        if g.get("class") == "edge-label"
+    }
+    lines, title = labels[produce]
+    assert lines == ["40 msgs", "loss 0.00 %", "first write: no latency"]
+    assert "the message's first trace: there is no earlier one to measure a latency from" in (title or "")
+    assert labels[enrich_read][0][2] == "p95 120 ms"
+    lines, title = labels[enrich_write]
+    assert lines[2] == "p95 \N{EN DASH}: none measured"
+    assert "no latency was measured in the window" in (title or "")

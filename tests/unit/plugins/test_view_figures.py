@@ -99,3 +99,34 @@ def test_a_group_keeping_up_with_records_waiting_shows_no_time_lag_of_zero(view:
     row = client.get("/consumers").text.split(f'data-partition="{group}/{topic}/1"', 1)[1].split("</tr>", 1)[0]
     assert fields(row, "lag") == ["3"]
     assert fields(row, "time_lag") == ["< 60.0 s"]
+
+
+def bursts_verdict(n: int, hop_index: int, decided_ms: int, latency_ms: int | None) -> Verdict:
+    """A DELIVERED verdict of demo.bursts as the detector judges it at its hop ``hop_index``."""
+    hop = load_registry(ROOT / "config" / "registry.yaml").stream("demo.bursts").route.hops[hop_index]
+    return Verdict(
+        message_id=f"burst-{n}", stream="demo.bursts", hop=hop.id, hop_kind=hop.kind.value,
+        kind=VerdictKind.DELIVERED, cause=None, count=1, topic=hop.topic.topic, partition=0, offset=n,
+        group=hop.group, location=hop.location, observed_ms=decided_ms - 100, latency_ms=latency_ms,
+        e2e_latency_ms=latency_ms, decided_ms=decided_ms, detail="delivered", first_seen_ms=decided_ms - 1_000,
+    )  # fmt: skip
+
+
+def test_a_producers_write_says_it_has_no_latency_rather_than_a_bare_dash(view: tuple[TestClient, Store]) -> None:
+    """Issue 38: producer edges showed a bare "p95" and a dash. The detector measures no latency at a producer's
+    write (it is the message's first trace); the table and the map say so, and why."""
+    client, store = view
+    at = NOW_MS - 10 * 60_000
+    VerdictBook(store.verdicts).record(
+        [bursts_verdict(n, 0, at, None) for n in range(20)] + [bursts_verdict(n, 1, at, 250) for n in range(20)], at
+    )
+    stream = load_registry(ROOT / "config" / "registry.yaml").stream("demo.bursts")
+    produce, read = (hop.id for hop in stream.route.hops[:2])
+    page = client.get("/").text
+    table = page.split('<table data-stream="demo.bursts"', 1)[1].split("</table>", 1)[0]
+    row = table.split(f'data-hop="{html.escape(produce)}"', 1)[1].split("</tr>", 1)[0]
+    assert fields(row, "delivered") == ["20"]
+    assert [fields(row, p) for p in ("p50", "p95", "p99")] == [["n/a"]] * 3
+    assert "the message&#39;s first trace" in row or "the message's first trace" in row  # the cells' tooltip
+    row = table.split(f'data-hop="{html.escape(read)}"', 1)[1].split("</tr>", 1)[0]
+    assert fields(row, "p95") == ["250 ms"]
