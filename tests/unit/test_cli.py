@@ -260,7 +260,7 @@ def test_settings_prints_each_setting_with_its_source_and_masks_secrets(
     rows = {row["variable"]: row for row in json.loads(capsys.readouterr().out)}
     assert (rows["KHIPU_HEALTH_WINDOW"]["value"], rows["KHIPU_HEALTH_WINDOW"]["source"]) == ("3", "environment")
     assert (rows["KHIPU_EXPORTER_TOKEN"]["value"], rows["KHIPU_EXPORTER_TOKEN"]["source"]) == ("***", "file")
-    assert rows["KHIPU_STORE_URL"]["value"] == "postgresql://khipu:***@db/khipu"
+    assert rows["KHIPU_STORE_URL"]["value"] == "postgresql+psycopg2://khipu:***@db/khipu"  # the driver it opens
     assert rows["KHIPU_EXPORTER_PORT"]["source"] == "default"
     assert main(["settings"]) == 0
     out = capsys.readouterr().out

@@ -23,6 +23,8 @@ from typing import Annotated, Any, ClassVar
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from khipu.config.store_url import ACCEPTED as STORE_URLS
+from khipu.config.store_url import StoreUrlError, store_url
 from khipu.trace.names import DEFAULT_TRACE_TOPIC, NAME_PATTERN, NAME_RULE
 
 MASK = "***"
@@ -161,8 +163,12 @@ class KhipuSection(Section):
         "verdicts under <state>/verdicts/, the local stack's broker, Airflow and logs. Unset: .khipu/ in the "
         "checkout.",
     )
-    store_url: Annotated[str | None, PASSWORD_IN_URL, Expect("an SQLAlchemy URL")] = setting(
-        "KHIPU_STORE_URL", None, "The store (SQLAlchemy URL). Unset: sqlite:///<state>/khipu.db."
+    store_url: Annotated[str | None, PASSWORD_IN_URL, Expect(STORE_URLS)] = setting(
+        "KHIPU_STORE_URL",
+        None,
+        "The store: sqlite:///<relative path> (made absolute at load), sqlite:////<absolute path>, or postgresql://, "
+        "postgres:// or postgresql+psycopg2://<user>:<password>@<host>:<port>/<database> (all opened with psycopg2); "
+        "any other is refused by name. Unset: sqlite:///<state>/khipu.db.",
     )
     broker_port: Port = setting("KHIPU_BROKER_PORT", 9092, "The local stack's broker port.")
     controller_port: Port | None = setting(
@@ -178,6 +184,10 @@ class KhipuSection(Section):
             self.bootstrap_servers = f"127.0.0.1:{self.broker_port}"
         if self.store_url is None:
             self.store_url = f"sqlite:///{self.state_dir / 'khipu.db'}"
+        try:
+            self.store_url = store_url(self.store_url, Path.cwd())  # the URL the store opens, whoever reads it
+        except StoreUrlError as exc:
+            raise SettingConflict("KHIPU_STORE_URL", exc.shown, f"{STORE_URLS}; {exc.problem}") from None
         if self.controller_port is None:
             self.controller_port = self.broker_port + 1 if self.broker_port < 65535 else 9093
         if self.controller_port == self.broker_port:
@@ -424,7 +434,8 @@ SECTIONS: tuple[type[Section], ...] = (
 
 
 class SettingConflict(ValueError):
-    """Two variables disagree: raised from a section's own check, naming the variable to change."""
+    """A section's own check refused a value (two variables disagree, or a value its type alone cannot judge), naming
+    the variable to change."""
 
     def __init__(self, variable: str, value: object, expected: str) -> None:
         super().__init__(f"{variable}: got {value!r}; expected {expected}")

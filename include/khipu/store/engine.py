@@ -20,6 +20,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
+from khipu.config.store_url import StoreUrlError, store_url
 from khipu.files import owner_only
 from khipu.offsets.model import PartitionKey
 
@@ -39,6 +40,10 @@ class StoreEngine:
     """The database behind a store URL (SQLite or PostgreSQL): transactions and migrations."""
 
     def __init__(self, url: str, **engine_options: Any) -> None:
+        try:  # postgresql:// and postgres:// opened with psycopg2, a relative SQLite path made absolute
+            url = store_url(url, Path.cwd())
+        except StoreUrlError as exc:
+            raise StoreError(f"cannot open the store: {exc}") from None
         self.url = url
         self.safe_url = make_url(url).render_as_string(hide_password=True)
         if url.startswith("sqlite") and ":memory:" not in url:

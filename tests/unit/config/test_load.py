@@ -61,7 +61,7 @@ def test_effective_settings_mask_secrets_and_say_where_each_came_from(tmp_path: 
     }
     shown = {row.variable: row for row in effective_settings(env)}
     assert (shown["KHIPU_STORE_URL"].value, shown["KHIPU_STORE_URL"].source) == (
-        "postgresql://khipu:***@db:5432/khipu",
+        "postgresql+psycopg2://khipu:***@db:5432/khipu",  # the driver it is opened with
         Source.ENVIRONMENT,
     )
     assert (shown["KHIPU_EXPORTER_TOKEN"].value, shown["KHIPU_EXPORTER_TOKEN"].source) == ("***", Source.FILE)
