@@ -1,6 +1,11 @@
-"""How the Khipu view writes figures for people: rates and durations (the pages' filters and the route map)."""
+"""How the Khipu view writes figures for people: rates, durations and times (the pages' filters and the route map)."""
 
 from __future__ import annotations
+
+import time
+
+from khipu.report.limits import parse_time_ms
+from khipu.report.service import ReportQueryError
 
 
 def pct(rate: float | None) -> str:
@@ -16,3 +21,21 @@ def duration(value: int | float | None) -> str:
         if value >= 2 * size:
             return f"{value / size:.1f} {unit}"
     return f"{value / 1000:.1f} s" if value >= 10_000 else f"{value:.0f} ms"
+
+
+def typed_time(ms: int) -> str:
+    """A time as a person types it in a filter box (and :func:`khipu.report.limits.parse_time_ms` reads it):
+    ``2026-11-23T10:00:00Z``, with its milliseconds when it has any (``...:00.250Z``)."""
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000))
+    return f"{text}.{ms % 1000:03d}Z" if ms % 1000 else f"{text}Z"
+
+
+def as_typed(text: str | None) -> str:
+    """A filter box's time shown as it would be typed: ms since the epoch (an old link's) as :func:`typed_time`;
+    anything the page refused, as it came."""
+    if not text:
+        return ""
+    try:
+        return typed_time(parse_time_ms("since", text))
+    except ReportQueryError:
+        return text

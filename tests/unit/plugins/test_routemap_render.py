@@ -125,7 +125,7 @@ def test_labels_say_the_volume_loss_rate_p95_and_health_and_links_go_to_lost_mes
     }
     audit = urlsplit(links[data.AUDIT] or "")
     assert audit.path == "/khipu/lost"
-    assert parse_qs(audit.query) == {"stream": [data.STREAM], "hop": [data.AUDIT], "since": ["1000"]}
+    assert parse_qs(audit.query) == {"stream": [data.STREAM], "hop": [data.AUDIT], "since": ["1970-01-01T00:00:01Z"]}
     health_links = {
         a.find(f"{SVG}g").get("data-node"): a.get("href")  # type: ignore[union-attr]
         for a in svg.iter(f"{SVG}a")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import re
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from fastapi.testclient import TestClient
@@ -21,6 +22,7 @@ from khipu.health.evaluate import HealthConfig
 from khipu.offsets.model import PartitionSnapshot, SnapshotRun
 from khipu.reconcile.window import changes_for
 from khipu.registry.loader import load_registry
+from khipu.report.overview import DEFAULT_WINDOW
 from khipu.store import Store
 from khipu.verdicts.book import VerdictBook
 from khipu.verdicts.model import Cause, Verdict, VerdictKind
@@ -130,3 +132,35 @@ def test_a_producers_write_says_it_has_no_latency_rather_than_a_bare_dash(view: 
     assert "the message&#39;s first trace" in row or "the message's first trace" in row  # the cells' tooltip
     row = table.split(f'data-hop="{html.escape(read)}"', 1)[1].split("</tr>", 1)[0]
     assert fields(row, "p95") == ["250 ms"]
+
+
+def since_box(page: str) -> str:
+    """What the lost page's "since" box holds."""
+    found = re.search(r'<input name="since" value="([^"]*)"', page)
+    assert found is not None, "the lost page has a since box"
+    return html.unescape(found.group(1))
+
+
+def test_links_to_lost_messages_carry_a_time_the_since_box_shows_as_it_is_typed(
+    view: tuple[TestClient, Store],
+) -> None:
+    """Issue 38: route-map links put epoch milliseconds in the lost page's "since" box. Each link to a stream's or
+    an edge's lost messages carries the window's first minute as the box's own format (its placeholder's,
+    2026-11-23T10:00:00Z); the lost page takes it, and shows any time it was given (ms too) that way."""
+    client, _ = view
+    page = client.get("/").text
+    since_ms = (NOW_MS - DEFAULT_WINDOW.span_ms) // 60_000 * 60_000  # the window's first minute
+    readable = utc_text(since_ms).replace(" ", "T")  # 2026-11-18 11:06:40Z -> the placeholder's form
+    links = [html.unescape(h) for h in re.findall(r'href="([^"]*/lost\?[^"]*)"', page)]
+    assert links and all(parse_qs(urlsplit(link).query)["since"] == [readable] for link in links), links
+    edge = next(link for link in links if parse_qs(urlsplit(link).query).get("hop") == [AUDIT_READ])
+    answer = client.get(edge)
+    assert answer.status_code == 200 and since_box(answer.text) == readable
+    typed = client.get("/lost", params={"since": readable, "stream": STREAM})
+    assert typed.status_code == 200 and since_box(typed.text) == readable
+    shown = re.findall(r'data-message="([^"]+)"', typed.text)
+    assert shown and shown == re.findall(
+        r'data-message="([^"]+)"', client.get("/lost", params={"since": str(since_ms), "stream": STREAM}).text
+    )
+    assert since_box(client.get("/lost", params={"since": str(since_ms)}).text) == readable  # ms, shown readable
+    assert since_box(client.get("/lost", params={"since": "soon"}).text) == "soon"  # refused: shown as typed
