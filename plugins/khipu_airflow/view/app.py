@@ -214,7 +214,7 @@ def create_app(
             return plain(service.verdict_page(s, sources.load_registry(), sources.archive_dir, query))
 
     @app.get(
-        f"{API}/messages/{{message_id}}",
+        f"{API}/messages/{{message_id:path}}",  # any id, '/' included (links quote it whole)
         summary="One message along its route: traces, verdicts, history",
         responses=_documented(MessageReport, "every hop of the route in order, then any other hop seen"),
     )
@@ -316,7 +316,7 @@ def create_app(
                 sources.verdict_archive_dir,
             )
 
-    @app.get("/messages/{message_id}", response_class=HTMLResponse, include_in_schema=False)
+    @app.get("/messages/{message_id:path}", response_class=HTMLResponse, include_in_schema=False)
     def message_page(
         request: Request,
         message_id: str,

@@ -114,7 +114,7 @@ def add_routes(
     dry run's id); 303 back to the message page following the new run."""
     PageUser = Annotated[Any, Depends(page_user)]
 
-    @app.post("/messages/{message_id}/resend", include_in_schema=False)
+    @app.post("/messages/{message_id:path}/resend", include_in_schema=False)  # any id, '/' included
     def resend_message(
         request: Request,
         message_id: str,

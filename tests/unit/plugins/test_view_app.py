@@ -76,7 +76,7 @@ def test_without_a_login_every_route_is_refused_and_pages_send_to_the_login(
     routes = [route for route in client.app.routes if isinstance(route, APIRoute)]
     assert len(routes) == 19  # 10 API answers (with the OpenAPI description), 8 pages, a resend: each one tried below
     for route in routes:
-        path = route.path.replace("{stream}", STREAM).replace("{message_id}", data.skipped)
+        path = route.path_format.replace("{stream}", STREAM).replace("{message_id}", data.skipped)
         method = sorted(route.methods)[0]
         answer = anonymous.request(method, path, follow_redirects=False)
         if "/api/v1/" in route.path:

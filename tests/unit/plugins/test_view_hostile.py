@@ -111,7 +111,7 @@ VALID = {
 def requests(draw: st.DrawFn, route: APIRoute) -> tuple[str, list[tuple[str, str]]]:
     """A request to the route: each path parameter anything; each query parameter left out, given a value it
     accepts, or given anything (once or twice)."""
-    path = route.path
+    path = route.path_format  # {message_id}, whatever its convertor ({message_id:path})
     for name in route.param_convertors:
         path = path.replace(f"{{{name}}}", quote(draw(st.one_of(names, anything)), safe=""))
     pairs: list[tuple[str, str]] = []
