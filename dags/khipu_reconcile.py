@@ -14,9 +14,17 @@ losses update the `khipu://confirmed-losses` Asset (the resend DAG is scheduled 
 `check_window` skips hours that ended before the archive began and fails, naming the missing
 hours, when the archive cannot answer for the window (the detector is behind, or hours are gone).
 
-A run triggered by hand reconciles the hour ending (one horizon before) its logical date.
-**Missed hours** are caught up (`catchup`); **Airflow's own backfill** works too:
-`airflow backfill create --dag-id khipu_reconcile --from-date 2026-11-23T00:00:00 --to-date 2026-11-23T06:00:00`.
+**Since the install.** The first run Airflow schedules for this DAG, when it never ran, is the next full hour
+after its scheduler first sees it unpaused: the **install hour** (`HourlySinceInstall`, a timetable the Khipu
+plugin registers). Airflow keeps that run, like every run, in its metadata database, which every scheduler and
+worker of a cluster shares. No hour before it is scheduled (the start date only bounds backfills), so a fresh
+stack starts with no queue. From then on every hour runs, and **missed hours** (Airflow down, a slow hour) are
+caught up (`catchup`), each once, in order. The first two or three runs reconcile windows from before the
+install (the horizon): `check_window` skips them without Spark, as it skips any window that ended before the
+archive began. Hours before the install are **backfill**'s: a run triggered by hand reconciles the hour ending
+(one horizon before) its logical date, and Airflow's own backfill works too:
+`airflow backfill create --dag-id khipu_reconcile --from-date 2026-11-23T00:00:00 --to-date 2026-11-23T06:00:00`
+(a backfill made before the first scheduled run counts as the latest run: the schedule catches up from its end).
 Running a window again changes nothing the second time. For a window of your choosing, with
 streams and a dry run, trigger `khipu_backfill`.
 
@@ -33,6 +41,7 @@ from airflow.sdk import dag, task
 
 from khipu_airflow.notifiers import notify_failure
 from khipu_airflow.reconcile import CONFIRMED_LOSSES
+from khipu_airflow.timetables import HourlySinceInstall
 
 KAFKA = "khipu_kafka"
 STORE = "khipu_store"
@@ -41,8 +50,10 @@ SPARK = "spark_default"
 
 @dag(
     dag_id="khipu_reconcile",
-    schedule="@hourly",
-    start_date=pendulum.datetime(2026, 11, 23, tz="UTC"),
+    # The first run of a DAG that never ran is the next full hour (the install), not the start date (which once
+    # queued every hour since it); from then on every hour runs, those missed while Airflow was down too (catchup).
+    schedule=HourlySinceInstall(),
+    start_date=pendulum.datetime(2026, 11, 23, tz="UTC"),  # Airflow asks for one with catchup; backfills go back to it
     catchup=True,
     max_active_runs=1,
     dagrun_timeout=timedelta(minutes=50),

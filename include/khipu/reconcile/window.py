@@ -108,6 +108,13 @@ def hourly_window(interval_start_ms: int, interval_end_ms: int, horizon_ms: int)
     return ReconcileWindow(interval_start_ms - horizon_ms, interval_end_ms - horizon_ms, horizon_ms)
 
 
+def first_scheduled_hour_ms(now_ms: int) -> int:
+    """The first hourly run of a reconciliation that never ran, seen at ``now_ms`` (the install): the next full hour.
+    Its window, like the next one or two (the horizon), lies before the install: :func:`coverage_problems` finds the
+    archive does not reach back that far, and the run skips it."""
+    return (now_ms // HOUR_MS + 1) * HOUR_MS
+
+
 def horizon_from_env(environ: Mapping[str, str] | None = None) -> int:
     """``KHIPU_RECONCILE_HORIZON_MS`` (:class:`khipu.config.ReconcileSection`; tests use minutes)."""
     return int(load(ReconcileSection, environ, ReconcileError).horizon_ms)
