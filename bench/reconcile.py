@@ -35,8 +35,11 @@ broker (the bench has none: every group is past every message). Measured:
   the SQL row winning per hop (:func:`khipu.verdicts.read.merged`'s rule, applied vectorised; a sample is
   read through :func:`khipu.verdicts.read.verdicts_of` too, which must agree).
 
-Targets (2 CPUs): >= 75,000 traces/s (3x the detector's 25,000/s: an hour of 90 M traces in under 20 min);
-driver memory flat when the window grows 4x; verdicts exact.
+Targets (2 CPUs), each printed beside its figure with "met" or "NOT met" (a figure without one says "(no target)"):
+>= 75,000 traces/s (3x the detector's 25,000/s: an hour of 90 M traces in under 20 min); driver memory flat when
+the window grows 4x (the Python driver's peak and the Spark driver JVM's peak RSS each within +10 %); verdicts exact
+(a lost message CONFIRMED_LOST, as reconciliation leaves every loss of a window whose horizon has passed; a late
+one DELIVERED or RETRACTED with evidence DELIVERED; a duplicate DUPLICATE; every other hop DELIVERED).
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from figures import NO_TARGET, against
+
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = ROOT / "config" / "registry.yaml"
 STREAM = "demo.orders"
@@ -74,6 +79,8 @@ HOUR_MS = 3_600_000
 MINUTE_MS = 60_000
 TRACES_PER_MESSAGE = 5
 TARGET_TRACES_S = 75_000
+TARGET_HOUR_MIN = 20  # an hour of 90 M traces
+FLAT_PERCENT = 10.0  # "flat": the 4x window's peak at most this much above the first's
 DELIVERED, LOST, LATE, DUPLICATE, UNJUDGED = range(5)  # the bench's truth per message
 KINDS = ("delivered", "lost", "late", "duplicate", "never judged")
 # hops in route order: (location, type, topic, group, ms after the message's first trace)
@@ -587,9 +594,8 @@ def check_verdicts(
     ok = expect_delivered.copy()
     store, audit = got[:, STORE_HOP], got[:, AUDIT_HOP]
     late_ok = (store == 1) | ((store == 5) & evidence_delivered[mine, STORE_HOP])
-    ok[:, STORE_HOP] = np.select(
-        [kinds == LOST, kinds == LATE], [(store == 2) | (store == 3), late_ok], ok[:, STORE_HOP]
-    )
+    # after reconciliation a loss is confirmed: a plain LOST (the detector's provisional verdict) is not exact
+    ok[:, STORE_HOP] = np.select([kinds == LOST, kinds == LATE], [store == 3, late_ok], ok[:, STORE_HOP])
     ok[:, AUDIT_HOP] = np.where(kinds == DUPLICATE, audit == 4, ok[:, AUDIT_HOP])
     wrong = ~ok.all(axis=1)
     per_kind = {}
@@ -597,6 +603,7 @@ def check_verdicts(
         of_kind = kinds == kind
         per_kind[name] = (int(of_kind.sum()), int((wrong & of_kind).sum()))
     confirmed = int(((kinds == LOST) & (store == 3)).sum())
+    still_lost = int(((kinds == LOST) & (store == 2)).sum())
     retracted = int(((kinds == LATE) & (store == 5)).sum())
     examples = [f"{traffic.prefix}{n:012d}" for n in mine[wrong][:5]]
     # a sample read through the product's reader (SQL rows + archive, SQL winning) must say the same
@@ -619,6 +626,7 @@ def check_verdicts(
         "wrong": int(wrong.sum()),
         "per_kind": per_kind,
         "confirmed": confirmed,
+        "still_lost": still_lost,
         "retracted": retracted,
         "examples": examples,
         "sample": len(sample),
@@ -708,26 +716,32 @@ def run_size(traces: int, args: argparse.Namespace, work: Path) -> dict[str, Any
 def report(traces: int, r: dict[str, Any]) -> None:
     rate = r["window_traces"] / r["seconds"]
     check = r["check"]
-    mark = "ok" if rate >= TARGET_TRACES_S else "BELOW TARGET"
+    hour_min = 90e6 / rate / 60
     print(f"  {traces:,} traces in the window hour:")
     print(f"    reconcile() {r['seconds']:.1f} s (child process {r['child_s']:.1f} s with Spark's start and stop): "
-          f"{rate:,.0f} window traces/s (target >= {TARGET_TRACES_S:,}: {mark}); "
-          f"{r['traces_read'] / r['seconds']:,.0f} traces read/s ({r['traces_read']:,} read, five hours)")  # fmt: skip
-    print(f"    an hour of 90 M traces at this rate: {90e6 / rate / 60:.0f} min (target < 20 min)")
+          f"{rate:,.0f} window traces/s -> {against(f'>= {TARGET_TRACES_S:,} /s', rate >= TARGET_TRACES_S)}; "
+          f"{r['traces_read'] / r['seconds']:,.0f} traces read/s ({r['traces_read']:,} read, five hours) -> "
+          f"{NO_TARGET}")  # fmt: skip
+    print(f"    an hour of 90 M traces at this rate: {hour_min:.0f} min -> "
+          f"{against(f'< {TARGET_HOUR_MIN} min', hour_min < TARGET_HOUR_MIN)} (measured at {r['window_traces']:,} "
+          "window traces: only a run of the full size, 90 M, measures the hour itself)")  # fmt: skip
     cpus = os.cpu_count() or 1
     print(f"    Spark tasks used {r['task_cpu_s']:.0f} s of CPU: {r['window_traces'] / (r['task_cpu_s'] / cpus):,.0f} "
-          f"window traces/s if they had all {cpus} CPUs to themselves (the driver's own work not counted)")  # fmt: skip
+          f"window traces/s if they had all {cpus} CPUs to themselves (the driver's own work not counted) -> "
+          f"{NO_TARGET}")  # fmt: skip
     print(f"    {r['window_messages']:,} window messages, {r['redecided']:,} re-decided in {r['chunks']} chunk(s) "
           f"of at most {r['chunk_messages']:,}, {r['changes']:,} changed "
           f"{r['changes_by_kind']}, {r['leads']} lead(s)")  # fmt: skip
     print(f"    peak memory: Python driver VmHWM {r['python_mib']:,.0f} MiB; Spark driver JVM VmHWM "
-          f"{r['jvm_rss_mib']:,.0f} MiB, heap used {r['jvm_heap_mib']:,.0f} MiB (Spark executor metrics)")  # fmt: skip
+          f"{r['jvm_rss_mib']:,.0f} MiB, heap used {r['jvm_heap_mib']:,.0f} MiB (Spark executor metrics) -> "
+          f"{NO_TARGET} at one size (the target is how they grow with the window: below)")  # fmt: skip
     print(f"    Spark: {r['slowest'][0]}; the slowest jobs:" + "".join(f"\n      {line}" for line in r["slowest"][1:]))
     kinds = ", ".join(f"{name} {n:,} ({bad:,} wrong)" for name, (n, bad) in check["per_kind"].items())
-    verdict = "exact" if not check["wrong"] and not check["sample_disagree"] else "NOT EXACT"
-    print(f"    verdicts: {verdict}: {check['messages']:,} window messages, {check['wrong']:,} wrong: {kinds}; "
-          f"{check['confirmed']:,} CONFIRMED_LOST, {check['retracted']:,} RETRACTED; sample of {check['sample']} "
-          f"through verdicts_of: {check['sample_disagree']} disagree")  # fmt: skip
+    exact = not check["wrong"] and not check["sample_disagree"]
+    print(f"    verdicts: {check['messages']:,} window messages, {check['wrong']:,} wrong: {kinds}; "
+          f"{check['confirmed']:,} CONFIRMED_LOST, {check['still_lost']:,} lost still plain LOST (wrong), "
+          f"{check['retracted']:,} RETRACTED; sample of {check['sample']} through verdicts_of: "
+          f"{check['sample_disagree']} disagree -> {against('exact', exact)}")  # fmt: skip
     if check["examples"]:
         print(f"    e.g. wrong: {check['examples']}")
 
@@ -782,12 +796,19 @@ def main() -> int:
             print(f"kept {work}")
     if len(results) == 2:
         small, large = (results[s] for s in sizes)
-        print(f"growth x{args.growth}: time x{large['seconds'] / small['seconds']:.2f}, Python driver peak "
-              f"x{large['python_mib'] / small['python_mib']:.2f} "
-              f"({small['python_mib']:,.0f} -> {large['python_mib']:,.0f} MiB), "
-              f"JVM heap peak x{large['jvm_heap_mib'] / max(small['jvm_heap_mib'], 1):.2f} "
-              f"({small['jvm_heap_mib']:,.0f} -> {large['jvm_heap_mib']:,.0f} MiB), JVM RSS "
-              f"{small['jvm_rss_mib']:,.0f} -> {large['jvm_rss_mib']:,.0f} MiB (target: flat)")  # fmt: skip
+        flat = f"flat, within +{FLAT_PERCENT:g} %"
+        python, jvm = large["python_mib"] / small["python_mib"], large["jvm_rss_mib"] / max(small["jvm_rss_mib"], 1)
+        print(f"growth x{args.growth}: time x{large['seconds'] / small['seconds']:.2f} -> {NO_TARGET}")
+        print(f"growth x{args.growth}: Python driver peak x{python:.2f} ({small['python_mib']:,.0f} -> "
+              f"{large['python_mib']:,.0f} MiB) -> {against(flat, python <= 1 + FLAT_PERCENT / 100)}")  # fmt: skip
+        print(f"growth x{args.growth}: Spark driver JVM peak RSS x{jvm:.2f} ({small['jvm_rss_mib']:,.0f} -> "
+              f"{large['jvm_rss_mib']:,.0f} MiB) -> {against(flat, jvm <= 1 + FLAT_PERCENT / 100)}; its heap peak "
+              f"x{large['jvm_heap_mib'] / max(small['jvm_heap_mib'], 1):.2f} ({small['jvm_heap_mib']:,.0f} -> "
+              f"{large['jvm_heap_mib']:,.0f} MiB) -> {NO_TARGET} (the heap fills up to its maximum before it is "
+              "collected)")  # fmt: skip
+    else:
+        print("growth: not measured (--only-n: one size) -> the target of driver memory flat in the window's size "
+              "is not judged by this run", flush=True)  # fmt: skip
     return 0
 
 
