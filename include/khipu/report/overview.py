@@ -134,19 +134,21 @@ def series(rows: Iterable[Mapping[str, Any]], start_ms: int, end_ms: int, bucket
 
 @dataclass(frozen=True, slots=True)
 class ViewWindow:
-    """A window the streams page shows: its name in the page's address, in words, its span and its charts' step."""
+    """A window the streams page shows: its name in the page's address, in words, its span, its charts' step, and
+    how its charts name their first step's time."""
 
     key: str
     label: str
     span_ms: int
     step_ms: int
+    ago: str
 
 
 WINDOWS: tuple[ViewWindow, ...] = (
-    ViewWindow("15m", "last 15 minutes", 15 * MINUTE_MS, MINUTE_MS),
-    ViewWindow("1h", "last hour", HOUR_MS, 2 * MINUTE_MS),
-    ViewWindow("1d", "last day", DAY_MS, 30 * MINUTE_MS),
-    ViewWindow("1w", "last week", 7 * DAY_MS, 4 * HOUR_MS),
+    ViewWindow("15m", "last 15 minutes", 15 * MINUTE_MS, MINUTE_MS, "15 min ago"),
+    ViewWindow("1h", "last hour", HOUR_MS, 2 * MINUTE_MS, "1 h ago"),
+    ViewWindow("1d", "last day", DAY_MS, 30 * MINUTE_MS, "24 h ago"),
+    ViewWindow("1w", "last week", 7 * DAY_MS, 4 * HOUR_MS, "7 d ago"),
 )
 DEFAULT_WINDOW = WINDOWS[1]
 

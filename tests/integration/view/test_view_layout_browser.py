@@ -1,0 +1,83 @@
+"""The view's pages as Debian's Chromium lays them out in a frame as wide as Airflow gives its plugin pages (about
+1,000 px beside Airflow's navigation), and their charts as a person reads them.
+
+Issue 38: the streams table was 1,594 px wide, so inside Airflow its last column was cut off; the sparklines
+were a dot or two with no axis. The pages are the view's own HTML (its FastAPI app over a real SQLite store holding
+``tests/viewdata.py``'s and ``tests/routemapdata.py``'s seeds), laid out by Chromium with ``set_content``: what is
+measured is the browser's layout. Screenshots go where the other browser tests' do (``make screenshots``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from playwright.sync_api import Browser, Page
+
+from khipu.registry.loader import load_registry
+from khipu.store import Store
+from khipu_airflow.view.app import ViewSources, create_app
+from tests import routemapdata as data
+from tests.unit.plugins.test_view_app import TOKEN, token_check
+from tests.viewdata import seed
+
+pytestmark = pytest.mark.integration
+
+FRAME_PX = 1_000  # Airflow 3's plugin page beside its navigation, in a window of about 1,080 px
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    work = tmp_path_factory.mktemp("layout")
+    store = Store(f"sqlite:///{work / 'khipu.db'}")
+    store.migrate()
+    registry = load_registry(data.write_registry(work / "registry.yaml"))  # the demo streams and payments' 15 hops
+    now = time.time_ns() // 1_000_000
+    seed(store, work / "archive", registry, now)
+    data.seed_payments(store, now)
+    sources = ViewSources(lambda: store, lambda: registry, work / "archive", "local", lambda: now)
+    app = create_app(sources, token_check, lambda next_url: f"/auth/login?next={next_url}")
+    yield TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"})
+    store.close()
+
+
+@pytest.fixture
+def frame(browser: Browser) -> Iterator[Page]:
+    page = browser.new_page(viewport={"width": FRAME_PX, "height": 900})
+    try:
+        yield page
+    finally:
+        page.close()
+
+
+def shown(page: Page, client: TestClient, path: str) -> None:
+    answer = client.get(path)
+    assert answer.status_code == 200, path
+    page.set_content(answer.text)
+
+
+def test_each_chart_has_its_scale_and_its_window_and_says_when_it_has_nothing(
+    client: TestClient, frame: Page, shots: Path
+) -> None:
+    """A chart of the demo stream's audit hop (40 minutes of deliveries and one loss in the last hour) reads as a
+    chart: its scale's top and bottom and its window's ends are written on it, inside it; a hop without verdicts
+    says so."""
+    shown(frame, client, "/")
+    charts = frame.locator('table[data-stream="demo.orders"] svg.spark').evaluate_all(
+        """cs => cs.map(c => { const box = c.getBBox ? c.getBoundingClientRect() : null;
+            const labels = [...c.querySelectorAll('text')].map(t => { const b = t.getBoundingClientRect();
+                return {role: t.dataset.role, text: t.textContent, inside: b.left >= box.left - 0.5
+                    && b.right <= box.right + 0.5 && b.top >= box.top - 0.5 && b.bottom <= box.bottom + 0.5}; });
+            return {label: c.querySelector('title').textContent, points: c.dataset.points, labels}; })"""
+    )
+    assert len(charts) == 10
+    for chart in charts:
+        roles = {label["role"] for label in chart["labels"]}
+        assert {"top", "bottom", "start", "end"} <= roles, chart
+        assert all(label["inside"] for label in chart["labels"]), chart
+    idle = frame.locator('table[data-stream="demo.bursts"] svg.spark text[data-role="empty"]').all_text_contents()
+    assert idle and all(text.startswith("no verdicts in the last hour") for text in idle)
+    frame.locator('table[data-stream="demo.orders"]').screenshot(path=str(shots / "streams-table-charts.png"))
