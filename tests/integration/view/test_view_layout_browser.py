@@ -27,6 +27,8 @@ from tests.viewdata import seed
 pytestmark = pytest.mark.integration
 
 FRAME_PX = 1_000  # Airflow 3's plugin page beside its navigation, in a window of about 1,080 px
+COUNTS = ("delivered", "lost", "confirmed_lost", "duplicate", "trace_lost", "pending", "aborted", "superseded")
+FIGURES = (*COUNTS, "loss_rate", "duplicate_rate", "p50", "p95", "p99")
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +59,32 @@ def shown(page: Page, client: TestClient, path: str) -> None:
     answer = client.get(path)
     assert answer.status_code == 200, path
     page.set_content(answer.text)
+
+
+@pytest.mark.parametrize("window", ["1h", "1w"])
+def test_the_streams_page_fits_a_1000_px_frame_with_every_figure_in_view(
+    client: TestClient, frame: Page, shots: Path, window: str
+) -> None:
+    shown(frame, client, f"/?window={window}")
+    assert frame.evaluate("document.documentElement.scrollWidth") <= FRAME_PX  # nothing to scroll sideways to
+    tables = frame.locator("table[data-stream]")
+    assert tables.count() == 3
+    for right in tables.evaluate_all("ts => ts.map(t => t.getBoundingClientRect().right)"):
+        assert right <= FRAME_PX
+    rows = frame.locator("table[data-stream] tr[data-hop]")
+    assert rows.count() == 5 + 5 + 15
+    for name in FIGURES:  # every figure of every hop is there, visible, inside the frame, not spilling out
+        boxes = frame.locator(f'table[data-stream] tr[data-hop] [data-field="{name}"]').evaluate_all(
+            """cs => cs.map(c => { const b = c.getBoundingClientRect();
+                return {right: b.right, width: b.width, spills: c.scrollWidth > c.clientWidth + 1}; })"""
+        )
+        assert len(boxes) == rows.count(), name
+        assert all(0 < b["width"] and b["right"] <= FRAME_PX and not b["spills"] for b in boxes), (name, boxes[:3])
+    charts = frame.locator("table[data-stream] svg.spark")
+    assert charts.count() == 2 * rows.count()
+    for right in charts.evaluate_all("cs => cs.map(c => c.getBoundingClientRect().right)"):
+        assert right <= FRAME_PX
+    frame.screenshot(path=str(shots / f"streams-{window}-1000px.png"), full_page=True)
 
 
 def test_each_chart_has_its_scale_and_its_window_and_says_when_it_has_nothing(
