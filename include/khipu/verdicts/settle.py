@@ -250,11 +250,14 @@ def _read_again(stored: Verdict | None, judged: Verdict) -> Change | None:
 
 def _at_another_position(stored: Verdict | None, judged: Verdict) -> Change | None:
     """A duplicate at once, with the cause the detector's own rules give the two together: a read hop's id read at
-    several offsets is a producer's retry unless the stored verdict already saw one offset read twice; a write hop
-    is written again by replay when its processor read its input record again (the judgement carries that cause,
-    :func:`settle_batch`), else by a retry."""
+    several offsets is a producer's retry unless one offset was read twice, by the stored verdict or the judgement
+    (a re-read comes first when both apply, as in the read rules); the judgement carries a re-read :func:`settle_batch`
+    infers (the group had already read every copy written). A write hop is written again by replay when its processor
+    read its input record again (the judgement carries that cause, :func:`settle_batch`), else by a retry."""
     assert stored is not None
-    if stored.kind is VerdictKind.DUPLICATE and stored.cause is not None:
+    if Cause.REWIND_REPLAY in (stored.cause, judged.cause):  # a re-read (or replay) at the hop comes first
+        cause = Cause.REWIND_REPLAY
+    elif stored.kind is VerdictKind.DUPLICATE and stored.cause is not None:
         cause = stored.cause
     else:
         cause = judged.cause or Cause.PRODUCER_RETRY
@@ -399,7 +402,10 @@ def settle_batch(
     hop id) -> the processor's input read hop ids, from the route): when the same late state showed the processor
     reading its input record again (an input read hop made DUPLICATE rewind/replay by a state first seen when the
     write's was, in this batch or an earlier one), it replayed its input and wrote it again (``REWIND_REPLAY``, as
-    the write rules say when one state holds both reads); otherwise it is a retry."""
+    the write rules say when one state holds both reads); otherwise it is a retry. A late read at another position of
+    a read hop that had already read as many records of the id as its topic's writers wrote (their verdicts, stored
+    or late in this batch) is a re-read of one of them (``REWIND_REPLAY``), not another copy: a stored verdict names
+    one position only."""
     settled: dict[tuple[str, str], Verdict] = {}  # this batch's changes: later judgements meet them
 
     def before(message_id: str, hop: str) -> Verdict | None:
@@ -416,11 +422,35 @@ def settle_batch(
             for read in reads
         )
 
+    def copies_written(read: Verdict) -> int | None:
+        """How many records of the id the writers of the read hop's topic wrote: their stored (or this batch's
+        settled) counts, plus the copies this batch's late writes add at other positions. None when that is not
+        known (no writer's verdict, or one that counts nothing: a trace lost, a loss)."""
+        topic = topic_of(read)
+        message = stored.get(read.message_id, {})
+        hops = {h for h, v in message.items() if v.hop_kind == "write" and topic_of(v) == topic}
+        hops |= {h for (m, h), v in settled.items() if m == read.message_id and v.hop_kind == "write"
+                 and topic_of(v) == topic}  # fmt: skip
+        late = [v for v in judged if v.message_id == read.message_id and v.hop_kind == "write" and topic_of(v) == topic]
+        writes = [w for w in (before(read.message_id, h) for h in sorted(hops)) if w is not None]
+        if not writes or any(w.kind not in (VerdictKind.DELIVERED, VerdictKind.DUPLICATE) for w in writes):
+            return None
+        added = sum(
+            v.count for v in late if v.hop not in hops or received_at_another_position(before(v.message_id, v.hop), v)
+        )
+        return sum(w.count for w in writes) + added
+
     def with_cause(verdict: Verdict) -> Verdict:
         stored_now = before(verdict.message_id, verdict.hop)
         written_again = verdict.hop_kind == "write" and received_at_another_position(stored_now, verdict)
         if written_again and verdict.cause is None and input_replayed(verdict):
             return dataclasses.replace(verdict, cause=Cause.REWIND_REPLAY)
+        read_again = verdict.hop_kind == "read" and received_at_another_position(stored_now, verdict)
+        if read_again and verdict.cause is not Cause.REWIND_REPLAY:
+            assert stored_now is not None
+            copies = copies_written(verdict)
+            if copies is not None and stored_now.count >= copies:  # every copy read already: this one is read again
+                return dataclasses.replace(verdict, cause=Cause.REWIND_REPLAY)
         return verdict
 
     changes: dict[int, Change | None] = {}
@@ -432,6 +462,13 @@ def settle_batch(
             settled[(verdict.message_id, verdict.hop)] = change.verdict
         changes[i] = change
     return [changes[i] for i in range(len(judged))]
+
+
+def topic_of(verdict: Verdict) -> str:
+    """The ``cluster/topic`` of a verdict's hop, from its id: ``location -> cluster/topic`` (a write),
+    ``cluster/topic -> group`` (a read)."""
+    before, _, after = verdict.hop.partition(" -> ")
+    return after if verdict.hop_kind == "write" else before
 
 
 def _same(a: Verdict, b: Verdict) -> bool:

@@ -153,3 +153,34 @@ def test_a_processor_that_read_its_input_again_and_wrote_it_again_is_a_replay_at
     result = score(truth, said)
     assert result.exact, (result.wrong, result.missing, result.extra)
     assert not score(truth, [*said[:2], verdict("m", OUT, "DUPLICATE", "producer_retry")]).exact
+
+
+def test_a_retried_write_read_again_at_one_offset_is_rewind_replay_at_the_read_as_decide_rules() -> None:
+    """The ledger of what the reviewer saw after a broker freeze: the enricher wrote the id twice (out@0, out@1) and
+    the sink read out@0 once and out@1 twice (its group re-read it). Both causes apply at the sink's hop; the re-read
+    comes first, as decide's table says (tests/unit/detector/test_decide.py, case 64): rewind_replay there, and a
+    producer retry at the write (the retry's own hop)."""
+    from khipu.demo.ledger import build_truth
+
+    def event(kind: str, hop: str, topic: str, offset: int, **extra: object) -> dict[str, object]:
+        return {"event": kind, "message_id": "m", "hop": hop, "topic": topic, "partition": 0, "offset": offset,
+                **extra}  # fmt: skip
+
+    sink = "local/out -> sink"
+    truth = build_truth([
+        event("written", SRC, "in", 0, sampled=True, source=True),
+        event("received", READ, "in", 0),
+        event("written", OUT, "out", 0), event("written", OUT, "out", 1),
+        event("received", sink, "out", 0), event("received", sink, "out", 1), event("received", sink, "out", 1),
+    ])  # fmt: skip
+    rules = [
+        verdict("m", SRC, "DELIVERED"),
+        verdict("m", READ, "DELIVERED"),
+        verdict("m", OUT, "DUPLICATE", "producer_retry"),
+        verdict("m", sink, "DUPLICATE", "rewind_replay"),
+    ]
+    assert score(truth, rules).exact
+    retry_at_the_sink = [*rules[:3], verdict("m", sink, "DUPLICATE", "producer_retry")]
+    assert score(truth, retry_at_the_sink).wrong == {
+        ("m", sink): (("DUPLICATE", "rewind_replay"), ("DUPLICATE", "producer_retry"))
+    }

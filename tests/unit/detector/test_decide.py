@@ -481,6 +481,14 @@ CASES = [
          "proc's SENT on out is not here: when out@7 was written is not known, so the history cannot say the sinks "
          "went past that record after it was written; they wait from now (and the write into out with them), while "
          "proc's hop on in, written at 1 s, settles from the history's 20 s", history=seen_past(20_000)),
+    # Two causes at one read hop: the first rule of READ_RULES that holds gives the cause
+    Case(64, [*clean(), sent("proc", "out", 9, 1250), recv("s1", "out", 9, 1350), recv("s2", "out", 9, 1450),
+              recv("s2", "out", 9, 1600)], {("proc", "in"): 6, ("s1", "out"): 10, ("s2", "out"): 10}, 60_000, 70_000,
+         {SRC: (D, None, 1), PROC_IN: (D, None, 1), PROC_OUT: (DUP, Cause.PRODUCER_RETRY, 2),
+          S1: (DUP, Cause.PRODUCER_RETRY, 2), S2: (DUP, Cause.REWIND_REPLAY, 3)}, True,
+         "proc wrote the id twice (out@7, out@9: a retry) and s2 also read out@9 again (a rewind): both causes apply "
+         "at s2's hop. The re-read comes first: it is what happened at this hop (the group read a record again), "
+         "while the second copy is the write's doing, reported at proc's write hop and at s1 as a retry"),
 ]
 # fmt: on
 

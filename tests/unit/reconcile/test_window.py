@@ -93,3 +93,19 @@ def test_a_message_named_only_by_its_record_gets_trace_lost_where_it_evidently_p
         ("proc -> local/out", VerdictKind.TRACE_LOST, 7),  # the record is in out, which only proc writes
     }
     assert all(v.decided_by == "reconciliation" and "trace header names it" in v.detail for v in verdicts)
+
+
+def test_reconciliation_gives_two_causes_at_one_read_hop_the_cause_the_rule_table_gives() -> None:
+    """decide's case 64 re-judged by reconciliation (all the traces, the grace long over): the same rule, so the same
+    precedence, a re-read before a retry at the read hop."""
+    from tests.unit.detector.test_decide import CASES
+
+    [case] = [c for c in CASES if c.number == 64]
+
+    def committed(cluster: str, group: str, topic: str, partition: int) -> int | None:
+        return case.committed.get((group, topic))
+
+    window = ReconcileWindow(0, 60_000, horizon_ms=600_000)
+    config = DetectorConfig(grace_ms=30_000, max_wait_ms=300_000)
+    verdicts = rejudge("m1", case.stream, case.traces, Lookups(committed), config, window, 10**9)
+    assert {v.hop: (v.kind, v.cause, v.count) for v in verdicts} == case.expected

@@ -91,6 +91,10 @@ CASES = [
     Case(38, hop(DUP, cause=Cause.REWIND_REPLAY, count=2), hop(D, offset=9, seen=FRESH),
          (DUP, Cause.REWIND_REPLAY, 3, True),
          "a late read at another offset of a hop that already read one offset twice: the rules' first cause stays"),
+    Case(45, hop(DUP, cause=Cause.PRODUCER_RETRY, count=2), hop(DUP, cause=Cause.REWIND_REPLAY, count=2, offset=9,
+         seen=FRESH), (DUP, Cause.REWIND_REPLAY, 4, True),
+         "a hop that read two copies of the id (a retry) reads one of them twice later: both causes apply, and a "
+         "re-read at the hop comes first, as in the read rules (decide's case 64): rewind/replay"),
     Case(39, hop(D, hop_kind="write"), hop(D, hop_kind="write", offset=9, seen=FRESH),
          (DUP, Cause.PRODUCER_RETRY, 2, True),
          "a late SENT at another offset, its processor's input not read again in the batch: written twice, a retry"),
@@ -258,6 +262,39 @@ def test_a_late_write_at_another_offset_takes_its_cause_from_what_its_processor_
     read = by_hop["local/out -> s1"]  # the sink read both copies: the id at two offsets
     assert (read.kind, read.cause, read.count) == (DUP, Cause.PRODUCER_RETRY, 2)
     assert "after it was decided at offset 7" in read.detail
+
+
+# proc's write hop as stored, a late write of it in the batch, the late read's cause
+# fmt: off
+COPIES = [
+    (hop(DUP, hop_kind="write", cause=Cause.PRODUCER_RETRY, count=2), None, Cause.REWIND_REPLAY),
+    (hop(DUP, hop_kind="write", cause=Cause.PRODUCER_RETRY, count=2), hop(D, hop_kind="write", offset=11, seen=FRESH),
+     Cause.PRODUCER_RETRY),
+    (None, None, Cause.PRODUCER_RETRY),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(
+    ("written", "late_write", "cause"),
+    COPIES,
+    ids=["both-copies-read-already", "a-third-copy-written-late", "writer-not-known"],
+)
+def test_a_late_read_at_another_offset_is_a_re_read_when_the_group_already_read_every_copy_written(
+    written: Verdict | None, late_write: Verdict | None, cause: Cause
+) -> None:
+    """proc wrote the id twice (out@7, out@9: a retry) and s1 read both (stored: DUPLICATE producer_retry, at 7); after
+    a broker freeze s1 reads out@9 again, alone in a fresh state (DELIVERED at 9). Its stored verdict names one offset,
+    but the writer's says how many copies there are: s1 had read all of them, so this read is a re-read (the case
+    the demo's ledger called rewind_replay, the detector producer_retry). A copy written late in the same batch, or
+    a writer not known, leaves it a retry."""
+    stored = {"local/out -> s1": hop(DUP, cause=Cause.PRODUCER_RETRY, count=2)}
+    if written is not None:
+        stored["proc -> local/out"] = written
+    late = [hop(D, offset=9 if late_write is None else 11, seen=FRESH), *([late_write] if late_write else [])]
+    changes = settle_batch(late, {"m1": stored})
+    read = next(c.verdict for c in changes if c is not None and c.verdict.hop == "local/out -> s1")
+    assert (read.kind, read.cause, read.count, read.late_evidence) == (DUP, cause, 3, True)
 
 
 def test_a_hop_judged_twice_in_one_batch_settles_the_second_against_the_first() -> None:
