@@ -26,7 +26,7 @@ from khipu.kafka.trace_topic import TraceTopicError, read_trace_topic, tally_tra
 from khipu.localstack.broker import BrokerError
 from khipu.registry.loader import RegistryError, load_registry
 from khipu.registry.model import UnknownStreamError
-from khipu.settings import KhipuSettings
+from khipu.settings import KhipuSettings, project_root
 from khipu.store import Store, StoreError
 
 EXIT_USAGE = 2
@@ -199,6 +199,23 @@ def _parser() -> argparse.ArgumentParser:
     shown.add_argument("--markdown", action="store_true", help="print docs/settings.md's table of every variable")
     shown.add_argument("--json", action="store_true", help="print JSON instead of text")
     shown.set_defaults(handler=_settings)
+
+    bundles = commands.add_parser(
+        "airflow-bundles",
+        help="write each registry team's resend DAG and print Airflow's DAG bundles (each team sees its own DAGs)",
+        description="Write each registry owner's manual resend DAG into TEAMS_FOLDER/<team>/ and print "
+        "[dag_processor] dag_bundle_config_list: Khipu's own DAGs (DAGS_FOLDER) for the team khipu-every-stream, "
+        "each team's resend DAG for the team (docs/view.md#airflows-own-surfaces). Run it again when the "
+        "registry's owners change, then restart Airflow's dag-processor.",
+    )
+    bundles.add_argument("--teams-folder", type=Path, required=True, help="where each team's bundle is written")
+    bundles.add_argument("--dags-folder", type=Path, default=project_root() / "dags", help="Khipu's dags/ folder")
+    bundles.add_argument(
+        "--no-multi-team",
+        action="store_true",
+        help="bundles without teams, for an auth manager that grants DAGs one by one (FAB's)",
+    )
+    bundles.set_defaults(handler=_airflow_bundles)
 
     topics = commands.add_parser("topics", help="Khipu's own topics").add_subparsers(metavar="ACTION")
     ensure = topics.add_parser("ensure", help="create the trace topic and the lost-messages topic if missing")
@@ -651,6 +668,17 @@ def _traces_count(args: argparse.Namespace, settings: KhipuSettings) -> int:
     print(f"emitter marks: {tally.marks}")
     for field, number in sorted(tally.malformed.items()):
         print(f"malformed (field {field}): {number}")
+    return 0
+
+
+def _airflow_bundles(args: argparse.Namespace, settings: KhipuSettings) -> int:
+    from khipu.access.dags import bundle_setting, dag_bundles, write_team_dag_files
+
+    owners = {stream.owner for stream in load_registry(settings.registry_path).streams.values()}
+    for path in write_team_dag_files(owners, args.teams_folder.resolve()):
+        print(f"wrote {path}", file=sys.stderr)
+    multi_team = not args.no_multi_team
+    print(bundle_setting(dag_bundles(owners, args.dags_folder.resolve(), args.teams_folder.resolve(), multi_team)))
     return 0
 
 

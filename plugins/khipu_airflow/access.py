@@ -11,8 +11,10 @@ DAG's runs, triggered and read through Airflow's own API as that person.
   ``is_authorized_custom_view(method="GET", resource_name="Khipu team <owner>")``, and one for every stream,
   ``"Khipu every stream"``. (The SimpleAuthManager grants every custom view to every user: not this mode.)
 
-**The resend button** is for whoever may trigger runs of ``khipu_resend_manual``: ``is_authorized_dag(method=
-"POST", access_entity=RUN)`` on it, as Airflow's own trigger endpoint asks. The trigger itself goes through that
+**The resend button** is for whoever may trigger runs of the stream's team's manual resend DAG
+(``khipu_resend_manual__<team>``, :mod:`khipu.access.dags`), or, for whoever sees every stream, of
+``khipu_resend_manual``: ``is_authorized_dag(method="POST", access_entity=RUN)`` on it, as Airflow's own trigger
+endpoint asks. The trigger itself goes through that
 endpoint with the person's own token, so Airflow checks it again, logs it, and names them as the run's trigger.
 """
 
@@ -24,8 +26,16 @@ from typing import Any
 import httpx
 from fastapi import Request
 
-from khipu.access import EVERY_STREAM_RESOURCE, EVERY_STREAM_TEAM, AccessUnanswered, Viewer, team_resource
-from khipu.report.resending import MANUAL_DAG, RESEND_TASK, RunSeen
+from khipu.access import (
+    EVERY_STREAM_RESOURCE,
+    EVERY_STREAM_TEAM,
+    MANUAL_DAG,
+    AccessUnanswered,
+    Viewer,
+    resend_dag_of,
+    team_resource,
+)
+from khipu.report.resending import RESEND_TASK, RunSeen
 from khipu_airflow.view.resending import ResendRefused
 
 TEAMS, CUSTOM_VIEWS = "teams", "custom-views"
@@ -57,24 +67,33 @@ def airflow_viewer(user: Any, owners: Collection[str], mode: str) -> Viewer:
             for owner in owners
             if manager.is_authorized_custom_view(method="GET", resource_name=team_resource(owner), user=user)
         }
+    seen = set(owners) if every_stream else teams
     return Viewer(
         name=str(user.get_name()),
         teams=frozenset(teams),
         every_stream=every_stream,
-        may_trigger_resend=may_trigger_resend(user),
+        resend_dags=triggerable_dags(user, {MANUAL_DAG, *(resend_dag_of(owner) for owner in seen)}),
     )
 
 
-def may_trigger_resend(user: Any) -> bool:
-    """Whether ``user`` may trigger runs of the manual resend DAG: the question Airflow's trigger endpoint asks."""
+def triggerable_dags(user: Any, dag_ids: Collection[str]) -> frozenset[str]:
+    """Which of ``dag_ids`` ``user`` may trigger runs of: the question Airflow's trigger endpoint asks
+    (``is_authorized_dag(method="POST", access_entity=RUN)``), with each DAG's team (its bundle's). A DAG Airflow
+    does not have is asked about as one of no team; triggering it, Airflow answers that it does not exist."""
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
     from airflow.models.dag import DagModel
 
-    details = DagDetails(id=MANUAL_DAG, team_name=DagModel.get_team_name(MANUAL_DAG))
-    return bool(
-        get_auth_manager().is_authorized_dag(
-            method="POST", access_entity=DagAccessEntity.RUN, details=details, user=user
+    teams = DagModel.get_dag_id_to_team_name_mapping(sorted(dag_ids))  # one query
+    manager = get_auth_manager()
+    return frozenset(
+        dag_id
+        for dag_id in dag_ids
+        if manager.is_authorized_dag(
+            method="POST",
+            access_entity=DagAccessEntity.RUN,
+            details=DagDetails(id=dag_id, team_name=teams.get(dag_id)),
+            user=user,
         )
     )
 
@@ -100,28 +119,24 @@ class AirflowResendRuns:
             base = f"http://{host}:{conf.getint('api', 'port', fallback=8080)}"
         return base.rstrip("/")
 
-    def trigger(self, request: Request, conf: Mapping[str, Any], note: str) -> str:
-        """Trigger a run with ``conf``; its run id."""
-        answer = self._call(
-            request, "POST", f"/api/v2/dags/{MANUAL_DAG}/dagRuns", {"logical_date": None, "conf": conf, "note": note}
-        )
+    def trigger(self, request: Request, dag_id: str, conf: Mapping[str, Any], note: str) -> str:
+        """Trigger a run of ``dag_id`` with ``conf``; its run id."""
+        body = {"logical_date": None, "conf": conf, "note": note}
+        answer = self._call(request, "POST", f"/api/v2/dags/{_quoted(dag_id)}/dagRuns", body)
         return str(answer["dag_run_id"])
 
-    def run(self, request: Request, run_id: str) -> RunSeen:
-        """The run ``run_id``: its state, its conf, and the resend task's return value once it succeeded."""
-        run = self._call(request, "GET", f"/api/v2/dags/{MANUAL_DAG}/dagRuns/{_quoted(run_id)}")
+    def run(self, request: Request, dag_id: str, run_id: str) -> RunSeen:
+        """The run ``run_id`` of ``dag_id``: its state, its conf, and the resend task's return value once it
+        succeeded."""
+        path = f"/api/v2/dags/{_quoted(dag_id)}/dagRuns/{_quoted(run_id)}"
+        run = self._call(request, "GET", path)
         state, result = str(run.get("state")), None
         if state == "success":
-            xcom = self._call(
-                request,
-                "GET",
-                f"/api/v2/dags/{MANUAL_DAG}/dagRuns/{_quoted(run_id)}/taskInstances/{RESEND_TASK}"
-                "/xcomEntries/return_value",
-            )
+            xcom = self._call(request, "GET", f"{path}/taskInstances/{RESEND_TASK}/xcomEntries/return_value")
             value = xcom.get("value")
             result = value if isinstance(value, Mapping) else None
         conf = run.get("conf")
-        return RunSeen(run_id, state, conf if isinstance(conf, Mapping) else {}, result)
+        return RunSeen(run_id, state, conf if isinstance(conf, Mapping) else {}, result, dag_id)
 
     def _call(self, request: Request, method: str, path: str, body: Any = None) -> dict[str, Any]:
         token = caller_token(request)

@@ -195,7 +195,11 @@ def run_reconciliation(
 
 def announce_confirmed_losses(store_conn_id: str, dry_run: bool, outlet_events: Any, now_ms: int) -> dict[str, Any]:
     """Update the confirmed-losses Asset with every CONFIRMED_LOST not announced yet, from the store (so a
-    retried run still announces what an earlier attempt stored); skip (no Asset event) when there is none."""
+    retried run still announces what an earlier attempt stored); skip (no Asset event) when there is none.
+
+    The event, the task's return value and its log carry a count only: Airflow shows an Asset's events to every
+    user, whatever their team (docs/view.md#airflows-own-surfaces); the losses themselves are in the store, which
+    the resend DAG and the view read."""
     if dry_run:
         raise AirflowSkipException("a dry run announces nothing")
     store = Store(KhipuStoreHook(store_conn_id).url())
@@ -203,15 +207,12 @@ def announce_confirmed_losses(store_conn_id: str, dry_run: bool, outlet_events: 
         rows = store.verdicts.unannounced_confirmed()
         if not rows:
             raise AirflowSkipException("no new confirmed losses")
-        losses = [
-            {"message_id": r["message_id"], "stream": r["stream"], "hop": r["hop"], "cause": r["cause"]} for r in rows
-        ]
-        outlet_events[CONFIRMED_LOSSES].extra = {"count": len(losses), "losses": losses}
+        outlet_events[CONFIRMED_LOSSES].extra = {"count": len(rows)}
         store.verdicts.mark_announced([(r["message_id"], r["hop"]) for r in rows], now_ms)
     finally:
         store.close()
-    log.info("announced %d confirmed losses on %s", len(losses), CONFIRMED_LOSSES.uri)
-    return {"count": len(losses), "losses": losses}
+    log.info("announced %d confirmed losses on %s", len(rows), CONFIRMED_LOSSES.uri)
+    return {"count": len(rows)}
 
 
 def _after(args: Sequence[str], flag: str) -> str:

@@ -39,3 +39,27 @@ def test_dag_has_owner_retries_tags_and_doc(dagbag, path: Path) -> None:  # type
     for task in dag.tasks:
         assert task.owner not in ("", "airflow"), f"{task.task_id}: set a real owner"
         assert task.retries >= 1, f"{task.task_id}: retries must be >= 1"
+
+
+def test_each_registry_teams_resend_dag_file_declares_its_own_dag(tmp_path: Path) -> None:
+    """The files `khipu airflow-bundles` writes (khipu.access.dags.team_dag_file), one per registry owner, each parse
+    alone into the team's manual resend DAG: one DAG, its id the file's name, the team as owner and tag."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from khipu.access.dags import team_dag_file
+    from khipu.registry.loader import load_registry
+
+    registry = load_registry(DAGS_FOLDER.parent / "config" / "registry.yaml")
+    owners = sorted({stream.owner for stream in registry.streams.values()})
+    assert owners == ["team-bursts", "team-demo"]
+    for owner in owners:
+        written = team_dag_file(owner)
+        folder = tmp_path / owner
+        folder.mkdir()
+        (folder / written.name).write_text(written.text)
+        bag = DagBag(dag_folder=str(folder))
+        assert bag.import_errors == {}
+        assert list(bag.dags) == [Path(written.name).stem] == [f"khipu_resend_manual__{owner}"]
+        dag = bag.dags[f"khipu_resend_manual__{owner}"]
+        assert owner in dag.tags and "khipu" in dag.tags and f"team {owner}'s streams" in (dag.doc_md or "")
+        assert [task.owner for task in dag.tasks] == [owner] and all(task.retries >= 1 for task in dag.tasks)

@@ -1,9 +1,11 @@
 """Who sees which streams in the Khipu view: a pure decision over the registry and what Airflow's auth manager
-said of the person asking (:mod:`khipu.access.scope`). The questions put to the auth manager are the plugin's
+said of the person asking (:mod:`khipu.access.scope`); and which of Khipu's DAGs carry whose data in Airflow itself
+(:mod:`khipu.access.dags`). The questions put to the auth manager are the plugin's
 (``plugins/khipu_airflow/access.py``); docs/view.md#who-sees-which-streams says how a deployment sets it up."""
 
 from __future__ import annotations
 
+from khipu.access.dags import MANUAL_DAG, resend_dag_for, resend_dag_of, resend_refusal
 from khipu.access.scope import (
     EVERY_STREAM_RESOURCE,
     EVERY_STREAM_TEAM,
@@ -15,7 +17,6 @@ from khipu.access.scope import (
     alert_in_reach,
     reach_limit,
     reach_of,
-    resend_refusal,
     seen_registry,
     sees_stream,
     team_resource,
@@ -23,6 +24,7 @@ from khipu.access.scope import (
 
 __all__ = [
     "EVERY_STREAM_RESOURCE",
+    "MANUAL_DAG",
     "EVERY_STREAM_TEAM",
     "TEAM_RESOURCE_PREFIX",
     "AccessUnanswered",
@@ -32,6 +34,8 @@ __all__ = [
     "alert_in_reach",
     "reach_limit",
     "reach_of",
+    "resend_dag_for",
+    "resend_dag_of",
     "resend_refusal",
     "seen_registry",
     "sees_stream",

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from khipu.registry.model import Registry, ResendMode, Stream
+from khipu.registry.model import Registry, Stream
 
 EVERY_STREAM_TEAM = "khipu-every-stream"  # an Airflow team: its members (and Airflow's admins) see every stream
 EVERY_STREAM_RESOURCE = "Khipu every stream"  # a custom view: whoever may read it sees every stream
@@ -46,12 +46,13 @@ def team_resource(owner: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Viewer:
     """What the auth manager said of the person asking: the teams they are in (of those the registry's owners
-    name), whether they see every stream, and whether they may trigger runs of the manual resend DAG."""
+    name), whether they see every stream, and which manual resend DAGs they may trigger runs of
+    (:mod:`khipu.access.dags`)."""
 
     name: str
     teams: frozenset[str] = frozenset()
     every_stream: bool = False
-    may_trigger_resend: bool = False
+    resend_dags: frozenset[str] = frozenset()
 
 
 def sees_stream(viewer: Viewer, stream: Stream) -> bool:
@@ -120,15 +121,3 @@ def alert_in_reach(details: Mapping[str, Any], reach: Reach) -> bool:
     if stream is not None and str(stream) not in reach.streams:
         return False
     return group is None or (str(details.get("cluster")), str(group)) in reach.groups
-
-
-def resend_refusal(viewer: Viewer, registry: Registry, stream: str) -> str | None:
-    """Why ``viewer`` may not resend a loss of ``stream`` from the view (None: they may). ``registry`` is the one
-    they see: a stream not in it is not theirs."""
-    if stream not in registry.streams:
-        return f"stream {stream!r} is not one of yours"
-    if registry.streams[stream].resend.mode is ResendMode.OFF:
-        return f"stream {stream!r} is never resent (its resend mode is off)"
-    if not viewer.may_trigger_resend:
-        return "you may not trigger the DAG khipu_resend_manual"
-    return None

@@ -1,8 +1,10 @@
 """Airflow for the local stack: its environment, its connections, its users and teams, and standalone's health.
 
 Airflow runs in multi-team mode with the SimpleAuthManager, so that the Khipu view shows each user their teams'
-streams (docs/view.md#who-sees-which-streams): ``admin`` sees every stream, ``demo`` is in team-demo (the demo's
-``demo.orders``), ``bursts`` in team-bursts (``demo.bursts``). Their passwords are drawn here, before Airflow
+streams (docs/view.md#who-sees-which-streams), and Airflow itself each team's DAGs only: Khipu's own in a bundle of
+the team khipu-every-stream, each team's manual resend DAG in a bundle of its own (khipu.access.dags). ``admin``
+sees every stream, ``demo`` is in team-demo (the demo's ``demo.orders``), ``bursts`` in team-bursts
+(``demo.bursts``). Their passwords are drawn here, before Airflow
 starts, into the file the SimpleAuthManager reads them from (owner-only): Airflow then never prints them to its log.
 """
 
@@ -20,8 +22,11 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
+from khipu.access import EVERY_STREAM_TEAM
+from khipu.access.dags import bundle_setting, dag_bundles, write_team_dag_files
 from khipu.config.model import LOCAL_MASTER
 from khipu.files import owner_only, write_owner_only
+from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings, project_root
 
 KAFKA_CONNECTION_ID = "khipu_kafka"
@@ -75,6 +80,10 @@ def airflow_env(settings: KhipuSettings, airflow_home: Path) -> dict[str, str]:
         "AIRFLOW__API__PORT": str(settings.airflow_port),
         "AIRFLOW__CORE__MULTI_TEAM": "True",  # the view shows each user their teams' streams
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": users_setting(),
+        # Khipu's own DAGs for whoever sees every stream, each team's resend DAG for the team (khipu.access.dags)
+        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": bundle_setting(
+            dag_bundles(stream_owners(settings), root / "dags", team_dags_folder(airflow_home), multi_team=True)
+        ),
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         # Local stack: judge consumer health over 5 snapshots (5 minutes) so a stalled demo consumer
@@ -84,6 +93,16 @@ def airflow_env(settings: KhipuSettings, airflow_home: Path) -> dict[str, str]:
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     }
+
+
+def stream_owners(settings: KhipuSettings) -> set[str]:
+    """The teams the registry's streams belong to: a DAG bundle each."""
+    return {stream.owner for stream in load_registry(settings.registry_path).streams.values()}
+
+
+def team_dags_folder(airflow_home: Path) -> Path:
+    """Where each team's bundle (its manual resend DAG) is written: ``<airflow home>/team-dags/<team>``."""
+    return airflow_home / "team-dags"
 
 
 def connections(settings: KhipuSettings) -> dict[str, dict[str, object]]:
@@ -144,7 +163,11 @@ def prepare_airflow(settings: KhipuSettings, airflow_home: Path, env: dict[str, 
     run_airflow_cli(["db", "migrate"], env, log_path)
     if (metadata := airflow_home / "airflow.db").exists():  # SQLite's: DAG runs, XComs, run confs of every team
         owner_only(metadata)
-    ensure_teams(sorted({team for user in STACK_USERS for team in user.teams}), env, log_path)
+    owners = stream_owners(settings)
+    write_team_dag_files(owners, team_dags_folder(airflow_home))
+    # every bundle's team exists before the dag-processor reads the bundles; so does every user's
+    ensure_teams(sorted({EVERY_STREAM_TEAM, *owners, *(team for user in STACK_USERS for team in user.teams)}), env,
+                 log_path)  # fmt: skip
     ensure_passwords(airflow_home / PASSWORDS_FILE, [user.name for user in STACK_USERS])
     connections_file = airflow_home / "khipu-connections.json"
     write_owner_only(connections_file, json.dumps(connections(settings), indent=2))

@@ -2,8 +2,8 @@
 one, and what a run of that DAG says about it. A real run follows a dry run of the same loss that succeeded and
 said it would resend it (:func:`real_run_refusal`).
 
-The run itself is Airflow's (the plugin triggers ``khipu_resend_manual`` as the person asking and reads the run
-back): here it arrives as a :class:`RunSeen`, and everything is decided from it.
+The run itself is Airflow's (the plugin triggers the stream's team's manual resend DAG, :mod:`khipu.access.dags`, as
+the person asking and reads the run back): here it arrives as a :class:`RunSeen`, and everything is decided from it.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from khipu.access import MANUAL_DAG
 from khipu.report.message import MessageReport
 from khipu.verdicts.model import VerdictKind
 
-MANUAL_DAG = "khipu_resend_manual"
 RESEND_TASK = "resend_chosen_losses"  # its return value is the run's outcomes (khipu.resend.run.ResendRun.as_dict)
 FINISHED = ("success", "failed")
 
@@ -23,8 +23,8 @@ FINISHED = ("success", "failed")
 class NotThisLoss(LookupError):
     """A run named on a message's page that is not a run of the resend DAG for one of that message's losses."""
 
-    def __init__(self, run_id: str, message_id: str) -> None:
-        super().__init__(f"run {run_id!r} of {MANUAL_DAG} is not a resend of message {message_id!r}")
+    def __init__(self, dag_id: str, run_id: str, message_id: str) -> None:
+        super().__init__(f"run {run_id!r} of {dag_id} is not a resend of message {message_id!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,7 @@ def confirmed_losses(report: MessageReport) -> list[Loss]:
 
 
 def run_conf(loss: Loss, *, dry_run: bool) -> dict[str, Any]:
-    """The conf of a ``khipu_resend_manual`` run resending this one loss (its typed Params)."""
+    """The conf of a manual resend DAG's run resending this one loss (its typed Params)."""
     return {"streams": [loss.stream], "hop": loss.hop, "message_ids": [loss.message_id], "dry_run": dry_run}
 
 
@@ -72,6 +72,7 @@ class RunSeen:
     state: str  # queued | running | success | failed
     conf: Mapping[str, Any]
     result: Mapping[str, Any] | None = None  # the resend task's return value, once it succeeded
+    dag_id: str = MANUAL_DAG  # the resend DAG it is a run of (khipu.access.dags)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +100,7 @@ def read_run(run: RunSeen, message_id: str) -> ResendRunView:
     """What ``run`` says about ``message_id``'s loss; NotThisLoss when the run is not a resend of that message."""
     named = loss_of(run.conf)
     if named is None or named[0].message_id != message_id:
-        raise NotThisLoss(run.run_id, message_id)
+        raise NotThisLoss(run.dag_id, run.run_id, message_id)
     loss, dry_run = named
     result = run.result or {}
     outcomes = _outcomes(result.get("outcomes"), loss)

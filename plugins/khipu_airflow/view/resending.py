@@ -1,10 +1,11 @@
 """A resend from a message's page (docs/view.md#resending-from-a-message-page).
 
-On the page of a message CONFIRMED_LOST at a hop, whoever sees its stream and may trigger ``khipu_resend_manual``
-gets a button that triggers a **dry run** of that DAG for that one loss. The page then follows the run (it reloads
-until the run ends) and shows what the dry run said; when it said it would resend the loss, a second button
-triggers the real run, naming the dry run. The real run is refused unless that dry run succeeded for the same loss
-and said ``would_resend``. Its outcome and the resend ledger's attempts show on the same page.
+On the page of a message CONFIRMED_LOST at a hop, whoever sees its stream and may trigger its team's manual resend
+DAG (``khipu_resend_manual__<team>``; :mod:`khipu.access.dags`) gets a button that triggers a **dry run** of that
+DAG for that one loss. The page then follows the run (it reloads until the run ends) and shows what the dry run
+said; when it said it would resend the loss, a second button triggers the real run, naming the dry run. The real run
+is refused unless that dry run succeeded for the same loss and said ``would_resend``. Its outcome and the resend
+ledger's attempts show on the same page.
 
 The runs are Airflow's, triggered and read as the person asking (:class:`ResendRuns`; the plugin's is
 :class:`khipu_airflow.access.AirflowResendRuns`).
@@ -20,7 +21,7 @@ from urllib.parse import quote
 from fastapi import Depends, FastAPI, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
-from khipu.access import Viewer, resend_refusal
+from khipu.access import MANUAL_DAG, Viewer, resend_dag_for, resend_dag_of, resend_refusal
 from khipu.registry.model import Registry
 from khipu.report.message import MessageReport
 from khipu.report.resending import (
@@ -39,9 +40,9 @@ from khipu.report.service import ReportQueryError
 class ResendRuns(Protocol):
     """The manual resend DAG's runs, as the person asking (``request`` carries their login)."""
 
-    def trigger(self, request: Request, conf: Mapping[str, Any], note: str) -> str: ...
+    def trigger(self, request: Request, dag_id: str, conf: Mapping[str, Any], note: str) -> str: ...
 
-    def run(self, request: Request, run_id: str) -> RunSeen: ...
+    def run(self, request: Request, dag_id: str, run_id: str) -> RunSeen: ...
 
 
 class ResendRefused(Exception):
@@ -89,7 +90,8 @@ def panel(
     run, unread = None, None
     if run_id:
         try:
-            run = read_run(runs.run(request, run_id), report.message_id)  # NotThisLoss: 404
+            seen = runs.run(request, resend_dag(viewer, registry, report.stream), run_id)
+            run = read_run(seen, report.message_id)  # NotThisLoss: 404
         except ResendRefused as exc:
             if exc.status < 500:  # refused (not theirs, not found): the page says so
                 raise
@@ -100,6 +102,15 @@ def panel(
     if run is not None:
         refusal = real_run_refusal(run, run.loss) or resend_refusal(viewer, registry, run.loss.stream)
     return ResendPanel(offers, run, refusal, run_id or None, unread)
+
+
+def resend_dag(viewer: Viewer, registry: Registry, stream: str | None) -> str:
+    """The resend DAG whose runs the view triggers and follows for a loss of ``stream`` (khipu.access.dags): the
+    one ``viewer`` may trigger, else its team's own (Airflow then answers for it)."""
+    if stream is None or stream not in registry.streams:
+        return MANUAL_DAG
+    owner = registry.streams[stream].owner
+    return resend_dag_for(viewer, owner) or resend_dag_of(owner)
 
 
 def add_routes(
@@ -133,15 +144,16 @@ def add_routes(
             raise ResendRefused(403, refusal)
         if runs is None:
             raise ResendRefused(404, "resending is not available in this view")
+        dag_id = resend_dag(viewer(), registry(), loss.stream)
         if after:
-            refused = real_run_refusal(read_run(runs.run(request, after), message_id), loss)
+            refused = real_run_refusal(read_run(runs.run(request, dag_id, after), message_id), loss)
             if refused is not None:
                 raise ResendRefused(409, refused)
         what = "resend" if after else "dry run"
         note = f"{what} from the Khipu view: message {message_id} lost at {loss.hop}" + (
             f", after dry run {after}" if after else ""
         )
-        run_id = runs.trigger(request, run_conf(loss, dry_run=not after), note)
+        run_id = runs.trigger(request, dag_id, run_conf(loss, dry_run=not after), note)
         base = str(request.scope.get("root_path", "")).rstrip("/")
         target = f"{base}/messages/{quote(message_id, safe='')}?resend_run={quote(run_id, safe='')}#resend"
         return RedirectResponse(target, status_code=303)

@@ -190,6 +190,11 @@ def test_backfill_dry_run_then_retention_then_real_run_then_the_same_window_agai
         "m-untraced": ("TRACE_LOST", None),  # no trace at all: named by its record's header, judged from the pointer
     }
     assert states(real)["announce_confirmed_losses"] == "success"
+    # Airflow shows an Asset's events to every user, whatever their team: the event counts, it names nothing
+    assert confirmed_loss_events() == [{"count": 1}]
+    assert real.get_task_instance("announce_confirmed_losses").xcom_pull(task_ids="announce_confirmed_losses") == {
+        "count": 1
+    }
     summary = real.get_task_instance("reconcile_window").xcom_pull(task_ids="reconcile_window")
     assert [c["message_id"] for c in summary["confirmed_losses"]] == ["m-gone"]
     assert [(lead["offset"], lead["message_id"]) for lead in summary["leads"]] == [(2, "m-untraced")]
@@ -253,3 +258,16 @@ def test_an_archive_still_behind_the_window_is_retried_when_scheduled_and_refuse
         check_window(recent, "khipu_store", now, scheduled=True, wait_s=0)
     with pytest.raises(AirflowFailException, match="has archived the trace topic up to"):
         check_window(recent, "khipu_store", now, scheduled=False)
+
+
+def confirmed_loss_events() -> list[dict[str, Any]]:
+    """The extras of the confirmed-losses Asset's events, oldest first, as Airflow's database keeps them."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from khipu_airflow.reconcile import CONFIRMED_LOSSES
+
+    with create_session() as session:
+        asset = select(AssetModel.id).where(AssetModel.uri == CONFIRMED_LOSSES.uri).scalar_subquery()
+        return [dict(e.extra) for e in session.scalars(select(AssetEvent).where(AssetEvent.asset_id == asset))]

@@ -135,6 +135,47 @@ def test_the_manual_dag_refuses_what_cannot_be_resent_with_its_reason_and_writes
     assert received == []  # whoever triggered it reads the reason in the task log
 
 
+def test_a_teams_resend_dag_resends_the_teams_streams_and_refuses_another_teams_as_unknown(
+    resend_env: tuple[Pipeline, Path, list[dict[str, Any]]],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each team's own DAG (khipu.access.dags, in the team's bundle): the stream of team-orders is resent by
+    team-orders' DAG; team-refunds' DAG answers for it as for a stream the registry does not name, and resends
+    nothing when asked for everything (it has no stream)."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.utils.state import DagRunState
+
+    from khipu.access.dags import bundle_setting, dag_bundles, write_team_dag_files
+
+    pipeline, _, _ = resend_env
+    owners = ["team-orders", "team-refunds"]
+    write_team_dag_files(owners, tmp_path / "team-dags")
+    teams = dag_bundles(owners, DAGS, tmp_path / "team-dags", multi_team=False)[1:]  # as `khipu airflow-bundles`
+    this_session = {"name": "dags-folder", "classpath": teams[0]["classpath"], "kwargs": {}}  # Airflow's default
+    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", bundle_setting([this_session, *teams]))
+    dags = {
+        owner: DagBag(dag_folder=str(tmp_path / "team-dags" / owner)).get_dag(f"khipu_resend_manual__{owner}")
+        for owner in ("team-orders", "team-refunds")
+    }
+    everything = dags["team-refunds"].test(run_conf={"dry_run": False})
+    assert everything.state == DagRunState.SUCCESS
+    assert returned(everything, "resend_chosen_losses")["counts"] == {}
+    own = dags["team-orders"].test(run_conf={"dry_run": False})  # every stream of the team
+    assert own.state == DagRunState.SUCCESS
+    assert returned(own, "resend_chosen_losses")["counts"] == {"produced": 1, "unrecoverable": 1}
+    (copy,) = resent_copies(pipeline)
+    assert copy.value() == b"order-1"
+
+    capfd.readouterr()
+    refused = dags["team-refunds"].test(run_conf={"streams": ["orders"], "dry_run": False})
+    assert refused.state == DagRunState.FAILED
+    captured = capfd.readouterr()
+    assert "unknown stream 'orders'" in captured.out + captured.err  # as one that does not exist
+    assert len(resent_copies(pipeline)) == 1  # nothing more
+
+
 def test_the_auto_dag_resends_only_auto_streams(resend_env: tuple[Pipeline, Path, list[dict[str, Any]]]) -> None:
     from airflow.utils.state import DagRunState
 

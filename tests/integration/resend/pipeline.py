@@ -93,7 +93,7 @@ version: 1
 clusters: {{local: {{connection_id: khipu_kafka}}}}
 streams:
   orders:
-    owner: t
+    owner: team-orders
     resend:
       mode: {mode}
       max_attempts: 2{hook_line}

@@ -22,10 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from khipu.access import EVERY_STREAM_TEAM
+from khipu.access.dags import bundle_setting, dag_bundles, write_team_dag_files
 from khipu.localstack.airflow import StackUser, ensure_passwords, ensure_teams, run_airflow_cli, users_setting
 from khipu.localstack.processes import free_port, stop_process_group
+from khipu.registry.loader import load_registry
 
 ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_REGISTRY = ROOT / "config" / "registry.yaml"
 AIRFLOW = Path(sys.executable).parent / "airflow"
 
 
@@ -61,7 +65,9 @@ def airflow_with_teams(
     dags: tuple[Path, ...] | None = None,
 ) -> Iterator[RunningAirflow]:
     """Airflow in ``work``: its api-server, and with ``dags`` (copied into its own DAG folder, unpaused) its
-    scheduler and dag-processor too. ``env`` adds to this test session's environment (Khipu's settings, Airflow
+    scheduler and dag-processor too, with the DAG bundles a deployment has (``khipu airflow-bundles``): that folder
+    for the team khipu-every-stream, and each registry team's manual resend DAG for the team (in multi-team mode;
+    without it, bundles without teams). ``env`` adds to this test session's environment (Khipu's settings, Airflow
     connections)."""
     home, logs, dag_folder = work / "airflow", work / "logs", work / "dags"
     for folder in (home, logs, dag_folder):
@@ -89,8 +95,17 @@ def airflow_with_teams(
         **env,
     }
     full_env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", None)  # its own SQLite database, under its own home
+    multi_team = full_env["AIRFLOW__CORE__MULTI_TEAM"] == "True"
+    teams = {team for user in users for team in user.teams}
+    if dags:  # as a deployment sets them up (khipu.access.dags): Khipu's DAGs, then each registry team's resend DAG
+        registry = load_registry(Path(full_env.get("KHIPU_REGISTRY") or DEFAULT_REGISTRY))
+        owners = {stream.owner for stream in registry.streams.values()}
+        write_team_dag_files(owners, work / "team-dags")
+        bundles = dag_bundles(owners, dag_folder, work / "team-dags", multi_team)
+        full_env["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = bundle_setting(bundles)
+        teams |= {EVERY_STREAM_TEAM, *owners} if multi_team else set()
     run_airflow_cli(["db", "migrate"], full_env, logs / "setup.log")
-    ensure_teams(sorted({team for user in users for team in user.teams}), full_env, logs / "setup.log")
+    ensure_teams(sorted(teams), full_env, logs / "setup.log")
     ensure_passwords(passwords, [user.name for user in users])
     commands = [["api-server", "--port", str(port)]]
     if dags:

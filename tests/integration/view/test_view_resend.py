@@ -1,11 +1,13 @@
 """A confirmed loss resent from its message's page, in Chromium, by a real Airflow user of the stream's team: a dry
-run of ``khipu_resend_manual`` first (it writes nothing, and says it would resend the message), then the real run,
-with its outcome and the resend ledger's attempt on the page, and exactly one copy in the topic.
+run of the team's ``khipu_resend_manual__team-orders`` first (it writes nothing, and says it would resend the
+message), then the real run, with its outcome and the resend ledger's attempt on the page, and exactly one copy in
+the topic.
 
 Real parts: the session's Kafka broker holding the original, a SQLite store holding the loss as reconciliation
 leaves it, and Airflow in multi-team mode (api-server, scheduler, dag-processor with this checkout's DAG and
-plugin; the SimpleAuthManager's users in Airflow's teams). Others may not: a user of another team (404, as for a
-message that does not exist), a viewer of the stream's own team (no button; 403), a real run without a dry run.
+plugin in the bundles `khipu airflow-bundles` gives; the SimpleAuthManager's users in Airflow's teams). Others may
+not: a user of another team (404, as for a message that does not exist), a viewer of the stream's own team (no
+button; 403), a real run without a dry run.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ USERS = (
     StackUser(VIEWER, "viewer", ("team-orders",)),  # the stream's team, may not trigger DAGs
 )
 RUN_TIMEOUT_MS = 180_000
+TEAM_DAG = "khipu_resend_manual__team-orders"  # the stream's team's own (khipu.access.dags)
 
 
 def registry_text(inp: str, out: str) -> str:
@@ -132,7 +135,7 @@ def test_others_may_not_resend_the_loss(stack: Stack) -> None:
     status, body = stack.post(OTHER_TEAM, f"/messages/{stack.lost}/resend", form)
     assert status == 404 and "no verdict and no archived trace" in body  # another team's: as if it did not exist
     status, body = stack.post(VIEWER, f"/messages/{stack.lost}/resend", form)
-    assert status == 403 and "you may not trigger the DAG khipu_resend_manual" in body
+    assert status == 403 and f"you may not trigger the DAG {TEAM_DAG}" in body
     status, body = stack.post(OWNER, f"/messages/{stack.lost}/resend", {**form, "after": "manual__no-such-run"})
     assert status == 404, body  # a real run names its dry run; Airflow knows no such run
     assert resent_copies(stack.pipeline) == [] and _runs(stack.airflow) == []
@@ -204,7 +207,7 @@ def _wait_for_the_dag(airflow: RunningAirflow) -> None:
     deadline = time.monotonic() + 180
     while True:
         request = urllib.request.Request(
-            f"{airflow.base}/api/v2/dags/khipu_resend_manual", headers={"Authorization": f"Bearer {token}"}
+            f"{airflow.base}/api/v2/dags/{TEAM_DAG}", headers={"Authorization": f"Bearer {token}"}
         )
         try:
             with urllib.request.urlopen(request, timeout=10) as answer:
@@ -212,13 +215,13 @@ def _wait_for_the_dag(airflow: RunningAirflow) -> None:
                     return
         except urllib.error.HTTPError:
             pass
-        assert time.monotonic() < deadline, f"khipu_resend_manual not parsed in 180 s:\n{airflow.log_tail()}"
+        assert time.monotonic() < deadline, f"{TEAM_DAG} not parsed in 180 s:\n{airflow.log_tail()}"
         time.sleep(2)
 
 
 def _runs(airflow: RunningAirflow) -> list[dict[str, Any]]:
     request = urllib.request.Request(
-        f"{airflow.base}/api/v2/dags/khipu_resend_manual/dagRuns?order_by=run_after",
+        f"{airflow.base}/api/v2/dags/{TEAM_DAG}/dagRuns?order_by=run_after",
         headers={"Authorization": f"Bearer {airflow.token('admin')}"},
     )
     with urllib.request.urlopen(request, timeout=10) as answer:

@@ -166,10 +166,11 @@ def test_the_resend_button_is_for_whoever_may_trigger_the_dag_and_sees_the_strea
     _, page = served.ask(ORDERS_USER, "GET", f"/messages/{served.orders.dropped}")
     assert 'data-testid="dry-run"' in page  # role user in the stream's team
     _, page = served.ask(BURSTS_USER, "GET", f"/messages/{served.bursts.dropped}")
-    assert 'data-testid="dry-run"' not in page and "you may not trigger the DAG khipu_resend_manual" in page
+    assert 'data-testid="dry-run"' not in page
+    assert "you may not trigger the DAG khipu_resend_manual__team-bursts" in page
     status, body = served.ask(BURSTS_USER, "POST", f"/messages/{served.bursts.dropped}/resend",
                               {"hop": BURSTS_ENRICH_WRITE})  # fmt: skip
-    assert status == 403 and "you may not trigger the DAG khipu_resend_manual" in body
+    assert status == 403 and "you may not trigger the DAG khipu_resend_manual__team-bursts" in body
 
 
 def test_a_second_user_in_another_team_logs_in_and_sees_only_their_stream(

@@ -9,12 +9,15 @@ from typing import Any, NamedTuple
 import pytest
 
 from khipu.access import (
+    MANUAL_DAG,
     Reach,
     SeenRegistry,
     Viewer,
     alert_in_reach,
     reach_limit,
     reach_of,
+    resend_dag_for,
+    resend_dag_of,
     resend_refusal,
     seen_registry,
     sees_stream,
@@ -43,9 +46,12 @@ streams:
 """
 )
 ORDERS_USER = Viewer("olga", frozenset({"team-orders"}))
-REFUNDS_USER = Viewer("rita", frozenset({"team-refunds"}), may_trigger_resend=True)
+REFUNDS_USER = Viewer("rita", frozenset({"team-refunds"}), resend_dags=frozenset({resend_dag_of("team-refunds")}))
 BOTH = Viewer("bea", frozenset({"team-orders", "team-refunds"}))
-ADMIN = Viewer("admin", every_stream=True, may_trigger_resend=True)
+EVERY_TEAMS_DAG = frozenset({MANUAL_DAG, resend_dag_of("team-orders"), resend_dag_of("team-refunds")})
+ADMIN = Viewer("admin", every_stream=True, resend_dags=EVERY_TEAMS_DAG)
+OPERATOR = Viewer("ops", every_stream=True, resend_dags=frozenset({MANUAL_DAG}))  # khipu-every-stream, no team's
+ORDERS_TRIGGERS_OPERATORS = Viewer("olaf", frozenset({"team-orders"}), resend_dags=frozenset({MANUAL_DAG}))
 NOBODY = Viewer("nobody")
 OTHER_TEAMS = Viewer("otto", frozenset({"team-payments"}))
 
@@ -152,14 +158,40 @@ class ResendCase(NamedTuple):
 
 RESENDS = [
     ResendCase(1, ADMIN, "orders", None, "sees it, may trigger the DAG, the stream's mode allows it"),
-    ResendCase(2, ORDERS_USER, "orders", "you may not trigger the DAG khipu_resend_manual",
-               "sees it, but Airflow does not let them trigger the DAG"),
+    ResendCase(2, ORDERS_USER, "orders", "you may not trigger the DAG khipu_resend_manual__team-orders",
+               "sees it, but Airflow does not let them trigger their team's DAG"),
     ResendCase(3, REFUNDS_USER, "orders", "stream 'orders' is not one of yours", "may trigger, but not their stream"),
     ResendCase(4, REFUNDS_USER, "refunds", "stream 'refunds' is never resent (its resend mode is off)",
                "their stream, but its registry entry says never"),
+    ResendCase(5, OPERATOR, "orders", None, "sees every stream: the operators' DAG of every stream is theirs"),
+    ResendCase(6, ORDERS_TRIGGERS_OPERATORS, "orders", "you may not trigger the DAG khipu_resend_manual__team-orders",
+               "may trigger the operators' DAG, yet sees only their team's streams: its runs would show every "
+               "team's resends to whoever reads it, so only a team's own DAG is offered"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", RESENDS, ids=[f"{c.number}" for c in RESENDS])
 def test_who_may_resend_a_loss_from_the_view(case: ResendCase) -> None:
     assert resend_refusal(case.viewer, seen_registry(case.viewer, REGISTRY), case.stream) == case.refusal, case.reason
+
+
+class DagCase(NamedTuple):
+    number: int
+    viewer: Viewer
+    owner: str
+    dag: str | None
+    reason: str
+
+
+DAGS = [
+    DagCase(1, ADMIN, "team-orders", "khipu_resend_manual__team-orders",
+            "the team's own DAG first: its run is the team's to read"),
+    DagCase(2, OPERATOR, "team-orders", MANUAL_DAG, "no team's DAG, but every stream's, and sees every stream"),
+    DagCase(3, ORDERS_TRIGGERS_OPERATORS, "team-orders", None, "every stream's DAG, yet sees one team's streams"),
+    DagCase(4, REFUNDS_USER, "team-orders", None, "another team's DAG is not theirs to trigger"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", DAGS, ids=[f"{c.number}" for c in DAGS])
+def test_which_resend_dag_the_view_triggers_for_a_loss(case: DagCase) -> None:
+    assert resend_dag_for(case.viewer, case.owner) == case.dag, case.reason

@@ -429,10 +429,10 @@ class _AirflowSlowOnce:
     def __init__(self, conf: dict[str, Any]) -> None:
         self.conf, self.asked = conf, 0
 
-    def trigger(self, request: Request, conf: Any, note: str) -> str:
+    def trigger(self, request: Request, dag_id: str, conf: Any, note: str) -> str:
         raise AssertionError("nothing is triggered here")
 
-    def run(self, request: Request, run_id: str) -> Any:
+    def run(self, request: Request, dag_id: str, run_id: str) -> Any:
         from khipu.report.resending import RunSeen
         from khipu_airflow.view.resending import ResendRefused
 
@@ -441,7 +441,7 @@ class _AirflowSlowOnce:
             raise ResendRefused(503, "Airflow's API did not answer (ReadTimeout: timed out)")
         state = "running" if self.asked == 2 else "success"
         result = {"summary": "1 would_resend", "outcomes": []} if state == "success" else None
-        return RunSeen(run_id, state, self.conf, result)
+        return RunSeen(run_id, state, self.conf, result, dag_id)
 
 
 def test_a_followed_run_airflow_does_not_answer_for_is_still_followed(tmp_path: Path) -> None:
