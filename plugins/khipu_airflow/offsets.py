@@ -10,15 +10,9 @@ from typing import Any
 from khipu.alerting.cluster import evaluate_cluster
 from khipu.alerting.disk import DISK_ALERT_KIND, disk_alert
 from khipu.alerting.dispatch import dispatch_pending
+from khipu.alerting.incidents import incident_alerts
 from khipu.alerting.model import AlertState, alert_from
-from khipu.alerting.thresholds import (
-    VERDICT_ALERT_KIND,
-    ThresholdConfig,
-    breaches,
-    threshold_alerts,
-    window_figures,
-    window_start_ms,
-)
+from khipu.alerting.thresholds import VERDICT_ALERT_KIND, ThresholdConfig, breaches, window_figures, window_start_ms
 from khipu.health.evaluate import health_config_from_env
 from khipu.offsets.collect import SnapshotError, collect_snapshot, groups_to_watch
 from khipu.registry.loader import load_registry
@@ -102,8 +96,9 @@ def evaluate_health(store_conn_id: str) -> dict[str, Any]:
 
 
 def check_verdict_thresholds(store_conn_id: str) -> dict[str, Any]:
-    """Each stream's registry thresholds over the sliding window of verdict metrics: one alert per crossing,
-    one resolve when the figure falls back."""
+    """Each stream's registry thresholds over the sliding window of verdict metrics: one alert per stream and
+    figure crossing it, naming the hops one cause explains (khipu.alerting.incidents), one resolve saying whether
+    the figure fell or the window emptied."""
     registry = load_registry(KhipuSettings.from_env().registry_path)
     config = ThresholdConfig.from_env()
     now = now_ms()
@@ -113,13 +108,13 @@ def check_verdict_thresholds(store_conn_id: str) -> dict[str, Any]:
         figures = window_figures(store.verdicts.read_metrics(since_ms=since))
         limits = {name: stream.alerts for name, stream in registry.streams.items()}
         found = breaches(figures, limits, config.min_verdicts)
-        firing = store.alerts.firing_subjects(VERDICT_ALERT_KIND)
+        firing = store.alerts.firing(VERDICT_ALERT_KIND)
         causes = {
             (stream, hop, metric): counts
             for metric, kinds in (("loss_rate", ["LOST", "CONFIRMED_LOST"]), ("duplicate_rate", ["DUPLICATE"]))
             for (stream, hop), counts in store.verdicts.cause_counts(since, kinds).items()
         }
-        alerts = threshold_alerts(found, firing, causes, now)
+        alerts = incident_alerts(found, figures, firing, causes, registry.streams, config, now)
         added = sum(store.alerts.add(alert) for alert in alerts)
     finally:
         store.close()

@@ -3,9 +3,10 @@
 Per stream and hop, the minute metrics of the last ``window_ms`` are added up (counts summed; the
 rates recomputed from the sums; latency p99 as the worst minute's, a bound that never hides a
 bad minute). A figure above the stream's threshold (``alerts.loss_rate``, ``duplicate_rate``,
-``latency_p99_ms`` in the registry) fires one alert, with the figure, the threshold and the top
-causes; falling back to or below it resolves it. One alert per transition, never one per minute:
-whether an alert is firing comes from the last one stored for its subject.
+``latency_p99_ms`` in the registry) is a breach; the breaches of one stream's figure are one incident,
+one alert (:mod:`khipu.alerting.incidents`), resolved when the figure is above nowhere, saying whether it
+fell or the window emptied. One alert per transition, never one per minute: whether an alert is firing
+comes from the last one stored for its subject.
 
 A window with fewer than ``min_verdicts`` verdicts says nothing (two messages, one lost, is no 50 %
 loss rate worth waking anyone for).
@@ -13,11 +14,10 @@ loss rate worth waking anyone for).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from khipu.alerting.model import Alert, AlertState, Severity
 from khipu.config import AlertSection, default, load
 from khipu.errors import InvalidSetting
 from khipu.registry.model import AlertThresholds
@@ -127,59 +127,6 @@ def breaches(
     return found
 
 
-def threshold_alerts(
-    now: Mapping[str, Breach],
-    firing: Collection[str],
-    causes: Mapping[tuple[str, str, str], Mapping[str, int]],
-    now_ms: int,
-) -> list[Alert]:
-    """A firing alert for each breach not firing yet; a resolve for each firing subject no longer breached.
-    ``firing``: the subjects whose last stored alert of this kind fired; ``causes``: per (stream, hop, metric),
-    the causes of the verdicts that metric counts (losses for loss_rate, duplicates for duplicate_rate)."""
-    alerts: list[Alert] = []
-    for subject, breach in sorted(now.items()):
-        if subject in firing:
-            continue
-        of_metric = causes.get((breach.stream, breach.hop, breach.metric), {})
-        top = dict(sorted(of_metric.items(), key=lambda kv: -kv[1])[:3])
-        shown = _shown(breach.metric, breach.value)
-        alerts.append(
-            Alert(
-                key=f"verdicts:{subject}:{now_ms}",
-                subject=subject,
-                kind=VERDICT_ALERT_KIND,
-                state=AlertState.FIRING,
-                severity=Severity.CRITICAL if breach.metric == "loss_rate" else Severity.WARNING,
-                title=f"{breach.stream}: {breach.metric} {shown} at {breach.hop}, above its threshold "
-                f"{_shown(breach.metric, breach.threshold)}"
-                + (f"; top causes {', '.join(f'{c} {n}' for c, n in top.items())}" if top else ""),
-                at_ms=now_ms,
-                details={
-                    "stream": breach.stream,
-                    "hop": breach.hop,
-                    "metric": breach.metric,
-                    "value": breach.value,
-                    "threshold": breach.threshold,
-                    "top_causes": top,
-                },
-            )
-        )
-    for subject in sorted(set(firing) - set(now)):
-        stream, hop_and_metric = subject.split(" ", 1)
-        alerts.append(
-            Alert(
-                key=f"verdicts:{subject}:resolved:{now_ms}",
-                subject=subject,
-                kind=VERDICT_ALERT_KIND,
-                state=AlertState.RESOLVED,
-                severity=Severity.INFO,
-                title=f"resolved: {stream}: {hop_and_metric} back within its threshold",
-                at_ms=now_ms,
-                details={"stream": stream},
-            )
-        )
-    return alerts
-
-
-def _shown(metric: str, value: float) -> str:
+def shown(metric: str, value: float) -> str:
+    """A figure as an alert writes it: a rate as a percentage, a latency in ms."""
     return f"{value:.0f} ms" if metric == "latency_p99_ms" else f"{100 * value:.2f} %"

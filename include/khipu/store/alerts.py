@@ -97,6 +97,21 @@ class AlertRepository:
                 newest[row.subject] = row.state
         return {subject for subject, state in newest.items() if state == "firing"}
 
+    def firing(self, kind: str) -> list[AlertRecord]:
+        """The newest alert of each subject of this kind where it is firing (not resolved since), by subject: what a
+        resolve needs to say what the alert covered."""
+        subjects = self.firing_subjects(kind)
+        table = schema.alerts
+        newest: dict[str, AlertRecord] = {}
+        with self._engine.begin() as tx:
+            for row in tx.execute(
+                select(table)
+                .where(table.c.kind == kind, table.c.state == "firing", table.c.subject.in_(sorted(subjects)))
+                .order_by(table.c.at_ms, table.c.id)
+            ):
+                newest[row.subject] = _record(row)
+        return [newest[subject] for subject in sorted(newest)]
+
     def claim(self, key: str, claimed_ms: int) -> bool:
         """Take a pending alert for delivery (marked delivered at minus the claim time until it is);
         False when another dispatcher holds it. A claim older than ``CLAIM_LEASE_MS`` may be taken over."""
