@@ -70,10 +70,10 @@ Resends the confirmed losses you name, of {whose} whose `resend.mode` is **manua
 be resent, from where and to where (or why not), and nothing is written.{team_note}
 
 **Trigger** from the UI ("Trigger DAG w/ config"), from a message's page in the Khipu view, or the CLI:
-`airflow dags trigger {dag_id} --conf '{{"streams": ["demo.orders"], "dry_run": false}}'`
+`airflow dags trigger {dag_id} --conf '{{"streams": ["<stream>"], "dry_run": false}}'`
 
 - `streams`: stream names (empty: every manual or auto stream{of_them});
-- `hop`: one hop id, e.g. `local/demo.orders -> demo-enricher` (empty: every hop);
+- `hop`: one hop id, as `<cluster>/<topic> -> <group>` (empty: every hop);
 - `message_ids`: these messages only (each must be CONFIRMED_LOST);
 - `since`, `until`: losses decided in `[since, until)` (ISO times with a zone; empty: any time);
 - `dry_run`: say what would be resent, write nothing.

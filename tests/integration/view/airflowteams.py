@@ -63,13 +63,14 @@ def airflow_with_teams(
     env: Mapping[str, str],
     *,
     dags: tuple[Path, ...] | None = None,
+    home: Path | None = None,
 ) -> Iterator[RunningAirflow]:
     """Airflow in ``work``: its api-server, and with ``dags`` (copied into its own DAG folder, unpaused) its
     scheduler and dag-processor too, with the DAG bundles a deployment has (``khipu airflow-bundles``): that folder
     for the team khipu-every-stream, and each registry team's manual resend DAG for the team (in multi-team mode;
     without it, bundles without teams). ``env`` adds to this test session's environment (Khipu's settings, Airflow
-    connections)."""
-    home, logs, dag_folder = work / "airflow", work / "logs", work / "dags"
+    connections). ``home``: an Airflow home (and metadata database) an earlier one left, served again."""
+    home, logs, dag_folder = home or work / "airflow", work / "logs", work / "dags"
     for folder in (home, logs, dag_folder):
         folder.mkdir(parents=True, exist_ok=True)
     for dag in dags or ():
