@@ -167,11 +167,22 @@ class ClusterClients:
         self.clusters, self.store_url, self.timeout_s = dict(clusters), store_url, timeout_s
         self._admins: dict[str, KafkaAdmin] = {}
         self._store: Store | None = None
+        self._unanswered: dict[str, int] = {}  # cluster -> asks it did not answer, since they were last taken
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_admins={}, _store=None)
+        state.update(_admins={}, _store=None, _unanswered={})
         return state
+
+    def not_answered(self, cluster: str) -> None:
+        """A lookup asked ``cluster`` and got no answer (an error, a request that timed out)."""
+        self._unanswered[cluster] = self._unanswered.get(cluster, 0) + 1
+
+    def take_unanswered(self) -> dict[str, int]:
+        """The asks each cluster did not answer since the last call: the processor hands them to the driver, whose
+        log says which cluster the executors' lookups could not reach (their own logs stay on the executors)."""
+        taken, self._unanswered = self._unanswered, {}
+        return taken
 
     def admin(self, cluster: str) -> KafkaAdmin | None:
         """The cluster's admin client; None when no connection names it."""
@@ -321,6 +332,7 @@ class CommittedOffsets:
                     offsets = admin.committed_offsets(group)
                 except CLUSTER_UNAVAILABLE as exc:  # unknown, never "not committed"
                     why = _reason(exc)
+                    self.clients.not_answered(cluster)
                     self._backoff.failed(cluster, self._now(), why)  # its delay runs from when the wait ended
                 else:
                     self._backoff.answered(cluster, now)
@@ -412,6 +424,7 @@ class RecordRemovals:
                     found = admin.log_starts([(topic, partition)])
                     start = found.found.get((topic, partition))
                 except CLUSTER_UNAVAILABLE as exc:
+                    self.clients.not_answered(cluster)
                     log.warning("log start of %s[%d] on %s unavailable: %s", topic, partition, cluster, exc)
         self._starts[(cluster, topic, partition)] = (now, start)
         return start
@@ -434,6 +447,7 @@ class RecordRemovals:
             try:
                 kept = admin.retention([topic]).found.get(topic) if admin is not None else None
             except CLUSTER_UNAVAILABLE as exc:
+                self.clients.not_answered(cluster)
                 log.warning("retention of %s on %s unavailable: %s", topic, cluster, exc)
                 kept = None
             if kept is None:
@@ -515,6 +529,7 @@ class RecordFates:
         except (KafkaUnavailable, KafkaException, TimeoutError) as exc:
             why = str(exc) or type(exc).__name__
             self._silent[cluster] = (now, why)
+            self.clients.not_answered(cluster)
             log.warning("the log of %s[%d] on %s could not say what offset %d is: %s", topic, partition, cluster,
                         offset, why)  # fmt: skip
             return RecordFate(RecordState.UNAVAILABLE, detail=f"the cluster did not answer: {why}")

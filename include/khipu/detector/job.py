@@ -258,6 +258,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         RecordFates(clients),
         committed.history,
         read_progress.running,
+        clients.take_unanswered,
     )
     decoder = RecordDecoder(tuple(registry.streams), plans.hop_keys(), job.buckets)
     judged = judged_and_records(read_traces(spark, job), decoder, processor, job.shuffle_partitions)

@@ -43,7 +43,7 @@ from khipu.detector.committed import STORE_UNAVAILABLE
 from khipu.detector.gaps import record_emitter_sequences
 from khipu.detector.jvm_errors import JvmCallFailed, compact_jvm_error, interrupted
 from khipu.detector.outage import WaitingReporter, write_with_retries
-from khipu.detector.packed import JUDGED, PACKED_FIELDS, RECORD_FIELDS, RECORDS, unpack
+from khipu.detector.packed import JUDGED, PACKED_FIELDS, RECORD_FIELDS, RECORDS, unanswered_asks, unpack
 from khipu.detector.parse import quarantine_reason
 from khipu.detector.records import TRACE
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
@@ -254,6 +254,12 @@ class DetectorWriter:
                 log.error("batch %d: the JVM failed: %s", batch_id, text)
             raise JvmCallFailed(compact_jvm_error(text)) from None
         lap("judge")
+        judged = collected.filter(pc.equal(collected.column("kind"), JUDGED))
+        unanswered = unanswered_asks(judged.column("unanswered").to_pylist())
+        if unanswered:  # the executors' lookups log each failure where they run: this says it where one looks
+            log.warning("batch %d: %d lookups got no answer (%s); what they decide waits, asked again after a back-off",
+                        batch_id, sum(unanswered.values()),
+                        ", ".join(f"cluster {name}: {count}" for name, count in unanswered.items()))  # fmt: skip
         # every output is keyed by the batch: while the store or the lost topic does not take them, written again
         write_with_retries(lambda: self._write(collected, batch_id, spent, lap), f"batch {batch_id}", self.reporter)
         if self.progress is not None:

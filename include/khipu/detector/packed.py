@@ -10,7 +10,8 @@ then move a few rows a bucket and batch, and both ends read them with :func:`unp
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -41,7 +42,7 @@ RECORD_FIELDS = pa.schema(
 )
 # a packed row: records of one bucket (kind ``records``: RECORD_FIELDS in ``blob``), or one evaluation of a bucket
 # (kind ``judged``: its verdicts in ``blob``, khipu.detector.bucket.VERDICT_FIELDS, null when none; its messages in
-# flight and state bytes)
+# flight and state bytes; the asks its lookups made that a cluster did not answer, :func:`unanswered_text`)
 PACKED_FIELDS = pa.schema(
     [
         ("bucket", pa.int32()),
@@ -49,6 +50,7 @@ PACKED_FIELDS = pa.schema(
         ("blob", pa.binary()),
         ("in_flight", pa.int64()),
         ("state_bytes", pa.int64()),
+        ("unanswered", pa.string()),
     ]
 )
 PACKED_SCHEMA = spark_ddl(PACKED_FIELDS)
@@ -86,5 +88,19 @@ def by_bucket(table: pa.Table, kind: str) -> pa.RecordBatch:
     n = len(blobs)
     columns = [pa.array(column[starts], pa.int32()), pa.array([kind] * n), pa.array(blobs, pa.binary())]
     return pa.RecordBatch.from_arrays(
-        [*columns, pa.nulls(n, pa.int64()), pa.nulls(n, pa.int64())], schema=PACKED_FIELDS
+        [*columns, pa.nulls(n, pa.int64()), pa.nulls(n, pa.int64()), pa.nulls(n, pa.string())], schema=PACKED_FIELDS
     )
+
+
+def unanswered_text(asks: Mapping[str, int]) -> str | None:
+    """An evaluation's unanswered asks per cluster as its judged row carries them (JSON); None: every ask answered."""
+    return json.dumps(dict(sorted(asks.items()))) if asks else None
+
+
+def unanswered_asks(texts: Iterable[str | None]) -> dict[str, int]:
+    """The unanswered asks per cluster of judged rows (:func:`unanswered_text`), summed."""
+    total: dict[str, int] = {}
+    for text in texts:
+        for cluster, count in json.loads(text).items() if text else ():
+            total[cluster] = total.get(cluster, 0) + int(count)
+    return total

@@ -3,9 +3,10 @@
 Per bucket and micro-batch: one state read, one state write, at most one timer change
 (:mod:`khipu.detector.bucket` holds the state and the judging). Its input is the bucket's records packed
 (:mod:`khipu.detector.packed`: a few rows of Arrow blobs, not a row per record), of which it judges the
-traces; it yields one row per bucket evaluated: its verdicts packed, and its messages in flight and state
-bytes for the heartbeat. The records themselves (traces for the archive, emitter marks, malformed
-records) reach the writer beside it, from the same shuffle (:func:`khipu.detector.job.judged_and_records`).
+traces; it yields one row per bucket evaluated: its verdicts packed, its messages in flight and state bytes for
+the heartbeat, and the asks of its lookups that a cluster did not answer (for the driver's log). The records
+themselves (traces for the archive, emitter marks, malformed records) reach the writer beside it, from the same
+shuffle (:func:`khipu.detector.job.judged_and_records`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from khipu.detector.model import (
     nothing_pointed_at,
     nothing_removed,
 )
-from khipu.detector.packed import JUDGED, PACKED_FIELDS, RECORD_FIELDS, ipc_bytes, unpack
+from khipu.detector.packed import JUDGED, PACKED_FIELDS, RECORD_FIELDS, ipc_bytes, unanswered_text, unpack
 from khipu.detector.records import TRACE
 from khipu.detector.routes import RoutePlans
 from khipu.registry.model import Registry
@@ -67,8 +68,10 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
         record: RecordLookup = nothing_asked,
         history: CommitHistoryLookup = no_history,
         running_read_to: Callable[[int], int | None] | None = None,
+        unanswered: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self.registry, self.config = registry, config
+        self.unanswered = unanswered  # the asks a cluster did not answer since last called (ClusterClients)
         self.lookups = Lookups(
             committed=committed,
             log_start=log_start or (lambda cluster, topic, partition: None),
@@ -130,7 +133,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
             verdicts = ipc_bytes(pa.Table.from_pandas(frame, schema=VERDICT_FIELDS, preserve_index=False))
         in_flight = len(evaluation.state.messages)
         judged = {"bucket": [bucket], "kind": [JUDGED], "blob": [verdicts], "in_flight": [in_flight],
-                  "state_bytes": [len(kept)]}  # fmt: skip
+                  "state_bytes": [len(kept)], "unanswered": [unanswered_text(self.unanswered())]}  # fmt: skip
         yield pd.DataFrame(judged, columns=PACKED_FIELDS.names)
 
     def close(self) -> None:

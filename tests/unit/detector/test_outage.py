@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from khipu.detector.committed import CommitHistories, CommittedOffsets, PointedPositions
+from khipu.detector.committed import ClusterClients, CommitHistories, CommittedOffsets, PointedPositions
 from khipu.detector.decide import LookupUnavailable
 from khipu.detector.model import DETECTOR_QUERY
 from khipu.detector.outage import (
@@ -48,12 +48,12 @@ class _FrozenThenBack:
         return {("orders", 0): 7}
 
 
-class StandInClients:
+class StandInClients(ClusterClients):
     """ClusterClients with one stand-in admin client for the cluster "local", and no store."""
 
     def __init__(self, admin: Any) -> None:
+        super().__init__({"local": KafkaConnection("127.0.0.1:9")})
         self._admin = admin
-        self.clusters = {"local": KafkaConnection("127.0.0.1:9")}
 
     def admin(self, cluster: str) -> Any:
         return self._admin
@@ -64,7 +64,7 @@ class StandInClients:
 
 def test_a_committed_offset_lookup_that_times_out_is_not_known_and_asked_again_with_a_bounded_back_off() -> None:
     admin, now = _FrozenThenBack(), [0]
-    lookup = CommittedOffsets(StandInClients(admin), cache_ms=0, clock_ms=lambda: now[0], histories=CommitHistories())  # type: ignore[arg-type]
+    lookup = CommittedOffsets(StandInClients(admin), cache_ms=0, clock_ms=lambda: now[0], histories=CommitHistories())
     assert lookup("local", "g", "orders", 0) is None  # not known: the hop waits (never "not committed")
     asked_at = []
     for now[0] in range(0, 150_000, 250):
@@ -74,9 +74,12 @@ def test_a_committed_offset_lookup_that_times_out_is_not_known_and_asked_again_w
             asked_at.append(now[0])
     gaps = [b - a for a, b in itertools.pairwise(asked_at)]
     assert gaps[:5] == [2_000, 4_000, 8_000, 16_000, 30_000] and set(gaps[5:]) == {30_000}  # 1 s, doubling, <= 30 s
+    assert lookup.clients.take_unanswered() == {"local": admin.asked}  # every ask, for the driver's log
+    assert lookup.clients.take_unanswered() == {}  # taken once
     admin.back = True
     now[0] += 30_000
     assert lookup("local", "g", "orders", 0) == 7  # answers again: read at once
+    assert lookup.clients.take_unanswered() == {}
 
 
 def test_a_pointer_lookup_whose_store_does_not_answer_makes_the_message_wait_never_answers_no() -> None:

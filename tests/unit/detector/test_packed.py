@@ -8,7 +8,16 @@ from typing import Any
 import pyarrow as pa
 
 from khipu.detector.bucket import VERDICT_FIELDS
-from khipu.detector.packed import PACKED_FIELDS, RECORD_FIELDS, RECORDS, by_bucket, ipc_bytes, unpack
+from khipu.detector.packed import (
+    PACKED_FIELDS,
+    RECORD_FIELDS,
+    RECORDS,
+    by_bucket,
+    ipc_bytes,
+    unanswered_asks,
+    unanswered_text,
+    unpack,
+)
 from khipu.detector.records import TRACE
 from khipu.trace.archive import spark_ddl
 
@@ -35,3 +44,10 @@ def test_unpacking_no_blobs_gives_an_empty_table_of_the_schema_and_skips_a_bucke
 def test_the_spark_ddl_names_every_field_with_the_type_spark_gives_back() -> None:
     ddl = spark_ddl(pa.schema([("bucket", pa.int32()), ("blob", pa.binary()), ("ok", pa.bool_())]))
     assert ddl == "`bucket` int, `blob` binary, `ok` boolean"
+
+
+def test_the_asks_each_evaluation_left_unanswered_are_summed_per_cluster_for_the_batch() -> None:
+    rows = [unanswered_text({"west": 2, "local": 1}), None, unanswered_text({}), unanswered_text({"local": 3})]
+    assert rows[2] is None  # every ask answered: nothing on the row
+    assert unanswered_asks(rows) == {"local": 4, "west": 2}
+    assert unanswered_asks([None, None]) == {}
