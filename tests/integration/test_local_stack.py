@@ -97,7 +97,7 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
         assert refused.value.code == 401
         assert admin_password(tmp_path / "state" / "airflow") is not None
         # out of the box: an admin seeing every stream, and a user of each demo stream's team seeing theirs only
-        seen = {}
+        seen, dags_seen = {}, {}
         for user in STACK_USERS:
             password = user_password(tmp_path / "state" / "airflow", user.name)
             assert password is not None, user
@@ -112,9 +112,27 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
                 urllib.request.Request(view, headers={"Authorization": f"Bearer {token}"}), timeout=10
             ) as answer:
                 seen[user.name] = {s["stream"] for s in json.loads(answer.read())}
+            dags_url = f"http://127.0.0.1:{airflow_port}/api/v2/dags?limit=100"
+            deadline = time.monotonic() + 120  # the dag-processor parses every bundle within a minute or two
+            while True:
+                with urllib.request.urlopen(
+                    urllib.request.Request(dags_url, headers={"Authorization": f"Bearer {token}"}), timeout=10
+                ) as answer:
+                    dags_seen[user.name] = {d["dag_id"] for d in json.loads(answer.read())["dags"]}
+                if len(dags_seen[user.name]) >= (10 if user.name == "admin" else 1) or time.monotonic() > deadline:
+                    break
+                time.sleep(3)
             logged = "".join(p.read_text(errors="replace") for p in (tmp_path / "state" / "logs").glob("*.log"))
             assert password not in logged and password not in first.stdout + first.stderr  # never printed
         assert seen == {"admin": {"demo.orders", "demo.bursts"}, "demo": {"demo.orders"}, "bursts": {"demo.bursts"}}
+        # in Airflow itself: Khipu's own DAGs are the admin's, each team sees its own resend DAG only
+        own = {path.stem for path in (ROOT / "dags").glob("khipu_*.py")}
+        teams = {"khipu_resend_manual__team-demo", "khipu_resend_manual__team-bursts"}
+        assert dags_seen == {
+            "admin": own | teams,
+            "demo": {"khipu_resend_manual__team-demo"},
+            "bursts": {"khipu_resend_manual__team-bursts"},
+        }
 
         status = khipu("status", env=env)
         assert status.returncode == 0 and "demo     running" in status.stdout
