@@ -28,7 +28,7 @@ from typing import Any
 
 from khipu.alerting.model import Alert, AlertState, Severity, StoredAlert
 from khipu.alerting.thresholds import VERDICT_ALERT_KIND, Breach, HopFigures, ThresholdConfig, shown
-from khipu.registry.model import Hop, Route, Stream
+from khipu.registry.model import Route, Stream
 
 RATE_FELL, WINDOW_EMPTIED, BOTH, REPLACED = "rate_fell", "window_emptied", "rate_fell_and_window_emptied", "replaced"
 
@@ -53,20 +53,6 @@ def incident_subject(stream: str, metric: str) -> str:
     return f"{stream} {metric}"
 
 
-def upstream_hops(route: Route, hop_id: str) -> frozenset[str]:
-    """Every hop a message passes before ``hop_id`` on ``route`` (its feeders, theirs, ...); none for a hop the
-    route does not have."""
-    hops = {hop.id: hop for hop in route.hops}
-    seen: set[str] = set()
-    todo: list[Hop] = [hops[hop_id]] if hop_id in hops else []
-    while todo:
-        for feeder in route.feeders_of(todo.pop()):
-            if feeder.id not in seen:
-                seen.add(feeder.id)
-                todo.append(feeder)
-    return frozenset(seen)
-
-
 def incidents(breached: Mapping[str, Breach], streams: Mapping[str, Stream]) -> dict[str, Incident]:
     """The breaches grouped into one incident per stream and figure, by subject."""
     grouped: dict[tuple[str, str], list[Breach]] = {}
@@ -78,12 +64,21 @@ def incidents(breached: Mapping[str, Breach], streams: Mapping[str, Stream]) -> 
         order = {hop.id: i for i, hop in enumerate(route.hops)} if route is not None else {}
         hops.sort(key=lambda b: (order.get(b.hop, len(order)), b.hop))
         above = {b.hop for b in hops}
-        feeding = {b.hop: upstream_hops(route, b.hop) & above if route else frozenset() for b in hops}
+        feeding = {b.hop: _hops_before(route, b.hop) & above for b in hops}
         starts = tuple(b for b in hops if not feeding[b.hop])
         upstream = {b.hop: tuple(s.hop for s in starts if s.hop in feeding[b.hop]) for b in hops}
         incident = Incident(stream, metric, hops[0].threshold, starts, tuple(hops), upstream)
         found[incident.subject] = incident
     return found
+
+
+def _hops_before(route: Route | None, hop_id: str) -> frozenset[str]:
+    """The ids of the hops before ``hop_id`` on ``route`` (:meth:`Route.hops_before`); none for a hop the route does
+    not have, or a stream the registry does not know."""
+    hop = next((h for h in route.hops if h.id == hop_id), None) if route is not None else None
+    if route is None or hop is None:
+        return frozenset()
+    return frozenset(h.id for h in route.hops_before(hop))
 
 
 def covered_hops(stored: StoredAlert) -> tuple[str, str, tuple[str, ...]]:

@@ -152,6 +152,18 @@ class Route:
         processor = self.processor_writing(hop)
         return tuple(Hop.read(t, processor.group) for t in processor.reads) if processor else ()
 
+    def hops_before(self, hop: Hop) -> frozenset[Hop]:
+        """Every hop a message passes before ``hop``: its feeders, theirs, and so on up to the producers' writes
+        (the registry rejects cycles)."""
+        seen: set[Hop] = set()
+        todo = [hop]
+        while todo:
+            for feeder in self.feeders_of(todo.pop()):
+                if feeder not in seen:
+                    seen.add(feeder)
+                    todo.append(feeder)
+        return frozenset(seen)
+
     def location_of(self, group: str) -> str | None:
         """Where ``group``'s consumers run (their emitter's location)."""
         return next((c.location for c in self.consumers if c.group == group), None)

@@ -107,6 +107,24 @@ def test_hops_after_a_write_follow_the_route_through_the_processor() -> None:
     assert [h.kind for h in after] == [HopKind.READ, HopKind.WRITE, HopKind.READ, HopKind.READ]
 
 
+def test_hops_before_a_hop_are_its_feeders_and_theirs_up_to_the_producers() -> None:
+    route = parse_registry(VALID).stream("orders").route
+    by_id = {hop.id: hop for hop in route.hops}
+    before = route.hops_before(by_id["b/orders-enriched -> sink-s3"])
+    assert sorted(h.id for h in before) == [
+        "a/orders -> enricher",
+        "a/refunds -> enricher",
+        "enricher -> b/orders-enriched",
+        "orders-api -> a/orders",
+        "refunds-api -> a/refunds",
+    ]  # not its sibling sink-search: fan-out is not upstream
+    assert sorted(h.id for h in route.hops_before(by_id["a/refunds -> enricher"])) == ["refunds-api -> a/refunds"]
+    assert route.hops_before(by_id["orders-api -> a/orders"]) == frozenset()  # a source's write: nothing before it
+    assert route.hops_before(Hop.read(TopicRef("a", "orders"), "not-on-the-route")) == frozenset(
+        {by_id["orders-api -> a/orders"]}
+    )  # a read of a route topic by another group: that topic's writers, as feeders_of says
+
+
 def test_unknown_stream_names_the_known_ones() -> None:
     with pytest.raises(UnknownStreamError, match=r"unknown stream 'payments'; the registry defines: orders"):
         parse_registry(VALID).stream("payments")
