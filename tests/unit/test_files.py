@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from khipu.demo.ledger import LedgerWriter
-from khipu.files import ensure_token, owner_only
+from khipu.files import create_owner_only, ensure_token, tighten, write_owner_only
 from khipu.store import Store
 
 
@@ -17,15 +17,28 @@ def mode(path: Path) -> int:
 def test_a_new_file_is_owner_only_under_an_open_umask_and_an_old_0644_one_is_tightened(tmp_path: Path) -> None:
     previous = os.umask(0o000)
     try:
-        owner_only(tmp_path / "deep" / "new.db")
+        create_owner_only(tmp_path / "deep" / "new.db")
         old = tmp_path / "old.db"
         old.write_text("kept")
         old.chmod(0o644)
-        owner_only(old)
+        create_owner_only(old)  # an existing file: its owner's choice, left as it is
+        assert mode(old) == 0o644
+        tighten(old)  # what `make up` does to the stack's own files an earlier release left
+        tighten(tmp_path / "missing.db")  # nothing to tighten
+        rewritten = tmp_path / "secret.json"
+        rewritten.write_text("old")
+        rewritten.chmod(0o644)
+        write_owner_only(rewritten, "new")  # replaced whole, owner-only from its first byte
     finally:
         os.umask(previous)
     assert mode(tmp_path / "deep" / "new.db") == 0o600
     assert mode(old) == 0o600 and old.read_text() == "kept"
+    assert mode(rewritten) == 0o600 and rewritten.read_text() == "new"
+    assert not (tmp_path / "missing.db").exists() and sorted(p.name for p in tmp_path.iterdir()) == [
+        "deep",
+        "old.db",
+        "secret.json",
+    ]  # no temporary file left behind
 
 
 def test_the_sqlite_store_and_the_demo_ledger_are_created_owner_only(tmp_path: Path) -> None:

@@ -396,7 +396,12 @@ class ExporterSection(Section):
     port: Port = setting("KHIPU_EXPORTER_PORT", 9477, "The port `khipu exporter` listens on.")
     token: Annotated[
         str | None, Field(pattern=r"^[!-~]+$"), SECRET, Expect("visible ASCII characters without spaces")
-    ] = setting("KHIPU_EXPORTER_TOKEN", None, "A bearer token scrapers must send. Unset: none asked for.")
+    ] = setting(
+        "KHIPU_EXPORTER_TOKEN",
+        None,
+        "A bearer token scrapers must send (its figures are every team's). Unset: refused off the loopback; on it, "
+        "none asked for. `make up` draws one into the state folder's `exporter.token` unless this is set.",
+    )
 
 
 ACCESS_MODES = ("teams", "custom-views")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from khipu.files import owner_only
+from khipu.files import create_owner_only
 from khipu.registry.model import HopKind
 
 LEDGER_EVENTS = ("run", "written", "received", "skipped", "rewound", "dropped", "delayed", "trace_dropped")
@@ -29,7 +29,7 @@ class LedgerWriter:
     """Appends events to a JSON-lines file; safe to call from several threads."""
 
     def __init__(self, path: Path) -> None:
-        owner_only(path)  # the ground truth names every message of the demo's streams
+        create_owner_only(path)  # the ground truth names every message of the demo's streams
         self.path = path
         self._lock = threading.Lock()
         self._file: IO[str] = open(path, "a", encoding="utf-8")

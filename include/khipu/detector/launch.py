@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from khipu.errors import InvalidSetting
+from khipu.files import write_owner_only
 from khipu.kafka import KafkaConnection
 from khipu.settings import project_root
 
@@ -78,12 +79,7 @@ def write_connections_file(
         "clusters": {name: connection.to_json() for name, connection in sorted(clusters.items())},
         "store_url": store_url,
     }
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # a left-over file keeps its old mode through O_CREAT
-    with os.fdopen(fd, "w") as handle:
-        json.dump(body, handle)
-    os.replace(temporary, path)
+    write_owner_only(path, json.dumps(body))
     return path
 
 

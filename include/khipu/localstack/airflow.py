@@ -25,7 +25,7 @@ from sqlalchemy.engine import make_url
 from khipu.access import EVERY_STREAM_TEAM
 from khipu.access.dags import bundle_setting, dag_bundles, write_team_dag_files
 from khipu.config.model import LOCAL_MASTER
-from khipu.files import owner_only, write_owner_only
+from khipu.files import tighten, write_owner_only
 from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings, project_root
 
@@ -161,8 +161,7 @@ def prepare_airflow(settings: KhipuSettings, airflow_home: Path, env: dict[str, 
     connections. Safe to repeat."""
     airflow_home.mkdir(parents=True, exist_ok=True)
     run_airflow_cli(["db", "migrate"], env, log_path)
-    if (metadata := airflow_home / "airflow.db").exists():  # SQLite's: DAG runs, XComs, run confs of every team
-        owner_only(metadata)
+    tighten(airflow_home / "airflow.db")  # SQLite's (if it is): DAG runs, XComs, run confs of every team
     owners = stream_owners(settings)
     write_team_dag_files(owners, team_dags_folder(airflow_home))
     # every bundle's team exists before the dag-processor reads the bundles; so does every user's

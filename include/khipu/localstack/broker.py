@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from khipu.files import write_owner_only
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
 from khipu.kafka.admin import one_group_per_coordinator
 from khipu.localstack.processes import free_port, port_open, stop_process_group
@@ -181,10 +182,7 @@ def write_config(spec: BrokerSpec) -> Path:
     text = "# Written by khipu on every start; edit BrokerSpec, not this file.\n" + "".join(
         f"{key}={value}\n" for key, value in spec.properties().items()
     )
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # an existing file keeps its old mode through O_CREAT
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
+    write_owner_only(path, text)
     (spec.directory / "log4j2.properties").write_text(_LOG4J2)
     return path
 

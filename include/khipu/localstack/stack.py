@@ -15,9 +15,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sqlalchemy.engine import make_url
+
 from khipu.demo.topology import DEMO_STREAM, DemoTopology
 from khipu.detector.model import DETECTOR_QUERY
-from khipu.files import ensure_token
+from khipu.files import ensure_token, tighten
 from khipu.kafka import KafkaAdmin, KafkaUnavailable
 from khipu.localstack.airflow import (
     PASSWORDS_FILE,
@@ -78,6 +80,10 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     settings.state_dir.chmod(0o700)
     paths = _paths(settings)
+    exporter_config, exporter_token = _exporter(paths["exporter_token"])  # a bad setting stops `up` before any start
+    for written in (_sqlite_file(settings.store_url), paths["ledger"]):  # as an earlier release left them: 0644
+        if written is not None:
+            tighten(written)
     table = ProcessTable(settings.state_dir)
     registry = load_registry(settings.registry_path)
     topology = DemoTopology.from_stream(registry.stream(DEMO_STREAM))
@@ -162,16 +168,14 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
         )
         say(f"demo: started the demo pipeline (pid {started.pid}), {DEMO_RATE_PER_S:g} msg/s, ledger {paths['ledger']}")
 
-    exporter_config = ExporterConfig.from_env()
     if (exporter := table.running(EXPORTER)) is not None:
         say(f"exporter: already running (pid {exporter.pid})")
     else:
         _require_free(exporter_config.port, "KHIPU_EXPORTER_PORT")
-        token = exporter_config.token or ensure_token(paths["exporter_token"])  # every team's figures: never open
         started = table.spawn(
             EXPORTER,
             [str(Path(sys.executable).parent / "khipu"), "exporter"],
-            child_env({**settings.as_env(), "KHIPU_EXPORTER_TOKEN": token}),  # in its environment, never its argv
+            child_env({**settings.as_env(), "KHIPU_EXPORTER_TOKEN": exporter_token}),  # its environment, never argv
             paths["logs"] / "exporter.log",
             f"Prometheus metrics on {_metrics_url(exporter_config, paths['exporter_token'])}",
             cwd=project_root(),
@@ -182,6 +186,19 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
     status(settings, say, settle_s=AIRFLOW_SETTLE_S)
 
 
+def _exporter(token_file: Path) -> tuple[ExporterConfig, str]:
+    """The exporter's settings and its token: ``KHIPU_EXPORTER_TOKEN``, else the one `make up` drew into
+    ``token_file`` (its figures are every team's: never served without one)."""
+    token = os.environ.get("KHIPU_EXPORTER_TOKEN") or ensure_token(token_file)
+    return ExporterConfig.from_env({**os.environ, "KHIPU_EXPORTER_TOKEN": token}), token
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The store's file, when it is SQLite's."""
+    parsed = make_url(url)
+    return Path(parsed.database) if parsed.get_backend_name() == "sqlite" and parsed.database else None
+
+
 def _require_free(port: int, variable: str) -> None:
     if port_open("127.0.0.1", port):
         raise StackError(f"port {port} is taken by a process this stack did not start; stop it or set {variable}")
@@ -189,7 +206,7 @@ def _require_free(port: int, variable: str) -> None:
 
 def _metrics_url(config: ExporterConfig, token_file: Path) -> str:
     host = f"[{config.host}]" if ":" in config.host else config.host
-    token = "$KHIPU_EXPORTER_TOKEN" if config.token else f"in {token_file}"
+    token = "$KHIPU_EXPORTER_TOKEN" if os.environ.get("KHIPU_EXPORTER_TOKEN") else f"in {token_file}"
     return f"http://{host}:{config.port}/metrics (bearer token {token}; every team's figures: admins only)"
 
 

@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from khipu.config.store_url import StoreUrlError, store_url
-from khipu.files import owner_only
+from khipu.files import create_owner_only
 from khipu.offsets.model import PartitionKey
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -49,7 +49,7 @@ class StoreEngine:
         if url.startswith("sqlite") and ":memory:" not in url:
             database = make_url(url).database
             if database:
-                owner_only(Path(database))  # every stream's verdicts: SQLite gives its WAL and SHM files this mode too
+                create_owner_only(Path(database))  # every stream's verdicts: SQLite gives its WAL and SHM this mode
         if url.startswith("sqlite"):
             engine_options.setdefault("connect_args", {"timeout": 30})
         self.sql: Engine = create_engine(url, **engine_options)  # the SQLAlchemy engine
