@@ -4,8 +4,10 @@
   ``frame-ancestors 'self'``): the Airflow UI frames the view from its own origin; no other page can frame the
   resend button under a user's click.
 - **State-changing requests come from the view's own pages.** A request whose method changes state (anything but
-  GET, HEAD and OPTIONS) must carry ``Origin`` or, failing that, ``Referer`` naming the host it was sent to. Browsers
-  send ``Origin`` with every POST a page makes; a request carrying neither, or another site's, is refused with 403.
+  GET, HEAD and OPTIONS) must carry ``Origin`` or, failing that, ``Referer`` naming the host it was sent to (its
+  ``Host``, or the ``X-Forwarded-Host`` a proxy in front set: a page of another site can set neither). Browsers send
+  ``Origin`` with every POST a page makes; a request carrying neither, another site's, or ``Origin: null`` (a
+  sandboxed frame, a redirect across sites) is refused with 403.
 - **The login comes back to a path of this site.** The page a login returns to is a path, never a URL built from
   the request's ``Host`` header, which a client chooses. A state-changing request whose session expired returns to
   the page it was sent from (its same-origin ``Referer``), not to the POST-only address it was sent to.
@@ -35,21 +37,26 @@ def check_same_origin(request: Request) -> None:
     it was sent to."""
     if request.method in SAFE_METHODS:
         return
-    host = request.headers.get("host", "")
+    hosts = _hosts(request)
     origin = request.headers.get("origin")
-    if origin is not None and origin != "null":
+    if origin == "null":
+        raise CrossSiteRefused(
+            f"a {request.method} to the Khipu view is accepted from its own pages only: this request's Origin is "
+            "null (a sandboxed frame or a redirect from another site)"
+        )
+    if origin is not None:
         sender, named = urlsplit(origin).netloc, "Origin"
     elif request.headers.get("referer"):
         sender, named = urlsplit(request.headers["referer"]).netloc, "Referer"
     else:
         raise CrossSiteRefused(
-            f"a {request.method} to the Khipu view must carry an Origin or Referer header naming {host or 'its host'} "
-            "(the view's own pages send them); this request carried neither"
+            f"a {request.method} to the Khipu view must carry an Origin or Referer header naming "
+            f"{' or '.join(hosts) or 'its host'} (the view's own pages send them); this request carried neither"
         )
-    if not host or sender != host:
+    if sender not in hosts:
         raise CrossSiteRefused(
             f"a {request.method} to the Khipu view is accepted from its own pages only: {named} names "
-            f"{sender or 'no host'}, this request was sent to {host or 'no host'}"
+            f"{sender or 'no host'}, this request was sent to {' or '.join(hosts) or 'no host'}"
         )
 
 
@@ -59,9 +66,15 @@ def login_return_path(request: Request, home: str) -> str:
     if request.method in SAFE_METHODS:
         return _path_of(str(request.url))
     referer = request.headers.get("referer", "")
-    if referer and urlsplit(referer).netloc == request.headers.get("host", ""):
+    if referer and urlsplit(referer).netloc in _hosts(request):
         return _path_of(referer)
     return home
+
+
+def _hosts(request: Request) -> list[str]:
+    """The names this request was sent to: its ``Host``, and the first ``X-Forwarded-Host`` a proxy set."""
+    named = [request.headers.get("host", ""), request.headers.get("x-forwarded-host", "").split(",")[0].strip()]
+    return [host for host in dict.fromkeys(named) if host]
 
 
 def _path_of(url: str) -> str:
