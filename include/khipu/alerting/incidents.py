@@ -12,17 +12,23 @@ The rules, in order (a numbered table in ``tests/unit/alerting/test_incidents.py
 
 1. a stream's figure above its threshold at some hop, no incident of it firing: **fire** one alert naming where it
    starts, the hops it covers, each hop's figure and causes;
-2. firing and still above at some hop: nothing, whichever hops it covers now (one alert per transition);
-3. firing and above nowhere: **resolve**, saying why, per hop it covered when it fired: its figure **fell** (the hop
-   judged at least ``min_verdicts`` verdicts in the window, at or under the threshold), or the **window emptied**
-   (fewer: nothing says the figure fell, only that too little was judged to say anything), or both;
-4. an alert of one hop from before incidents (subject ``<stream> <hop> <figure>``) still firing: resolved as in 3, or,
+2. firing and still above, starting only at hops its alert covered or downstream of them: nothing (one alert per
+   transition; the same cause showing further down the route is no news);
+3. firing, and it starts now at a hop neither covered by its alert nor downstream of one it covered (fired at the
+   audit sink; later the enricher replays): **update**, a new firing alert of the same subject saying what it adds;
+   it covers the hops its alert covered and those above now, so the next check and the resolve judge them all (the
+   newest firing alert of a subject is what the store says fires);
+4. firing and above nowhere: **resolve**, saying why, per hop it covered (its newest alert's hops): its figure
+   **fell** (the hop judged at least ``min_verdicts`` verdicts in the window, at or under the threshold), or the
+   **window emptied** (fewer: nothing says the figure fell, only that too little was judged to say anything), or
+   both;
+5. an alert of one hop from before incidents (subject ``<stream> <hop> <figure>``) still firing: resolved as in 4, or,
    when its stream's figure is above now, **replaced** by the stream's incident, saying so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +37,7 @@ from khipu.alerting.thresholds import VERDICT_ALERT_KIND, Breach, HopFigures, Th
 from khipu.registry.model import Route, Stream
 
 RATE_FELL, WINDOW_EMPTIED, BOTH, REPLACED = "rate_fell", "window_emptied", "rate_fell_and_window_emptied", "replaced"
+Causes = Mapping[tuple[str, str, str], Mapping[str, int]]  # (stream, hop, figure) -> the causes of what it counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +68,8 @@ def incidents(breached: Mapping[str, Breach], streams: Mapping[str, Stream]) -> 
     found: dict[str, Incident] = {}
     for (stream, metric), hops in sorted(grouped.items()):
         route = streams[stream].route if stream in streams else None
-        order = {hop.id: i for i, hop in enumerate(route.hops)} if route is not None else {}
-        hops.sort(key=lambda b: (order.get(b.hop, len(order)), b.hop))
+        in_order = _route_order(route)
+        hops.sort(key=lambda b: in_order(b.hop))
         above = {b.hop for b in hops}
         feeding = {b.hop: _hops_before(route, b.hop) & above for b in hops}
         starts = tuple(b for b in hops if not feeding[b.hop])
@@ -70,6 +77,12 @@ def incidents(breached: Mapping[str, Breach], streams: Mapping[str, Stream]) -> 
         incident = Incident(stream, metric, hops[0].threshold, starts, tuple(hops), upstream)
         found[incident.subject] = incident
     return found
+
+
+def _route_order(route: Route | None) -> Callable[[str], tuple[int, str]]:
+    """A sort key putting hop ids in route order (those the route does not have last, by name)."""
+    order = {hop.id: i for i, hop in enumerate(route.hops)} if route is not None else {}
+    return lambda hop_id: (order.get(hop_id, len(order)), hop_id)
 
 
 def _hops_before(route: Route | None, hop_id: str) -> frozenset[str]:
@@ -95,21 +108,22 @@ def incident_alerts(
     breached: Mapping[str, Breach],
     figures: Mapping[tuple[str, str], HopFigures],
     firing: Iterable[StoredAlert],
-    causes: Mapping[tuple[str, str, str], Mapping[str, int]],
+    causes: Causes,
     streams: Mapping[str, Stream],
     config: ThresholdConfig,
     now_ms: int,
 ) -> list[Alert]:
     """The alerts of this check: a resolve for each firing verdict alert its stream's figure no longer needs (why:
-    fell, window emptied, replaced), then a fire for each incident not firing yet. ``breached``: the window's
+    fell, window emptied, replaced), then a fire for each incident not firing yet and an update for each firing one
+    that starts now apart from what its alert covered. ``breached``: the window's
     breaches; ``figures``: the window's figures per (stream, hop); ``firing``: the verdict alerts whose subject's
     newest alert fired; ``causes``: per (stream, hop, figure), the causes of what the figure counts."""
     now = incidents(breached, streams)
     alerts: list[Alert] = []
-    still: set[str] = set()
+    still: dict[str, StoredAlert] = {}
     for stored in sorted(firing, key=lambda a: a.subject):
         if stored.subject in now:
-            still.add(stored.subject)
+            still[stored.subject] = stored
             continue
         stream, metric, hops = covered_hops(stored)
         replacing = now.get(incident_subject(stream, metric))
@@ -119,26 +133,36 @@ def incident_alerts(
     for subject, incident in sorted(now.items()):
         if subject not in still:
             alerts.append(_fire(incident, causes, now_ms))
+            continue
+        route = streams[incident.stream].route if incident.stream in streams else None
+        update = _update(incident, still[subject], route, causes, now_ms)
+        if update is not None:
+            alerts.append(update)
     return alerts
+
+
+def apart_from(incident: Incident, covered: Sequence[str], route: Route | None) -> tuple[Breach, ...]:
+    """The hops ``incident`` starts at now that are neither among the hops ``covered`` (what its firing alert
+    covered) nor downstream of one of them: a breach the firing alert does not explain (rule 3)."""
+    before = set(covered)
+    return tuple(b for b in incident.starts_at if b.hop not in before and not _hops_before(route, b.hop) & before)
 
 
 def _top(counts: Mapping[str, int], n: int = 3) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n])
 
 
-def _fire(incident: Incident, causes: Mapping[tuple[str, str, str], Mapping[str, int]], now_ms: int) -> Alert:
-    metric = incident.metric
-
-    def of(breach: Breach) -> dict[str, int]:
-        return _top(causes.get((breach.stream, breach.hop, metric), {}))
-
+def _top_at(starts: Sequence[Breach], causes: Causes) -> dict[str, int]:
+    """The top causes of what the figure counts at ``starts``, added up."""
     at_start: dict[str, int] = {}
-    for breach in incident.starts_at:
-        for cause, count in causes.get((breach.stream, breach.hop, metric), {}).items():
+    for breach in starts:
+        for cause, count in causes.get((breach.stream, breach.hop, breach.metric), {}).items():
             at_start[cause] = at_start.get(cause, 0) + count
-    top = _top(at_start)
-    starts = incident.starts_at
-    below = [b for b in incident.covers if b not in starts]
+    return _top(at_start)
+
+
+def _where(metric: str, starts: Sequence[Breach], below: Sequence[Breach]) -> str:
+    """``<figure> <value> at <hop>`` (or ``at <n> hops (...)``), and the hops downstream of them."""
     if len(starts) == 1:
         where = f"{metric} {shown(metric, starts[0].value)} at {starts[0].hop}"
     else:
@@ -146,16 +170,46 @@ def _fire(incident: Incident, causes: Mapping[tuple[str, str, str], Mapping[str,
     if below:
         it = "it" if len(starts) == 1 else "them"
         where += f" and {len(below)} hop{'s' if len(below) > 1 else ''} downstream of {it} ({_listed(below)})"
-    title = f"{incident.stream}: {where}, above its threshold {shown(metric, incident.threshold)}"
-    if top:
-        title += f"; top causes{' where it starts:' if below else ''} " + ", ".join(f"{c} {n}" for c, n in top.items())
+    return where
+
+
+def _causes_said(top: Mapping[str, int], below: Sequence[Breach]) -> str:
+    if not top:
+        return ""
+    return f"; top causes{' where it starts:' if below else ''} " + ", ".join(f"{c} {n}" for c, n in top.items())
+
+
+def _severity(metric: str) -> Severity:
+    return Severity.CRITICAL if metric == "loss_rate" else Severity.WARNING
+
+
+def _per_hop(incident: Incident, causes: Causes) -> list[dict[str, Any]]:
+    """Each hop above now: its figure, its top causes and the hops it starts at that feed it."""
+    return [
+        {
+            "hop": b.hop,
+            "value": b.value,
+            "top_causes": _top(causes.get((b.stream, b.hop, b.metric), {})),
+            "downstream_of": list(incident.upstream[b.hop]),
+        }
+        for b in incident.covers
+    ]
+
+
+def _fire(incident: Incident, causes: Causes, now_ms: int) -> Alert:
+    metric = incident.metric
+    top = _top_at(incident.starts_at, causes)
+    starts = incident.starts_at
+    below = [b for b in incident.covers if b not in starts]
+    limit = shown(metric, incident.threshold)
+    title = f"{incident.stream}: {_where(metric, starts, below)}, above its threshold {limit}"
     return Alert(
         key=f"verdicts:{incident.subject}:{now_ms}",
         subject=incident.subject,
         kind=VERDICT_ALERT_KIND,
         state=AlertState.FIRING,
-        severity=Severity.CRITICAL if metric == "loss_rate" else Severity.WARNING,
-        title=title,
+        severity=_severity(metric),
+        title=title + _causes_said(top, below),
         at_ms=now_ms,
         details={
             "stream": incident.stream,
@@ -166,10 +220,54 @@ def _fire(incident: Incident, causes: Mapping[tuple[str, str, str], Mapping[str,
             "top_causes": top,
             "starts_at": [b.hop for b in starts],
             "hops": [b.hop for b in incident.covers],
-            "per_hop": [
-                {"hop": b.hop, "value": b.value, "top_causes": of(b), "downstream_of": list(incident.upstream[b.hop])}
-                for b in incident.covers
-            ],
+            "per_hop": _per_hop(incident, causes),
+        },
+    )
+
+
+def _update(incident: Incident, stored: StoredAlert, route: Route | None, causes: Causes, now_ms: int) -> Alert | None:
+    """Rule 3: a firing incident that starts now at hops apart from those it covered (:func:`apart_from`) is sent
+    again, a new firing alert of its subject saying what it adds; it covers the hops it covered and those above now,
+    so the next check and its resolve judge them all. None when every hop it starts at is explained."""
+    _, metric, covered = covered_hops(stored)
+    adds = apart_from(incident, covered, route)
+    if not adds:
+        return None
+    added = {b.hop for b in adds}
+    below = [
+        b
+        for b in incident.covers
+        if b.hop not in added and b.hop not in covered and set(incident.upstream[b.hop]) & added
+    ]
+    hops = sorted({*covered, *(b.hop for b in incident.covers)}, key=_route_order(route))
+    top = _top_at(adds, causes)
+    them = "the hop it covered" if len(covered) == 1 else f"the {len(covered)} hops it covered"
+    title = (
+        f"updated: {incident.stream}: also {_where(metric, adds, below)}, above its threshold "
+        f"{shown(metric, incident.threshold)}, neither at nor downstream of {them} ({', '.join(covered)}): "
+        f"it covers {len(hops)} hops now"
+    )
+    return Alert(
+        key=f"verdicts:{incident.subject}:updated:{now_ms}",
+        subject=incident.subject,
+        kind=VERDICT_ALERT_KIND,
+        state=AlertState.FIRING,
+        severity=_severity(metric),
+        title=title + _causes_said(top, below),
+        at_ms=now_ms,
+        details={
+            "stream": incident.stream,
+            "metric": metric,
+            "threshold": incident.threshold,
+            "hop": adds[0].hop,  # where what it adds starts (the first, in route order) and its figure
+            "value": adds[0].value,
+            "top_causes": top,
+            "starts_at": [b.hop for b in incident.starts_at],
+            "hops": hops,
+            "adds": [b.hop for b in adds],
+            "covered_before": list(covered),
+            "firing_since_ms": int(stored.details.get("firing_since_ms", stored.at_ms)),
+            "per_hop": _per_hop(incident, causes),
         },
     )
 

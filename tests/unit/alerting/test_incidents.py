@@ -17,9 +17,10 @@ from typing import Any, NamedTuple
 import pytest
 
 from khipu.alerting.incidents import incident_alerts
-from khipu.alerting.model import AlertState
-from khipu.alerting.thresholds import ThresholdConfig, breaches, window_figures
+from khipu.alerting.model import Alert, AlertState
+from khipu.alerting.thresholds import VERDICT_ALERT_KIND, ThresholdConfig, breaches, window_figures
 from khipu.registry.loader import load_registry
+from khipu.store import Store
 
 ROOT = Path(__file__).resolve().parents[3]
 STREAMS = load_registry(ROOT / "config" / "registry.yaml").streams
@@ -83,8 +84,11 @@ CASES = [
          [("firing", DUPLICATES, [STORE], STORE),
           ("firing", f"{S} loss_rate", [ENRICH_WRITE], ENRICH_WRITE)],
          "a loss and a duplicate are two figures, each its own incident (a loss's severity is its own)"),
-    Case(5, BURST, [Firing(DUPLICATES, {"hops": [STORE]})], [],
-         "firing and still above: nothing new, whichever hops it covers now (one alert per transition)"),
+    Case(5, BURST, [Firing(DUPLICATES, {"hops": [STORE]})],
+         [("firing", DUPLICATES, COVERED, f"adds {ENRICH_READ}")],
+         "fired at the store sink; the enricher replays now, upstream of it: a breach neither covered by nor "
+         "downstream of the hops it covered, not news of the same cause: an update naming what it adds, covering "
+         "the hops stored and those above now (before, nothing was said until the whole stream recovered)"),
     Case(6, [hop(h, 99, duplicate=1) for h in COVERED], [Firing(DUPLICATES, {"hops": COVERED})],
          [("resolved", DUPLICATES, COVERED, "rate_fell")],
          "every hop it covered judged 100 verdicts at 1 %: back within the threshold, the rate fell"),
@@ -104,8 +108,32 @@ CASES = [
     Case(11, [{**hop(STORE, 100), "latency_p99_ms": 90_000}, {**hop(AUDIT, 100), "latency_p99_ms": 80_000}], [],
          [("firing", f"{S} latency_p99_ms", [STORE, AUDIT], f"{STORE}, {AUDIT}")],
          "both sinks slower than the 60 s p99 threshold: one latency incident"),
+    Case(12, BURST, [Firing(DUPLICATES, {"hops": COVERED})], [],
+         "firing and still above at the hops it covers: nothing new (one alert per transition)"),
+    Case(13, BURST, [Firing(DUPLICATES, {"hops": [ENRICH_READ]})], [],
+         "fired at the enricher's read; its write and both sinks above now too, all downstream of it: the same "
+         "cause showing further down the route, nothing new"),
+    Case(14, [hop(STORE, 99, duplicate=1), hop(AUDIT, 75, duplicate=25)], [Firing(DUPLICATES, {"hops": [STORE]})],
+         [("firing", DUPLICATES, [STORE, AUDIT], f"adds {AUDIT}")],
+         "fired at the store sink, which fell; the audit sink above now, its sibling (neither it nor downstream of "
+         "it): an update, still covering the store sink so the resolve judges both"),
+    Case(15, [hop(STORE, 75, duplicate=25), hop(AUDIT, 75, duplicate=25)], [Firing(DUPLICATES, {"hops": COVERED})],
+         [], "the burst's incident, now above only at both sinks: hops it covers, nothing new"),
+    Case(16, [hop(ENRICH_WRITE, 75, duplicate=25), hop(AUDIT, 75, duplicate=25)],
+         [Firing(DUPLICATES, {"hops": [STORE]}), Firing(f"{S} loss_rate", {"hops": [AUDIT]})],
+         [("resolved", f"{S} loss_rate", [AUDIT], "rate_fell"),
+          ("firing", DUPLICATES, [ENRICH_WRITE, STORE, AUDIT], f"adds {ENRICH_WRITE}")],
+         "fired at the store sink; now the enricher's write and the audit sink, which it feeds: one update adding "
+         "where the new breach starts (the audit sink is downstream of it); the other figure resolves on its own"),
 ]
 # fmt: on
+
+
+def why(details: Mapping[str, Any]) -> str:
+    """A fire: where it starts; an update of a firing incident: what it adds."""
+    if "adds" in details:
+        return "adds " + ", ".join(details["adds"])
+    return ", ".join(details["starts_at"])
 
 
 def decided(case: Case) -> list[tuple[str, str, list[str], str]]:
@@ -121,7 +149,7 @@ def decided(case: Case) -> list[tuple[str, str, list[str], str]]:
             a.state.value,
             a.subject,
             list(a.details["hops"]),
-            ", ".join(a.details["starts_at"]) if a.state is AlertState.FIRING else a.details["resolved_because"],
+            why(a.details) if a.state is AlertState.FIRING else a.details["resolved_because"],
         )
         for a in alerts
     ]
@@ -165,3 +193,42 @@ def test_a_resolve_says_in_words_why() -> None:
         f"resolved: {S}: duplicate_rate not judged any more, not known to have fallen: the window emptied "
         "(fewer than 20 verdicts in the last 5 min at the 4 hops it covered)"
     )
+
+
+def test_a_breach_apart_from_a_firing_incident_is_sent_as_an_update_and_its_resolve_judges_every_hop(
+    tmp_path: Path,
+) -> None:
+    """The review's case: the incident fired at the audit sink; later the enricher replays. Before, nothing was
+    said until the whole stream recovered, and the resolve judged the audit sink alone. Through a real store: what
+    it says fires (``AlertRepository.firing``) is the update, so the next check is quiet and the resolve judges the
+    four hops."""
+    store = Store(f"sqlite:///{tmp_path / 'khipu.db'}")
+    store.migrate()
+    causes = {(S, ENRICH_READ, "duplicate_rate"): {"rewind_replay": 25}}
+
+    def check(window: list[dict[str, Any]], at_ms: int) -> list[Alert]:
+        figures = window_figures(window)
+        found = breaches(figures, {name: s.alerts for name, s in STREAMS.items()}, CONFIG.min_verdicts)
+        alerts = incident_alerts(found, figures, store.alerts.firing(VERDICT_ALERT_KIND), causes, STREAMS, CONFIG,
+                                 at_ms)  # fmt: skip
+        assert all(store.alerts.add(alert) for alert in alerts)
+        return alerts
+
+    (fired,) = check([hop(PRODUCE, 100), hop(AUDIT, 75, duplicate=25)], NOW)
+    assert (fired.state, fired.details["hops"]) == (AlertState.FIRING, [AUDIT])
+    (updated,) = check(BURST, NOW + 60_000)
+    assert (updated.state, updated.subject, updated.severity) == (AlertState.FIRING, DUPLICATES, fired.severity)
+    assert updated.title == (
+        f"updated: {S}: also duplicate_rate 25.00 % at {ENRICH_READ} and 2 hops downstream of it "
+        f"({ENRICH_WRITE} 25.00 %, {STORE} 25.00 %), above its threshold 10.00 %, neither at nor downstream of "
+        f"the hop it covered ({AUDIT}): it covers 4 hops now; top causes where it starts: rewind_replay 25"
+    )
+    assert updated.details["adds"] == [ENRICH_READ] and updated.details["covered_before"] == [AUDIT]
+    assert updated.details["hops"] == COVERED and updated.details["starts_at"] == [ENRICH_READ]
+    assert updated.details["firing_since_ms"] == NOW  # when the incident first fired, not this update
+    assert check(BURST, NOW + 120_000) == []  # the update is what fires now: nothing new
+    (resolved,) = check([hop(h, 99, duplicate=1) for h in COVERED], NOW + 180_000)
+    assert (resolved.state, resolved.details["resolved_because"]) == (AlertState.RESOLVED, "rate_fell")
+    assert [h["hop"] for h in resolved.details["per_hop"]] == COVERED  # the enricher's hops judged too
+    assert [a.state for a in store.alerts.read()] == ["firing", "firing", "resolved"]
+    store.close()
