@@ -16,6 +16,13 @@ def elapsed_ms(since_ms: int, now_ms: int) -> int:
     return max(0, now_ms - since_ms)
 
 
+def iso_text(ms: int) -> str:
+    """``2026-11-23T10:00:00Z``, with its milliseconds when it has any (``...:00.250Z``): a time as a person types it
+    (in a filter box, a DAG's Params) and as the parsers of times read it back."""
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000))
+    return f"{text}.{ms % 1000:03d}Z" if ms % 1000 else f"{text}Z"
+
+
 def utc_text(ms: int | None, missing: str = "-") -> str:
     """``2026-11-23 18:42:02Z`` (``missing`` for None): how people read a time in the CLI and the view."""
     if ms is None:

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from khipu.access import reach_limit
-from khipu.clock import utc_text
+from khipu.clock import iso_text
 from khipu.registry.model import Registry
 from khipu.report.limits import MAX_TIME_MS
 from khipu.report.service import ReportQueryError
@@ -144,7 +144,7 @@ class ScanPlan:
             f"{held}; {bound}: searched {hour_of(self.hours[-1] * HOUR_MS)} .. {hour_of(self.hours[0] * HOUR_MS)} "
             f"({len(self.hours)} hours, {_size(self.scanned_bytes)}); not searched: {hour_of(oldest * HOUR_MS)} .. "
             f"{hour_of(self.left_out[0] * HOUR_MS)} ({len(self.left_out)} hours). Search again with until="
-            f"{_iso(self.older_until_ms or 0)} for those, or narrow the range"
+            f"{iso_text(self.older_until_ms or 0)} for those, or narrow the range"
         )
 
 
@@ -281,7 +281,7 @@ def search(
     since = 0 if since_ms is None else since_ms
     until = MAX_TIME_MS + 1 if until_ms is None else until_ms  # no end: a trace timed ahead of our clock too
     if until <= since:
-        raise ReportQueryError("until", until, f"a time after since ({since}, {_iso(since)})")
+        raise ReportQueryError("until", until, f"a time after since ({since}, {iso_text(since)})")
     plan = plan_scan(archive_hours(archive_dir), since, until, max_scan_bytes)
     notes = [plan.note] if plan.note else []
     reach = reach_limit(registry)
@@ -409,7 +409,3 @@ def _size(n: int) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
-
-
-def _iso(ms: int) -> str:
-    return utc_text(ms).replace(" ", "T")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-
+from khipu.clock import iso_text
 from khipu.report.limits import parse_time_ms
 from khipu.report.service import ReportQueryError
 
@@ -23,19 +22,12 @@ def duration(value: int | float | None) -> str:
     return f"{value / 1000:.1f} s" if value >= 10_000 else f"{value:.0f} ms"
 
 
-def typed_time(ms: int) -> str:
-    """A time as a person types it in a filter box (and :func:`khipu.report.limits.parse_time_ms` reads it):
-    ``2026-11-23T10:00:00Z``, with its milliseconds when it has any (``...:00.250Z``)."""
-    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000))
-    return f"{text}.{ms % 1000:03d}Z" if ms % 1000 else f"{text}Z"
-
-
 def as_typed(text: str | None) -> str:
-    """A filter box's time shown as it would be typed: ms since the epoch (an old link's) as :func:`typed_time`;
+    """A filter box's time shown as it would be typed: ms since the epoch (an old link's) as :func:`iso_text`;
     anything the page refused, as it came."""
     if not text:
         return ""
     try:
-        return typed_time(parse_time_ms("since", text))
+        return iso_text(parse_time_ms("since", text))
     except ReportQueryError:
         return text

@@ -26,9 +26,10 @@ from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
+from khipu.clock import iso_text
 from khipu.health.rules import PartitionStatus
 from khipu.report.routemap import EdgeState, HealthBadge, MapEdge, MapNode, NodeKind, RouteMap
-from khipu_airflow.view.formats import duration, pct, typed_time
+from khipu_airflow.view.formats import duration, pct
 
 log = logging.getLogger(__name__)
 
@@ -293,7 +294,7 @@ def _svg(route: RouteMap, graph: _Graph, layout: dict[str, Any], base: str) -> s
 
 
 def _lost_link(route: RouteMap, edge: MapEdge, base: str) -> str:
-    return f"{base}/lost?" + urlencode({"stream": route.stream, "hop": edge.hop, "since": typed_time(route.since_ms)})
+    return f"{base}/lost?" + urlencode({"stream": route.stream, "hop": edge.hop, "since": iso_text(route.since_ms)})
 
 
 def _edge_svg(route: RouteMap, edge: MapEdge, drawn: Mapping[str, Any], widest: int, base: str, frame: _Frame) -> str:
