@@ -36,7 +36,9 @@ broker (the bench has none: every group is past every message). Measured:
   read through :func:`khipu.verdicts.read.verdicts_of` too, which must agree).
 
 Targets (2 CPUs), each printed beside its figure with "met" or "NOT met" (a figure without one says "(no target)"):
->= 75,000 traces/s (3x the detector's 25,000/s: an hour of 90 M traces in under 20 min); driver memory flat when
+>= 75,000 traces/s (3x the detector's 25,000/s: an hour of 90 M traces in under 20 min); the hour itself, 90 M
+in under 20 min, judged only by a run whose window held at least 90 M traces (a smaller run's figure for it is
+extrapolated from its rate and says "not judged"); driver memory flat when
 the window grows 4x (the Python driver's peak and the Spark driver JVM's peak RSS each within +10 %); verdicts exact
 (a lost message CONFIRMED_LOST, as reconciliation leaves every loss of a window whose horizon has passed; a late
 one DELIVERED or RETRACTED with evidence DELIVERED; a duplicate DUPLICATE; every other hop DELIVERED).
@@ -80,6 +82,7 @@ MINUTE_MS = 60_000
 TRACES_PER_MESSAGE = 5
 TARGET_TRACES_S = 75_000
 TARGET_HOUR_MIN = 20  # an hour of 90 M traces
+HOUR_TRACES = 90_000_000  # an hour at the detector's 25,000 traces/s: the size the hour's target is about
 FLAT_PERCENT = 10.0  # "flat": the 4x window's peak at most this much above the first's
 DELIVERED, LOST, LATE, DUPLICATE, UNJUDGED = range(5)  # the bench's truth per message
 KINDS = ("delivered", "lost", "late", "duplicate", "never judged")
@@ -716,15 +719,12 @@ def run_size(traces: int, args: argparse.Namespace, work: Path) -> dict[str, Any
 def report(traces: int, r: dict[str, Any]) -> None:
     rate = r["window_traces"] / r["seconds"]
     check = r["check"]
-    hour_min = 90e6 / rate / 60
     print(f"  {traces:,} traces in the window hour:")
     print(f"    reconcile() {r['seconds']:.1f} s (child process {r['child_s']:.1f} s with Spark's start and stop): "
           f"{rate:,.0f} window traces/s -> {against(f'>= {TARGET_TRACES_S:,} /s', rate >= TARGET_TRACES_S)}; "
           f"{r['traces_read'] / r['seconds']:,.0f} traces read/s ({r['traces_read']:,} read, five hours) -> "
           f"{NO_TARGET}")  # fmt: skip
-    print(f"    an hour of 90 M traces at this rate: {hour_min:.0f} min -> "
-          f"{against(f'< {TARGET_HOUR_MIN} min', hour_min < TARGET_HOUR_MIN)} (measured at {r['window_traces']:,} "
-          "window traces: only a run of the full size, 90 M, measures the hour itself)")  # fmt: skip
+    print(f"    {hour_of_90m(r['window_traces'], r['seconds'])}")
     cpus = os.cpu_count() or 1
     print(f"    Spark tasks used {r['task_cpu_s']:.0f} s of CPU: {r['window_traces'] / (r['task_cpu_s'] / cpus):,.0f} "
           f"window traces/s if they had all {cpus} CPUs to themselves (the driver's own work not counted) -> "
@@ -744,6 +744,19 @@ def report(traces: int, r: dict[str, Any]) -> None:
           f"{check['sample_disagree']} disagree -> {against('exact', exact)}")  # fmt: skip
     if check["examples"]:
         print(f"    e.g. wrong: {check['examples']}")
+
+
+def hour_of_90m(window_traces: int, seconds: float) -> str:
+    """The hour's target, judged only when the window held at least ``HOUR_TRACES`` traces: then ``reconcile()``'s
+    own time is the hour's (or more). A smaller run's figure is its rate carried over to 90 M, not judged."""
+    target = f"an hour of {HOUR_TRACES / 1e6:g} M traces in < {TARGET_HOUR_MIN} min"
+    if window_traces >= HOUR_TRACES:
+        minutes = seconds / 60
+        return (f"the hour itself: {window_traces:,} window traces reconciled in {minutes:.1f} min -> "
+                f"{against(target, minutes < TARGET_HOUR_MIN)}")  # fmt: skip
+    extrapolated = HOUR_TRACES / (window_traces / seconds) / 60
+    return (f"an hour of {HOUR_TRACES / 1e6:g} M traces at this run's rate: {extrapolated:.1f} min, extrapolated -> "
+            f"target {target}: not judged (extrapolated from {window_traces:,} traces)")  # fmt: skip
 
 
 def main() -> int:
