@@ -11,11 +11,13 @@ registry name) and ``khipu.trace_topic``. Credentials are never logged: errors a
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseHook
 from sqlalchemy.engine import URL
 
+from khipu.config.store_url import store_url
 from khipu.kafka import KafkaConnection
 from khipu.kafka.connection import KafkaConnectionError as InvalidKafkaSetting
 from khipu.registry.model import Registry
@@ -140,14 +142,15 @@ class KhipuStoreHook(BaseHook):  # type: ignore[misc]
                 )
             return f"sqlite:///{conn.host}"
         if conn.conn_type in ("postgres", "postgresql"):
-            return URL.create(
-                "postgresql+psycopg2",
+            built = URL.create(
+                "postgresql",  # the driver is the store's choice (khipu.config.store_url)
                 username=conn.login or None,
                 password=conn.password or None,
                 host=conn.host or None,
                 port=conn.port or None,
                 database=conn.schema or None,
             ).render_as_string(hide_password=False)
+            return store_url(built, Path.cwd())
         raise StoreConnectionError(
             f"connection {self.store_conn_id!r} has type {conn.conn_type!r}; expected sqlite or postgres, "
             'or a SQLAlchemy URL in its extra as {"url": ...}'
