@@ -674,7 +674,7 @@ def _traces_count(args: argparse.Namespace, settings: KhipuSettings) -> int:
 def _airflow_bundles(args: argparse.Namespace, settings: KhipuSettings) -> int:
     from khipu.access.dags import bundle_setting, dag_bundles, write_team_dag_files
 
-    owners = {stream.owner for stream in load_registry(settings.registry_path).streams.values()}
+    owners = load_registry(settings.registry_path).owners
     for path in write_team_dag_files(owners, args.teams_folder.resolve()):
         print(f"wrote {path}", file=sys.stderr)
     multi_team = not args.no_multi_team

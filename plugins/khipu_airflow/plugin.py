@@ -70,7 +70,7 @@ def airflow_access() -> Callable[[Any, Registry], Viewer]:
     mode = load(ViewSection, None, SettingsError).access
 
     def viewer_of(user: Any, registry: Registry) -> Viewer:
-        return airflow_viewer(user, {stream.owner for stream in registry.streams.values()}, mode)
+        return airflow_viewer(user, registry.owners, mode)
 
     return viewer_of
 

@@ -95,9 +95,9 @@ def airflow_env(settings: KhipuSettings, airflow_home: Path) -> dict[str, str]:
     }
 
 
-def stream_owners(settings: KhipuSettings) -> set[str]:
+def stream_owners(settings: KhipuSettings) -> frozenset[str]:
     """The teams the registry's streams belong to: a DAG bundle each."""
-    return {stream.owner for stream in load_registry(settings.registry_path).streams.values()}
+    return load_registry(settings.registry_path).owners
 
 
 def team_dags_folder(airflow_home: Path) -> Path:

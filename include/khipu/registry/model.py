@@ -228,6 +228,11 @@ class Registry:
     clusters: Mapping[str, Cluster]
     streams: Mapping[str, Stream]
 
+    @property
+    def owners(self) -> frozenset[str]:
+        """The teams the streams belong to, each once (a DAG bundle, an Airflow team, a manual resend DAG each)."""
+        return frozenset(stream.owner for stream in self.streams.values())
+
     def stream(self, name: str) -> Stream:
         try:
             return self.streams[name]

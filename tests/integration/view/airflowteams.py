@@ -100,7 +100,7 @@ def airflow_with_teams(
     teams = {team for user in users for team in user.teams}
     if dags:  # as a deployment sets them up (khipu.access.dags): Khipu's DAGs, then each registry team's resend DAG
         registry = load_registry(Path(full_env.get("KHIPU_REGISTRY") or DEFAULT_REGISTRY))
-        owners = {stream.owner for stream in registry.streams.values()}
+        owners = registry.owners
         write_team_dag_files(owners, work / "team-dags")
         bundles = dag_bundles(owners, dag_folder, work / "team-dags", multi_team)
         full_env["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = bundle_setting(bundles)

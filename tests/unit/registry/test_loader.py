@@ -125,6 +125,14 @@ def test_hops_before_a_hop_are_its_feeders_and_theirs_up_to_the_producers() -> N
     )  # a read of a route topic by another group: that topic's writers, as feeders_of says
 
 
+def test_the_registrys_owners_are_its_streams_teams_each_once() -> None:
+    text = VALID + (
+        "  refunds:\n    owner: team-refunds\n    route: {producers: [{location: refunds-api, writes: [a/refunds]}]}\n"
+        "  returns:\n    owner: team-orders\n    route: {producers: [{location: returns-api, writes: [a/returns]}]}\n"
+    )
+    assert parse_registry(text).owners == frozenset({"team-orders", "team-refunds"})
+
+
 def test_unknown_stream_names_the_known_ones() -> None:
     with pytest.raises(UnknownStreamError, match=r"unknown stream 'payments'; the registry defines: orders"):
         parse_registry(VALID).stream("payments")
