@@ -90,3 +90,24 @@ def test_each_registry_cluster_gets_the_connection_its_connection_id_names(monke
         "east": ("east", "east:9092"),
         "west": ("west", "west:9092"),
     }
+
+
+def test_the_store_connection_gives_the_url_the_store_opens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A postgres connection, a sqlite one and a URL in the extra: each the URL the store opens (psycopg2 for
+    PostgreSQL, the driver Khipu installs: khipu.config.store_url), the password kept for the store only."""
+    from sqlalchemy.engine import make_url
+
+    from khipu_airflow.hooks import KhipuStoreHook, StoreConnectionError
+
+    use_connection(monkeypatch, "s_pg", {"conn_type": "postgres", "login": "kh", "password": "p@ss word",
+                                         "host": "db.internal", "port": 5433, "schema": "khipu"})  # fmt: skip
+    opened = make_url(KhipuStoreHook("s_pg").url())
+    assert (opened.drivername, opened.username, opened.password) == ("postgresql+psycopg2", "kh", "p@ss word")
+    assert (opened.host, opened.port, opened.database) == ("db.internal", 5433, "khipu")
+    use_connection(monkeypatch, "s_lite", {"conn_type": "sqlite", "host": "/var/khipu/khipu.db"})
+    assert KhipuStoreHook("s_lite").url() == "sqlite:////var/khipu/khipu.db"
+    use_connection(monkeypatch, "s_url", {"conn_type": "generic", "extra": {"url": "postgres://kh@db/khipu"}})
+    assert KhipuStoreHook("s_url").url() == "postgres://kh@db/khipu"  # as given: the store normalises it on open
+    use_connection(monkeypatch, "s_http", {"conn_type": "http", "host": "x"})
+    with pytest.raises(StoreConnectionError, match="expected sqlite or postgres"):
+        KhipuStoreHook("s_http").url()
