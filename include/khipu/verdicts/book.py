@@ -113,7 +113,9 @@ def verdict_of(row: Mapping[str, Any]) -> Verdict:
 
 
 def history_entry(change: Change, at_ms: int) -> dict[str, Any] | None:
-    """A line of the verdict's history when what it says changed (its kind or cause), else None."""
+    """A line of the verdict's history when what it says changed (its kind or cause), else None: a first decision
+    at the moment it was judged (its ``decided_ms``, the minute its figures count it in), a change at ``at_ms``, when
+    it was stored."""
     new, old = change.verdict, change.previous
     if old is not None and (old.kind, old.cause) == (new.kind, new.cause):
         return None
@@ -121,7 +123,7 @@ def history_entry(change: Change, at_ms: int) -> dict[str, Any] | None:
         "message_id": new.message_id,
         "hop": new.hop,
         "stream": new.stream,
-        "at_ms": at_ms,
+        "at_ms": new.decided_ms if old is None else at_ms,
         "from_verdict": old.kind.value if old else None,
         "to_verdict": new.kind.value,
         "cause": new.cause.value if new.cause else None,
