@@ -370,10 +370,10 @@ def backlog(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) ->
     print(
         f"backlog, read only (second batch's start to the end of the batch that read the last trace, its verdicts "
         f"not yet all decided): {rate:,.0f} traces/s ({total:,} traces read in {read_all:.0f} s, {batches} "
-        f"batches, median "
-        f"{per_batch:,.0f} rows); {beat.get('state_rows', 0):,} messages in flight when it was read "
-        f"({beat.get('state_bytes', 0):,} state bytes); the slow group's {late:,} late reads at {args.hold_s:.0f} s, "
-        f"then all {HOPS * args.messages:,} verdicts decided -> {NO_TARGET}",
+        f"batches, median {per_batch:,.0f} rows); {beat.get('state_rows', 0):,} messages in flight "
+        f"({beat.get('state_bytes', 0):,} state bytes) once the decidable verdicts were stored; the slow group's "
+        f"{late:,} late reads at {args.hold_s:.0f} s, then all {HOPS * args.messages:,} verdicts decided -> "
+        f"{NO_TARGET}",
         flush=True,
     )
     return rate
@@ -529,7 +529,7 @@ def live(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace, broke
         cpu: list[CpuShare] = []  # read with the window's first and last samples
         assert traffic.pid is not None
         while traffic.is_alive():
-            time.sleep(5)
+            traffic.join(5)  # a sample every 5 s, and the traffic's end seen when it comes
             beat = store.heartbeat.latest(DETECTOR_QUERY) or {}
             samples.append((time.time(), int(produced.value), read_rows(store), int(beat.get("state_rows") or 0)))
             if window_from <= samples[-1][0] <= started + args.live_s:
@@ -566,8 +566,8 @@ def live(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace, broke
         f"{statistics.median(behind):,.0f}, max {max(behind):,} traces; messages in flight: median "
         f"{statistics.median(flights):,.0f}, max {max(flights):,} (the slow group holds {args.hold_s:.0f} s of 10 %), "
         f"state at most {state_bytes:,} bytes; batches: median {statistics.median(durations) / 1000:.1f} s; caught up "
-        f"{caught_up:.0f} s and every verdict decided {settled:.0f} s after the traffic ended ({total:,} traces in "
-        f"{ended - started:.0f} s)",
+        f"{caught_up:.0f} s after the traffic ended ({total:,} traces in {ended - started:.0f} s), every verdict "
+        f"decided {settled:.0f} s after that -> {NO_TARGET}",
         flush=True,
     )
     for line in live_targets(offered, args.live_rate, behind, largest):
@@ -769,8 +769,10 @@ def cluster_throughput(bootstrap: str, work: Path, args: argparse.Namespace) -> 
                 stop_process_group(driver.pid)
                 cluster.stop()
                 store.close()
-        print(f"cluster, {workers} worker(s) x 1 core: {rate:,.0f} traces/s ({total:,} traces backlog, {batches} "
-              f"batches, median {per_batch:,.0f} rows), every verdict decided -> {NO_TARGET}", flush=True)  # fmt: skip
+        print(f"cluster, {workers} worker(s) x 1 core, read only (second batch's start to the end of the batch that "
+              f"read the last trace, its verdicts not yet all decided): {rate:,.0f} traces/s ({total:,} traces "
+              f"backlog, {batches} batches, median {per_batch:,.0f} rows); every verdict decided afterwards -> "
+              f"{NO_TARGET}", flush=True)  # fmt: skip
 
 
 def main() -> int:
