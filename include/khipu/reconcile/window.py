@@ -108,11 +108,42 @@ def hourly_window(interval_start_ms: int, interval_end_ms: int, horizon_ms: int)
     return ReconcileWindow(interval_start_ms - horizon_ms, interval_end_ms - horizon_ms, horizon_ms)
 
 
-def first_scheduled_hour_ms(now_ms: int) -> int:
-    """The first hourly run of a reconciliation that never ran, seen at ``now_ms`` (the install): the next full hour.
-    Its window, like the next one or two (the horizon), lies before the install: :func:`coverage_problems` finds the
-    archive does not reach back that far, and the run skips it."""
-    return (now_ms // HOUR_MS + 1) * HOUR_MS
+def first_scheduled_hour_ms(moment_ms: int) -> int:
+    """The first hourly run after ``moment_ms``: the next full hour (a run at 11:00 stands for the hour ending there).
+    After the install, its window, like the next one or two (the horizon), lies before the install:
+    :func:`coverage_problems` finds the archive does not reach back that far, and the run skips it."""
+    return (moment_ms // HOUR_MS + 1) * HOUR_MS
+
+
+def next_scheduled_hour_ms(
+    last_run_ms: int | None,
+    installed_ms: int | None,
+    now_ms: int,
+    *,
+    not_before_ms: int | None = None,
+    catchup: bool = True,
+) -> int:
+    """The logical date (a full hour) of the hourly reconciliation's next scheduled run.
+
+    ``last_run_ms`` is the logical date of Airflow's latest automated run (scheduled or backfill: Airflow counts
+    both; None: none yet), ``installed_ms`` when the store was created (None: unknown), ``not_before_ms`` the DAG's
+    start date, ``catchup`` the DAG's. The run is the latest of:
+
+    - the hour after the last run: every hour runs, those missed while Airflow was down too, each once, in order;
+    - the first hour after the install (:func:`first_scheduled_hour_ms`): no hour before it is ever scheduled, not
+      even after a backfill of earlier hours (which Airflow takes for the latest run), while a DAG that never ran
+      starts there however late Airflow first gets to it;
+    - with neither known, the next full hour after ``now_ms``;
+    - the start date's hour (Airflow's earliest), and without catchup the current hour (only the latest hour due).
+
+    Proven by the numbered cases of tests/unit/reconcile/test_hourly_schedule.py."""
+    after = [first_scheduled_hour_ms(known) for known in (last_run_ms, installed_ms) if known is not None]
+    candidates = after or [first_scheduled_hour_ms(now_ms)]
+    if not_before_ms is not None:
+        candidates.append(-(-not_before_ms // HOUR_MS) * HOUR_MS)  # the start date, or the full hour after it
+    if not catchup:
+        candidates.append(now_ms // HOUR_MS * HOUR_MS)
+    return max(candidates)
 
 
 def horizon_from_env(environ: Mapping[str, str] | None = None) -> int:
