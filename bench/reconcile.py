@@ -4,10 +4,11 @@ issue 20's targets.
     .venv/bin/python bench/reconcile.py [--traces 1000000] [--growth 4] [--keep]
 
 For each size the bench builds, straight as Parquet in the trace archive's layout and schema
-(``hour=YYYY-MM-DD-HH/batch_id=N/part-0.parquet``, one batch a minute), five hours of demo.orders traffic
+(``hour=YYYY-MM-DD-HH/batch_id=N/part-0.parquet``, one batch a minute), hours of demo.orders traffic
 (``config/registry.yaml``'s route: 5 hops) at a steady rate: the window's hour (at least ``--traces`` traces: a lost
 message has one trace fewer and a duplicate one more, so the messages an hour are topped up until the window holds
-that many) and the horizon's two hours either side, as an hourly run reads them. Each message is, by the bench's truth:
+that many) and the horizon's hours either side (two by default: five hours in all), as an hourly run reads them.
+Each message is, by the bench's truth:
 
 - delivered (5 traces);
 - lost: demo-sink-store skipped it (no RECEIVED; the next read's back-pointer passes over it);
@@ -27,7 +28,7 @@ default 1 GiB driver heap, the DAG's submit settings), with the store's committe
 broker (the bench has none: every group is past every message). Measured:
 
 - traces/s: the window hour's traces / the seconds of the ``reconcile()`` call (Spark session already up);
-  also the traces it read (five hours) per second;
+  also the traces it read (the window's hour and the horizon's either side) per second;
 - the Python driver's peak RSS (``VmHWM`` of the child process) and the Spark driver JVM's (``VmHWM`` of the
   ``java`` process under it; in ``local[*]`` it is the executor too), both read from /proc every 0.2 s until
   the child exits, and the JVM's peak heap used as Spark's own executor metrics report it (event log,
@@ -728,6 +729,7 @@ def run_size(traces: int, args: argparse.Namespace, work: Path) -> dict[str, Any
         task_cpu_s=task_cpu_seconds(event_log),
         check=check,
         build_s=build_s,
+        hours_built=2 * horizon_h + 1,
         disk_gb=size_gb,
     )
     return result
@@ -739,8 +741,8 @@ def report(traces: int, r: dict[str, Any]) -> None:
     print(f"  {r['window_traces']:,} traces in the window hour (asked for at least {traces:,}):")
     print(f"    reconcile() {r['seconds']:.1f} s (child process {r['child_s']:.1f} s with Spark's start and stop): "
           f"{rate:,.0f} window traces/s -> {against(f'>= {TARGET_TRACES_S:,} /s', rate >= TARGET_TRACES_S)}; "
-          f"{r['traces_read'] / r['seconds']:,.0f} traces read/s ({r['traces_read']:,} read, five hours) -> "
-          f"{NO_TARGET}")  # fmt: skip
+          f"{r['traces_read'] / r['seconds']:,.0f} traces read/s ({r['traces_read']:,} read, {r['hours_built']} "
+          f"hours) -> {NO_TARGET}")  # fmt: skip
     print(f"    {hour_of_90m(r['window_traces'], r['seconds'])}")
     cpus = os.cpu_count() or 1
     print(f"    Spark tasks used {r['task_cpu_s']:.0f} s of CPU: {r['window_traces'] / (r['task_cpu_s'] / cpus):,.0f} "
