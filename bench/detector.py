@@ -682,7 +682,8 @@ def lost_latency(spark: Any, bootstrap: str, work: Path, args: argparse.Namespac
         store.close()
     defaults = DetectorConfig()
     settings = (f"grace {defaults.grace_ms / 1000:g} s, trigger {job.trigger_seconds:g} s, recheck "
-                f"{defaults.recheck_ms / 1000:g} s; {rate:,.0f} background traces/s")  # fmt: skip
+                f"{defaults.recheck_ms / 1000:g} s; {rate:,.0f} background traces/s, averaged from the first loss to "
+                "the last LOST seen or the deadline")  # fmt: skip
     print(lost_latency_figure(committed_at, seen, settings, time.time()), flush=True)
 
 
