@@ -359,7 +359,9 @@ def main() -> int:
         print(
             f"\ntracing overhead: {args.messages * TIGHT_TIMES:,} messages per mode in the tight loops, "
             f"{args.messages:,} in the application workload's consumer and {args.messages // 2:,} in its producer, "
-            f"median of {args.rounds} rounds, broker {bootstrap} ({os.cpu_count()} CPUs shared with the broker)"
+            f"median of {args.rounds} rounds, broker {bootstrap} ({os.cpu_count()} CPUs shared with the broker); "
+            f"each loop's first min({WARMUP_RECORDS:,}, a tenth) records untimed: a producer's on top of these, a "
+            "consumer's out of them"
         )
         for name in runs:
             workload = "app" if "application" in name else "tight"
