@@ -25,7 +25,7 @@ def test_registry_check_lists_every_hop_of_the_shipped_registry(capsys: pytest.C
 
 def test_invalid_registry_exits_2_with_the_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "registry.yaml"
-    bad.write_text("version: 1\nclusters: {a: {}}\nstreams:\n  s: {owner: t, sampling_percent: 200}\n")
+    bad.write_text("version: 1\nclusters: {a: {}}\nstreams:\n  s: {owner: team-t, sampling_percent: 200}\n")
     assert main(["registry", "check", str(bad)]) == 2
     assert "field 'sampling_percent': got 200" in capsys.readouterr().err
 

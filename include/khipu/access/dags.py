@@ -21,7 +21,6 @@ file of each team's bundle; :func:`write_team_dag_files` writes those files (``k
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,14 +28,13 @@ from typing import Any
 
 from khipu.access.scope import EVERY_STREAM_TEAM, Viewer
 from khipu.errors import InvalidSetting
-from khipu.registry.model import Registry, ResendMode
+from khipu.registry.model import OWNER_PATTERN, OWNER_RULE, Registry, ResendMode
 
 MANUAL_DAG = "khipu_resend_manual"  # every stream's: Khipu's operators'
 TEAM_DAG_SEPARATOR = "__"  # khipu_resend_manual__team-orders
 OPERATORS_BUNDLE = "khipu"  # dags/: every Khipu DAG but the teams' own
 TEAM_BUNDLE_PREFIX = "khipu-"  # khipu-team-orders
 LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
-TEAM_NAME = re.compile(r"^[A-Za-z0-9_-]{3,50}$")  # Airflow's own rule for a team's name
 
 
 class DagAccessError(InvalidSetting):
@@ -94,9 +92,7 @@ def team_dag_file(owner: str) -> TeamDagFile:
     return TeamDagFile(owner, f"{dag_id}.py", text)
 
 
-def dag_bundles(
-    owners: Iterable[str], dags_folder: Path, teams_folder: Path, multi_team: bool
-) -> list[dict[str, Any]]:
+def dag_bundles(owners: Iterable[str], dags_folder: Path, teams_folder: Path, multi_team: bool) -> list[dict[str, Any]]:
     """``[dag_processor] dag_bundle_config_list``: Khipu's own DAGs (``dags_folder``), then one bundle per owner
     (``teams_folder/<owner>``, holding :func:`team_dag_file`). In multi-team mode each bundle is its audience's
     team's; without it (an auth manager that grants DAGs one by one, FAB's) the bundles have no team, and the
@@ -135,5 +131,6 @@ def _bundle(name: str, path: Path, team: str | None) -> dict[str, Any]:
 
 
 def _check_team(owner: str) -> None:
-    if not TEAM_NAME.match(owner):
-        raise DagAccessError(owner, owner, "an Airflow team name: 3-50 letters, digits, '-' or '_'")
+    """An owner not from a registry (which refuses such an owner at load) is checked against the same rule."""
+    if not OWNER_PATTERN.match(owner):
+        raise DagAccessError(owner, owner, OWNER_RULE)

@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 
 from khipu.registry.model import (
+    OWNER_PATTERN,
+    OWNER_RULE,
     AlertThresholds,
     Cluster,
     ConsumerSpec,
@@ -208,8 +210,8 @@ class _Checker:
             return None
         before = len(self.problems)
         owner = body.get("owner")
-        if not isinstance(owner, str) or not owner.strip():
-            self.fail("owner", owner, "a non-empty string naming the owning team")
+        if not isinstance(owner, str) or not OWNER_PATTERN.match(owner):
+            self.fail("owner", owner, OWNER_RULE)
         sampling = self.number(body.get("sampling_percent", 100), "sampling_percent", 0, 100, low_open=True)
         recovery = body.get("recovery_attributes", [])
         if not isinstance(recovery, list) or not all(isinstance(a, str) and a for a in recovery):

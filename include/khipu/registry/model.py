@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
 from khipu.trace.model import Trace, TraceType
+
+# A stream's owner names a team: Airflow's rule for a team's name, which the team's manual resend DAG's id and its DAG
+# bundle's name hold too (khipu.access.dags); the registry refuses any other at load.
+OWNER_PATTERN = re.compile(r"^[A-Za-z0-9_-]{3,50}$")
+OWNER_RULE = "an Airflow team name: 3-50 letters, digits, '-' or '_' (a team's DAG id and DAG bundle name hold it)"
 
 
 class UnknownStreamError(KeyError):

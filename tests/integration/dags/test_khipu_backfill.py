@@ -59,7 +59,7 @@ def backfill_env(
     topic, group = f"orders-{secrets.token_hex(3)}", f"sink-{secrets.token_hex(3)}"
     registry = tmp_path / "registry.yaml"
     registry.write_text(
-        "version: 1\nclusters: {local: {connection_id: khipu_kafka}}\nstreams:\n  orders:\n    owner: t\n"
+        "version: 1\nclusters: {local: {connection_id: khipu_kafka}}\nstreams:\n  orders:\n    owner: team-t\n"
         f"    route:\n      producers: [{{location: p, writes: [local/{topic}]}}]\n"
         f"      consumers: [{{group: {group}, reads: [local/{topic}]}}]\n"
     )

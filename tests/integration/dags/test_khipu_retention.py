@@ -53,7 +53,7 @@ def delivered(message_id: str, at_ms: int, hop: str = "local/orders -> sink") ->
 def aged(airflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     registry = tmp_path / "registry.yaml"
     registry.write_text(
-        "version: 1\nclusters: {local: {connection_id: khipu_kafka}}\nstreams:\n  orders:\n    owner: t\n"
+        "version: 1\nclusters: {local: {connection_id: khipu_kafka}}\nstreams:\n  orders:\n    owner: team-t\n"
         "    resend: {mode: manual}\n    route:\n      producers: [{location: p, writes: [local/orders]}]\n"
         "      consumers: [{group: sink, reads: [local/orders]}]\n"
     )

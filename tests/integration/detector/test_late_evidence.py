@@ -89,7 +89,7 @@ def test_a_group_rewinding_after_decision_gets_duplicates_and_no_verdict_gets_wo
     broker.admin().ensure_topics({topic: 1, trace_topic: 2})
     registry = tmp_path / "registry.yaml"
     registry.write_text(
-        "version: 1\nclusters: {local: {}}\nstreams:\n  orders:\n    owner: t\n    route:\n"
+        "version: 1\nclusters: {local: {}}\nstreams:\n  orders:\n    owner: team-t\n    route:\n"
         f"      producers: [{{location: p, writes: [local/{topic}]}}]\n"
         f"      consumers: [{{group: {group}, reads: [local/{topic}]}}]\n"
     )
@@ -174,7 +174,7 @@ def test_a_processor_replaying_its_input_after_decision_writes_duplicates_the_de
     broker.admin().ensure_topics({source: 1, output: 1, trace_topic: 2})
     registry = tmp_path / "registry.yaml"
     registry.write_text(
-        "version: 1\nclusters: {local: {}}\nstreams:\n  orders:\n    owner: t\n    route:\n"
+        "version: 1\nclusters: {local: {}}\nstreams:\n  orders:\n    owner: team-t\n    route:\n"
         f"      producers: [{{location: p, writes: [local/{source}]}}]\n"
         f"      consumers:\n"
         f"        - {{group: {proc}, location: {proc}, reads: [local/{source}], writes: [local/{output}]}}\n"

@@ -37,7 +37,7 @@ def test_crossing_the_loss_threshold_alerts_once_and_resolves_once(
     url, received = webhook
     registry = tmp_path / "registry.yaml"
     registry.write_text(
-        "version: 1\nclusters: {local: {}}\nstreams:\n  orders:\n    owner: t\n"
+        "version: 1\nclusters: {local: {}}\nstreams:\n  orders:\n    owner: team-t\n"
         "    alerts: {loss_rate: 0.01}\n    route:\n      producers: [{location: p, writes: [local/out]}]\n"
         "      consumers: [{group: s1, reads: [local/out]}]\n"
     )
@@ -77,7 +77,7 @@ def test_crossing_the_loss_threshold_alerts_once_and_resolves_once(
 
 
 BURST_REGISTRY = (
-    "version: 1\nclusters: {local: {}}\nstreams:\n  orders:\n    owner: t\n"
+    "version: 1\nclusters: {local: {}}\nstreams:\n  orders:\n    owner: team-t\n"
     "    alerts: {loss_rate: 0.05, duplicate_rate: 0.10}\n    route:\n"
     "      producers: [{location: p, writes: [local/in]}]\n"
     "      consumers:\n"

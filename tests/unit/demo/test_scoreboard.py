@@ -21,7 +21,7 @@ version: 1
 clusters: {local: {}}
 streams:
   orders:
-    owner: t
+    owner: team-t
     route:
       producers: [{location: p, writes: [local/in]}]
       consumers: [{group: s1, reads: [local/in]}]

@@ -56,7 +56,7 @@ version: 1
 clusters: {local: {}}
 streams:
   orders:
-    owner: t
+    owner: team-t
     route:
       producers: [{location: p, writes: [local/in]}]
       consumers:
@@ -64,7 +64,7 @@ streams:
         - {group: s1, location: s1, reads: [local/out]}
         - {group: s2, location: s2, reads: [local/out]}
   fanin:
-    owner: t
+    owner: team-t
     route:
       producers: [{location: q1, writes: [local/f1]}, {location: q2, writes: [local/f2]}]
       consumers: [{group: merge, location: merge, reads: [local/f1, local/f2]}]
@@ -346,12 +346,12 @@ version: 1
 clusters: {local: {}}
 streams:
   aaa:
-    owner: t
+    owner: team-t
     route:
       producers: [{location: a, writes: [local/a]}]
       consumers: [{group: ga, location: ga, reads: [local/a]}]
   orders:
-    owner: t
+    owner: team-t
     route:
       producers: [{location: p, writes: [local/in]}]
       consumers:
@@ -360,7 +360,7 @@ streams:
         - {group: s2, location: s2, reads: [local/out]}
         - {group: s3, location: s3, reads: [local/out]}
   fanin:
-    owner: t
+    owner: team-t
     route:
       producers: [{location: q1, writes: [local/f1]}]
       consumers: [{group: merge, location: merge, reads: [local/f1]}]

@@ -292,7 +292,7 @@ ROUTES = [
 
 def stream_of(route: str) -> Stream:
     return parse_registry(
-        f"version: 1\nclusters: {{local: {{}}}}\nstreams:\n  orders:\n    owner: t\n    route:\n      {route}\n"
+        f"version: 1\nclusters: {{local: {{}}}}\nstreams:\n  orders:\n    owner: team-t\n    route:\n      {route}\n"
     ).stream("orders")
 
 

@@ -622,7 +622,7 @@ version: 1
 clusters: {local: {}}
 streams:
   orders:
-    owner: t
+    owner: team-t
     route:
       producers: [{location: p, writes: [local/a]}]
       consumers:

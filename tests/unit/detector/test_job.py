@@ -93,7 +93,7 @@ def test_a_checkpoint_remembers_every_set_of_routes_it_ran_under(tmp_path: Path)
     def plans(groups: str) -> RoutePlans:
         return RoutePlans.of(
             parse_registry(
-                "version: 1\nclusters: {local: {}}\nstreams:\n  orders:\n    owner: t\n    route:\n"
+                "version: 1\nclusters: {local: {}}\nstreams:\n  orders:\n    owner: team-t\n    route:\n"
                 "      producers: [{location: p, writes: [local/in]}]\n"
                 f"      consumers: [{groups}]\n"
             )

@@ -33,7 +33,7 @@ from tests.unit.trace.test_codec import MALFORMED_MARKS, record, sent_trace
 STREAMS = ("orders",)
 PLANS = RoutePlans.of(
     parse_registry(
-        "version: 1\nclusters: {local: {}}\nstreams:\n  orders:\n    owner: t\n    route:\n"
+        "version: 1\nclusters: {local: {}}\nstreams:\n  orders:\n    owner: team-t\n    route:\n"
         "      producers: [{location: api, writes: [local/demo.orders]}]\n"
         "      consumers: [{group: sink, reads: [local/demo.orders]}]\n"
     )

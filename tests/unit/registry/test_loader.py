@@ -65,7 +65,7 @@ def test_a_group_that_keeps_its_offsets_outside_kafka_is_named_and_not_watched_f
         clusters: {east: {}, west: {}}
         streams:
           mirrored:
-            owner: t
+            owner: team-t
             route:
               producers: [{location: api, writes: [east/orders]}]
               consumers:
@@ -151,6 +151,8 @@ def stream_doc(body: str) -> str:
 
 OK_ROUTE = "route:\n  producers: [{location: p, writes: [a/t]}]"
 
+OWNER = "an Airflow team name: 3-50 letters, digits, '-' or '_' (a team's DAG id and DAG bundle name hold it)"
+
 # Each case: the registry text, and the exact problem line the error must contain.
 BAD_REGISTRIES = [
     # 1. wrong format version
@@ -173,75 +175,81 @@ BAD_REGISTRIES = [
     ),
     # 5. sampling above 100
     (
-        stream_doc(f"owner: t\nsampling_percent: 150\n{OK_ROUTE}"),
+        stream_doc(f"owner: team-t\nsampling_percent: 150\n{OK_ROUTE}"),
         "stream 's1': field 'sampling_percent': got 150; expected a number in (0, 100]",
     ),
     # 6. sampling zero traces nothing: not allowed
     (
-        stream_doc(f"owner: t\nsampling_percent: 0\n{OK_ROUTE}"),
+        stream_doc(f"owner: team-t\nsampling_percent: 0\n{OK_ROUTE}"),
         "stream 's1': field 'sampling_percent': got 0; expected a number in (0, 100]",
     ),
     # 7. owner missing
-    (stream_doc(OK_ROUTE), "stream 's1': field 'owner': got None; expected a non-empty string naming the owning team"),
+    (stream_doc(OK_ROUTE), f"stream 's1': field 'owner': got None; expected {OWNER}"),
+    # 7b. an owner Airflow cannot name a team (nor a DAG id or a bundle hold): refused here, not later at `make up`
+    (stream_doc(f"owner: t\n{OK_ROUTE}"), f"stream 's1': field 'owner': got 't'; expected {OWNER}"),
+    (stream_doc(f"owner: team orders\n{OK_ROUTE}"), f"stream 's1': field 'owner': got 'team orders'; expected {OWNER}"),
+    (stream_doc(f"owner: team.orders\n{OK_ROUTE}"), f"stream 's1': field 'owner': got 'team.orders'; expected {OWNER}"),
+    (stream_doc(f"owner: {'x' * 51}\n{OK_ROUTE}"), f"stream 's1': field 'owner': got '{'x' * 51}'; expected {OWNER}"),
+    (stream_doc(f"owner: 42\n{OK_ROUTE}"), f"stream 's1': field 'owner': got 42; expected {OWNER}"),
     # 8. unknown resend mode
     (
-        stream_doc(f"owner: t\nresend: {{mode: sometimes}}\n{OK_ROUTE}"),
+        stream_doc(f"owner: team-t\nresend: {{mode: sometimes}}\n{OK_ROUTE}"),
         "stream 's1': field 'resend.mode': got 'sometimes'; expected one of: auto, manual, off",
     ),
     # 9. zero resend attempts
     (
-        stream_doc(f"owner: t\nresend: {{max_attempts: 0}}\n{OK_ROUTE}"),
+        stream_doc(f"owner: team-t\nresend: {{max_attempts: 0}}\n{OK_ROUTE}"),
         "stream 's1': field 'resend.max_attempts': got 0; expected an integer >= 1",
     ),
     # 9b. a recovery hook that is not module:function
     (
-        stream_doc(f"owner: t\nresend: {{hook: orders_db.recovery.order_row}}\n{OK_ROUTE}"),
+        stream_doc(f"owner: team-t\nresend: {{hook: orders_db.recovery.order_row}}\n{OK_ROUTE}"),
         "stream 's1': field 'resend.hook': got 'orders_db.recovery.order_row'; expected 'module:function', "
         "a Python callable importable by the resend task",
     ),
     # 10. a loss-rate threshold above 1
     (
-        stream_doc(f"owner: t\nalerts: {{loss_rate: 5}}\n{OK_ROUTE}"),
+        stream_doc(f"owner: team-t\nalerts: {{loss_rate: 5}}\n{OK_ROUTE}"),
         "stream 's1': field 'alerts.loss_rate': got 5; expected a number in [0, 1]",
     ),
     # 11. a misspelt key inside a stream
     (
-        stream_doc(f"owner: t\nsampling: 10\n{OK_ROUTE}"),
+        stream_doc(f"owner: team-t\nsampling: 10\n{OK_ROUTE}"),
         "stream 's1': field 'sampling': got 10; expected no such key; allowed keys: owner, sampling_percent, "
         "recovery_attributes, resend, alerts, route",
     ),
     # 12. a route with no producer
     (
-        stream_doc("owner: t\nroute:\n  producers: []"),
+        stream_doc("owner: team-t\nroute:\n  producers: []"),
         "stream 's1': field 'route.producers': got []; expected a non-empty list of {location, writes}",
     ),
     # 13. a topic on an undeclared cluster
     (
-        stream_doc("owner: t\nroute:\n  producers: [{location: p, writes: [zz/t]}]"),
+        stream_doc("owner: team-t\nroute:\n  producers: [{location: p, writes: [zz/t]}]"),
         "stream 's1': field 'route.producers[0].writes[0]': got 'zz/t'; expected a cluster declared under "
         "'clusters' (a)",
     ),
     # 14. a topic without its cluster
     (
-        stream_doc("owner: t\nroute:\n  producers: [{location: p, writes: [t]}]"),
+        stream_doc("owner: team-t\nroute:\n  producers: [{location: p, writes: [t]}]"),
         "stream 's1': field 'route.producers[0].writes[0]': got 't'; expected 'cluster/topic'",
     ),
     # 15. a group reading a topic nothing in the route writes
     (
-        stream_doc(f"owner: t\n{OK_ROUTE}\n  consumers: [{{group: g, reads: [a/other]}}]"),
+        stream_doc(f"owner: team-t\n{OK_ROUTE}\n  consumers: [{{group: g, reads: [a/other]}}]"),
         "stream 's1': field 'route.consumers[0].reads[0]': got 'a/other'; expected a topic that a producer or "
         "processor of this route writes",
     ),
     # 16. the same group listed twice
     (
-        stream_doc(f"owner: t\n{OK_ROUTE}\n  consumers: [{{group: g, reads: [a/t]}}, {{group: g, reads: [a/t]}}]"),
+        stream_doc(f"owner: team-t\n{OK_ROUTE}\n  consumers: [{{group: g, reads: [a/t]}}, {{group: g, reads: [a/t]}}]"),
         "stream 's1': field 'route.consumers[1].group': got 'g'; expected a group listed once per route "
         "(merge its reads and writes)",
     ),
     # 17. a processor feeding its own input
     (
         stream_doc(
-            "owner: t\nroute:\n  producers: [{location: p, writes: [a/t]}]\n"
+            "owner: team-t\nroute:\n  producers: [{location: p, writes: [a/t]}]\n"
             "  consumers: [{group: g, reads: [a/t, a/u], writes: [a/u]}]"
         ),
         "stream 's1': field 'route': got 'a/u -> a/u'; expected a route without cycles (a processor must not feed "
@@ -249,14 +257,14 @@ BAD_REGISTRIES = [
     ),
     # 18. a consumer without reads
     (
-        stream_doc(f"owner: t\n{OK_ROUTE}\n  consumers: [{{group: g}}]"),
+        stream_doc(f"owner: team-t\n{OK_ROUTE}\n  consumers: [{{group: g}}]"),
         "stream 's1': field 'route.consumers[0].reads': got None; expected a non-empty list of 'cluster/topic'",
     ),
     # 19. not YAML
     ("version: [1\n", "registry: field '<file>':"),
     # 20. commits_offsets not a boolean
     (
-        stream_doc(f"owner: t\n{OK_ROUTE}\n  consumers: [{{group: g, reads: [local/a], commits_offsets: 'no'}}]"),
+        stream_doc(f"owner: team-t\n{OK_ROUTE}\n  consumers: [{{group: g, reads: [local/a], commits_offsets: 'no'}}]"),
         "stream 's1': field 'route.consumers[0].commits_offsets': got 'no'; expected true or false",
     ),
 ]

@@ -111,7 +111,7 @@ def test_series_has_every_bucket_and_empty_ones_have_no_figures() -> None:
 @pytest.mark.parametrize("window", WINDOWS, ids=[w.key for w in WINDOWS])
 def test_a_chosen_window_sums_its_minutes_and_charts_them_in_its_steps(window: ViewWindow) -> None:
     registry = parse_registry(
-        "version: 1\nclusters: {c: {}}\nstreams:\n  s:\n    owner: t\n"
+        "version: 1\nclusters: {c: {}}\nstreams:\n  s:\n    owner: team-t\n"
         "    route: {producers: [{location: p, writes: [c/t]}], consumers: [{group: g, reads: [c/t]}]}\n"
     )
     now = 1_000 * DAY_MS + 30_000  # half a minute into a minute
