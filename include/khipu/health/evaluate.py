@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from khipu.clock import elapsed_ms
 from khipu.config import HealthSection, default, load
 from khipu.errors import InvalidSetting
 from khipu.health.rules import Evaluation, OffsetObservation, PartitionStatus, evaluate_partition
@@ -104,9 +105,9 @@ def time_lag(
         return TimeLag(0)
     if written_since_previous_snapshot(latest, previous):
         assert previous is not None  # the rule says there is one
-        return TimeLag(None, max(now_ms - previous.snapshot_ms, 0))
+        return TimeLag(None, elapsed_ms(previous.snapshot_ms, now_ms))
     if backlog_started_ms is not None and backlog_started_ms < latest.snapshot_ms:
-        return TimeLag(now_ms - backlog_started_ms)
+        return TimeLag(elapsed_ms(backlog_started_ms, now_ms))
     return TimeLag(None)
 
 

@@ -116,6 +116,16 @@ def test_time_lag_is_the_oldest_unconsumed_records_age_or_says_it_is_not_known(c
     assert time_lag(case.latest, case.previous, case.backlog_started_ms, 5 * M) == case.expected, case.reason
 
 
+def test_a_check_whose_clock_is_behind_the_snapshots_never_has_a_negative_time_lag() -> None:
+    """The snapshots are stamped by the snapshot task's host, ``now_ms`` by the host that judges them: a clock set
+    back, or two hosts' clocks apart, puts now before them. The time since is 0 then (khipu.clock.elapsed_ms), never
+    negative: a negative age would read as "caught up" and never near retention."""
+    backlog = snap(5, 100, 140), snap(4, 100, 130)  # rule 4: the backlog started at minute 4.5, before minute 5
+    assert time_lag(*backlog, 4 * M + 30_000, now_ms=4 * M) == TimeLag(0)
+    written_since = snap(5, 51, 54), snap(4, 41, 50)  # rule 3: under the time since the previous snapshot
+    assert time_lag(*written_since, None, now_ms=3 * M) == TimeLag(None, 0)
+
+
 def test_expiry_helper() -> None:
     assert not at_expiry_risk(10 * M, -1, M)  # unlimited retention
     assert at_expiry_risk(50 * M, 60 * M, 10 * M) and not at_expiry_risk(49 * M, 60 * M, 10 * M)
