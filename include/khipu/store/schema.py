@@ -9,6 +9,7 @@ from __future__ import annotations
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     Column,
     Float,
     Index,
@@ -347,4 +348,14 @@ resend_ledger = Table(
     Column("claimed_until_ms", BigInteger),  # ... until then: a killed run's claim lapses
     UniqueConstraint("message_id", "hop", "attempt", name="uq_resend_attempt"),
     Index("ix_resend_ledger_state", "state", "updated_ms"),
+)
+
+# When this Khipu was installed: one row, written by the migration that made the table (0014) when it ran, so the
+# store's creation, or the upgrade of an older store. khipu_reconcile's schedule starts at the hour after it.
+installation = Table(
+    "installation",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),  # always 1: there is one install
+    Column("installed_ms", BigInteger, nullable=False),
+    CheckConstraint("id = 1", name="ck_installation_one_row"),
 )

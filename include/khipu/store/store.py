@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import select
+
+from khipu.store import schema
 from khipu.store.alerts import AlertRepository
 from khipu.store.channel import TraceChannelRepository
 from khipu.store.engine import StoreEngine
@@ -40,6 +43,14 @@ class Store:
     def migrate(self) -> None:
         """Create or upgrade the schema to the newest migration (safe to repeat)."""
         self.engine.migrate()
+
+    def installed_ms(self) -> int | None:
+        """When this Khipu was installed, in epoch ms: when the store was created, or upgraded to migration 0014 (the
+        first that keeps it); khipu_reconcile's schedule starts at the hour after it. None: its row was deleted.
+        A :class:`StoreError` when the store cannot be reached or was never migrated to 0014."""
+        with self.engine.begin(commit=False) as tx:
+            found = tx.execute(select(schema.installation.c.installed_ms)).scalar()
+        return None if found is None else int(found)
 
     def close(self) -> None:
         self.engine.close()
