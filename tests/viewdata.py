@@ -300,9 +300,12 @@ def _write_archive(archive_dir: Path, seeded: Seeded, at_ms: int) -> None:
 def _health(store: Store, now_ms: int) -> PartitionKey:
     ok = PartitionKey("local", "demo-sink-store", "demo.orders-enriched", 0)
     stalled = PartitionKey("local", "demo-sink-audit", "demo.orders-enriched", 0)
+    keeping_up = PartitionKey("local", "demo-sink-store", "demo.orders-enriched", 2)
     evidence = {"window": [[100, now_ms - 240_000, 5], [100, now_ms - 60_000, 40]], "retention_ms": 604_800_000}
+    written_since = {**evidence, "time_lag_under_ms": 60_000}  # 3 records written since the previous snapshot
     healths = [
         PartitionHealth(ok, PartitionStatus.OK, now_ms, 0, 0, "committing and keeping up", evidence),
+        PartitionHealth(keeping_up, PartitionStatus.OK, now_ms, 3, None, "committing and keeping up", written_since),
         PartitionHealth(
             stalled, PartitionStatus.STALL, now_ms, 40, 180_000, "committed offset 100 unchanged over 5 snapshots",
             evidence,

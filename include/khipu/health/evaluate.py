@@ -71,6 +71,16 @@ class TimeLag:
     under_ms: int | None = None
 
 
+TIME_LAG_UNDER = "time_lag_under_ms"  # the evidence's key for a time lag's bound when it was not measured
+
+
+def time_lag_bound_ms(evidence: Mapping[str, Any]) -> int | None:
+    """The bound a partition's time lag is under when it was not measured (rule 3 of :func:`time_lag`), from its
+    stored evidence; None: there is none (the time lag was measured, or nothing bounds it)."""
+    under = evidence.get(TIME_LAG_UNDER)
+    return None if under is None else int(under)
+
+
 def nothing_unconsumed(latest: PartitionSnapshot, previous: PartitionSnapshot | None) -> bool:
     return latest.lag == 0
 
@@ -176,5 +186,5 @@ def evaluate_history(
         "retention_ms": retention,
     }
     if lagged.under_ms is not None:  # the age is not known, but bounded: the view says "< 1.0 min"
-        evidence["time_lag_under_ms"] = lagged.under_ms
+        evidence[TIME_LAG_UNDER] = lagged.under_ms
     return PartitionHealth(latest.key, status, now_ms, lag, age, "; ".join(reasons), evidence, windows)

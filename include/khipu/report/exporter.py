@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
 import logging
 import signal
 import socket
@@ -49,6 +50,7 @@ from khipu.clock import now_ms
 from khipu.config import ExporterSection, default, load
 from khipu.detector.model import DETECTOR_QUERY
 from khipu.errors import InvalidSetting
+from khipu.health.evaluate import time_lag_bound_ms
 from khipu.health.rules import PartitionStatus
 from khipu.registry.loader import load_registry
 from khipu.registry.model import AlertThresholds
@@ -274,7 +276,16 @@ def consumer_families(reading: StoreReading) -> list[Metric]:
     )
     time_lag = GaugeMetricFamily(
         "khipu_consumer_partition_time_lag_seconds",
-        "Age of the oldest record the group has not consumed yet, as last evaluated.",
+        "Age of the oldest record the group has not consumed yet, as last evaluated (at least this old, to within one "
+        "snapshot interval; 0: nothing waits). Absent when it was not measured: see "
+        "khipu_consumer_partition_time_lag_at_most_seconds.",
+        labels=CONSUMER_LABELS,
+    )
+    time_lag_at_most = GaugeMetricFamily(
+        "khipu_consumer_partition_time_lag_at_most_seconds",
+        "A bound, not a time lag: the oldest record the group has not consumed was written since the previous "
+        "snapshot (a group keeping up), so its age was not measured, only known to be under this. Served only for "
+        "such partitions.",
         labels=CONSUMER_LABELS,
     )
     status = GaugeMetricFamily(
@@ -288,10 +299,14 @@ def consumer_families(reading: StoreReading) -> list[Metric]:
             lag.add_metric(labels, row["lag"])
         if row["time_lag_ms"] is not None:
             time_lag.add_metric(labels, row["time_lag_ms"] / 1000)
+        else:
+            bound_ms = time_lag_bound_ms(json.loads(row["evidence"] or "{}"))
+            if bound_ms is not None:
+                time_lag_at_most.add_metric(labels, bound_ms / 1000)
         code = _status_code(str(row["status"]))
         if code is not None:
             status.add_metric(labels, code)
-    return [lag, time_lag, status]
+    return [lag, time_lag, time_lag_at_most, status]
 
 
 def _status_code(name: str) -> int | None:

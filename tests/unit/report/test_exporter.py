@@ -158,7 +158,7 @@ def test_delivered_verdicts_kept_in_the_verdict_archive_are_counted_from_the_min
     assert added == {"0.05": 1.0, "2.5": 1.0, "5.0": 3.0, "+Inf": 3.0}
 
 
-def test_consumer_partitions_show_the_stored_lag_time_lag_and_status_code(
+def test_consumer_partitions_show_the_stored_lag_time_lag_or_its_bound_and_status_code(
     seeded: SeededStore, start_exporter: StartExporter
 ) -> None:
     scraped = scrape(start_exporter(seeded.url).url)
@@ -175,9 +175,13 @@ def test_consumer_partitions_show_the_stored_lag_time_lag_and_status_code(
         )
 
     assert scraped.series("khipu_consumer_partition_lag") == {key(r): float(r["lag"]) for r in rows}
-    assert scraped.series("khipu_consumer_partition_time_lag_seconds") == {
-        key(r): r["time_lag_ms"] / 1000 for r in rows
-    }
+    measured = {key(r): r["time_lag_ms"] / 1000 for r in rows if r["time_lag_ms"] is not None}
+    assert scraped.series("khipu_consumer_partition_time_lag_seconds") == measured
+    # a group keeping up (records written since the previous snapshot, the seed's 60 s bound): its time lag is not
+    # measured, so no time-lag sample; the bound is served under its own name, and only there
+    bounded = {key(r): 60.0 for r in rows if r["time_lag_ms"] is None}
+    assert len(bounded) == 1 and set(bounded).isdisjoint(measured)
+    assert scraped.series("khipu_consumer_partition_time_lag_at_most_seconds") == bounded
     statuses = scraped.series("khipu_consumer_partition_status")
     assert statuses == {key(r): float(PartitionStatus[r["status"]].value) for r in rows}
     assert {PartitionStatus(int(code)).name for code in statuses.values()} == {r["status"] for r in rows}
