@@ -50,7 +50,7 @@ import psutil
 import pyarrow as pa
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from figures import LOST_DEADLINE_S, NO_TARGET, against, lost_latencies, seconds
+from figures import LOST_DEADLINE_S, NO_TARGET, against, lost_latencies, seconds, unjudged
 from khipu.detector.job import (
     DEFAULT_BUCKETS,
     DEFAULT_MAX_OFFSETS_PER_TRIGGER,
@@ -85,6 +85,7 @@ PARTS = ("limit", "backlog", "live", "latency", "state", "cluster")
 TARGET_TRACES_S = 25_000  # from a backlog to every decidable verdict stored; live, offered (and kept up with)
 LOST_P95_TARGET_S = 15.0
 STATE_TARGET_BYTES = 1024  # per message in flight
+ONE_BATCH = "not measured: the first batch, the warm-up, read it all"
 STATE_FLAT_PERCENT = 10.0  # "flat in traffic": the high level's bytes per message at most this much above the low's
 
 
@@ -231,7 +232,8 @@ def wait_for(what: str, condition: Callable[[], bool], timeout_s: float, every_s
 
 def sustained(beats: list[dict[str, Any]], total: int) -> tuple[float, int, float]:
     """(traces/s from the second batch until the backlog was read, batches, median rows per batch) from the
-    heartbeat: the first batch (plan compilation, Python workers forking) is warm-up."""
+    heartbeat: the first batch (plan compilation, Python workers forking) is warm-up. NaN figures when the first
+    batch read the whole backlog."""
     batches = sorted((b for b in beats if b["batch_id"] >= 0 and b["input_rows"] > 0), key=lambda b: b["batch_id"])
     read, last = 0, len(batches) - 1
     for n, beat in enumerate(batches):
@@ -241,10 +243,15 @@ def sustained(beats: list[dict[str, Any]], total: int) -> tuple[float, int, floa
             break
     steady = batches[1 : last + 1]
     if not steady:
-        return 0.0, len(batches), 0.0
+        return math.nan, len(batches), math.nan
     rows = sum(b["input_rows"] for b in steady)
     seconds = (steady[-1]["at_ms"] + steady[-1]["batch_duration_ms"] - steady[0]["at_ms"]) / 1000
     return rows / seconds, len(steady) + 1, statistics.median(b["input_rows"] for b in steady)
+
+
+def judged(target: str, traces_s: float, met: bool) -> str:
+    """:func:`figures.against`, or "not judged" when the rate was not measured."""
+    return unjudged(target, "not measured") if math.isnan(traces_s) else against(target, met)
 
 
 def settled_count(store: Store, quiet_s: float) -> tuple[int, int]:
@@ -260,13 +267,23 @@ def settled_count(store: Store, quiet_s: float) -> tuple[int, int]:
 
 def to_verdicts(beats: list[dict[str, Any]], total: int, stored_ms: int) -> float:
     """Traces/s from the second batch's start (the first is warm-up) to ``stored_ms``, when the last verdict was
-    stored: the traces those batches read over the time until every verdict they allow is decided."""
+    stored: the traces those batches read over the time until every verdict they allow is decided. NaN when the
+    first batch read the whole backlog."""
     batches = sorted((b for b in beats if b["batch_id"] >= 0 and b["input_rows"] > 0), key=lambda b: b["batch_id"])
     if len(batches) < 2:
-        return 0.0
+        return math.nan
     rows = min(total, sum(b["input_rows"] for b in batches)) - batches[0]["input_rows"]
     seconds = (stored_ms - batches[1]["at_ms"]) / 1000
-    return rows / seconds if seconds > 0 else 0.0
+    return rows / seconds if seconds > 0 else math.nan
+
+
+def rate_of(traces_s: float, median_rows: float = math.nan) -> str:
+    """A backlog's rate as printed (with its batches' median rows, if given): ``31,600 traces/s`` or, when its
+    first batch (the warm-up) read it all, that it was not measured."""
+    if math.isnan(traces_s):
+        return ONE_BATCH
+    batches = "" if math.isnan(median_rows) else f" (batches of median {median_rows:,.0f} rows)"
+    return f"{traces_s:,.0f} traces/s{batches}"
 
 
 def backlog_topic(bootstrap: str, args: argparse.Namespace) -> tuple[str, int]:
@@ -322,8 +339,8 @@ def stateless_limit(spark: Any, bootstrap: str, work: Path, args: argparse.Names
         query.stop()
     steady = seen[1:]  # the first batch is warm-up
     seconds = steady[-1][0] - seen[0][0] if steady else 0
-    rate = sum(n for _, n in steady) / seconds if seconds > 0 else 0.0
-    print(f"limit: {rate:,.0f} traces/s (decode, pack + shuffle by bucket, no state; {total:,} traces, "
+    rate = sum(n for _, n in steady) / seconds if seconds > 0 else math.nan
+    print(f"limit: {rate_of(rate)} (decode, pack + shuffle by bucket, no state; {total:,} traces, "
           f"{len(seen)} batches of at most {args.max_per_batch:,}) -> {NO_TARGET}: the ceiling the detector's "
           "figures stand against", flush=True)  # fmt: skip
     return rate
@@ -363,14 +380,14 @@ def backlog(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) ->
     print(
         f"backlog, broker -> every decidable verdict stored (SQL store and verdict archive; from the second "
         f"batch's start to the last of the {decidable:,} verdicts not waiting for the slow group): "
-        f"{decided_rate:,.0f} traces/s -> "
-        f"{against(f'>= {TARGET_TRACES_S:,} traces/s', decided_rate >= TARGET_TRACES_S)}",
+        f"{rate_of(decided_rate)} -> "
+        f"{judged(f'>= {TARGET_TRACES_S:,} traces/s', decided_rate, decided_rate >= TARGET_TRACES_S)}",
         flush=True,
     )
     print(
         f"backlog, read only (second batch's start to the end of the batch that read the last trace, its verdicts "
-        f"not yet all decided): {rate:,.0f} traces/s ({total:,} traces read in {read_all:.0f} s, {batches} "
-        f"batches, median {per_batch:,.0f} rows); {beat.get('state_rows', 0):,} messages in flight "
+        f"not yet all decided): {rate_of(rate, per_batch)}, {total:,} traces read in {read_all:.0f} s in {batches} "
+        f"batches; {beat.get('state_rows', 0):,} messages in flight "
         f"({beat.get('state_bytes', 0):,} state bytes) once the decidable verdicts were stored; the slow group's "
         f"{late:,} late reads at {args.hold_s:.0f} s, then all {HOPS * args.messages:,} verdicts decided -> "
         f"{NO_TARGET}",
@@ -771,8 +788,8 @@ def cluster_throughput(bootstrap: str, work: Path, args: argparse.Namespace) -> 
                 cluster.stop()
                 store.close()
         print(f"cluster, {workers} worker(s) x 1 core, read only (second batch's start to the end of the batch that "
-              f"read the last trace, its verdicts not yet all decided): {rate:,.0f} traces/s ({total:,} traces "
-              f"backlog, {batches} batches, median {per_batch:,.0f} rows); every verdict decided afterwards -> "
+              f"read the last trace, its verdicts not yet all decided): {rate_of(rate, per_batch)}, {total:,} traces "
+              f"backlog in {batches} batches; every verdict decided afterwards -> "
               f"{NO_TARGET}", flush=True)  # fmt: skip
 
 

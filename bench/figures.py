@@ -20,6 +20,11 @@ def against(target: str, met: bool) -> str:
     return f"target {target}: {'met' if met else 'NOT met'}"
 
 
+def unjudged(target: str, why: str) -> str:
+    """``target >= 25,000 traces/s: not judged (why)``: a figure this run did not measure as its target asks."""
+    return f"target {target}: not judged ({why})"
+
+
 def percentile_s(latencies_s: Iterable[float], fraction: float) -> float:
     """The latency at ``fraction`` by the rank the product's own percentiles take
     (:func:`khipu.verdicts.metrics.percentile`); ``math.inf`` stands for one that never came, so the p95 is
