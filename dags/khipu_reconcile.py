@@ -14,17 +14,21 @@ losses update the `khipu://confirmed-losses` Asset (the resend DAG is scheduled 
 `check_window` skips hours that ended before the archive began and fails, naming the missing
 hours, when the archive cannot answer for the window (the detector is behind, or hours are gone).
 
-**Since the install.** The first run Airflow schedules for this DAG, when it never ran, is the next full hour
-after its scheduler first sees it unpaused: the **install hour** (`HourlySinceInstall`, a timetable the Khipu
-plugin registers). Airflow keeps that run, like every run, in its metadata database, which every scheduler and
-worker of a cluster shares. No hour before it is scheduled (the start date only bounds backfills), so a fresh
-stack starts with no queue. From then on every hour runs, and **missed hours** (Airflow down, a slow hour) are
-caught up (`catchup`), each once, in order. The first two or three runs reconcile windows from before the
+**Since the install.** The schedule (`HourlySinceInstall`, a timetable registered by its own plugin) runs every full
+hour from the first one after the **install**: when the Khipu store was created (`make up`, `khipu store migrate`),
+or upgraded to the migration that began keeping it. The store keeps it, in its one-row table `installation`,
+where every scheduler and worker of a cluster sees it; Airflow reads it through `khipu_store` each time it parses
+this file, and the scheduler takes it from the parsed DAG. No hour before the install is scheduled, whatever the
+start date (which only bounds backfills) and even after a backfill of earlier hours, so a fresh stack starts with
+no queue. Every hour after it runs, each once, in order: **missed hours** (Airflow down before the first run or
+after it, a slow hour) are caught up (`catchup`). The first two or three runs reconcile windows from before the
 install (the horizon): `check_window` skips them without Spark, as it skips any window that ended before the
-archive began. Hours before the install are **backfill**'s: a run triggered by hand reconciles the hour ending
-(one horizon before) its logical date, and Airflow's own backfill works too:
-`airflow backfill create --dag-id khipu_reconcile --from-date 2026-11-23T00:00:00 --to-date 2026-11-23T06:00:00`
-(a backfill made before the first scheduled run counts as the latest run: the schedule catches up from its end).
+archive began. **If the store cannot be read at parse** (no `khipu_store` connection, the store unreachable or
+not migrated), the parse still succeeds, one warning in its log says why, and the schedule falls back to the
+next full hour for a DAG that never ran (Airflow's own hourly rule from its latest run otherwise) until a parse
+reads it. Hours before the install are **backfill**'s: a run triggered by hand reconciles the hour ending (one
+horizon before) its logical date, and Airflow's own backfill works too:
+`airflow backfill create --dag-id khipu_reconcile --from-date 2026-11-23T00:00:00 --to-date 2026-11-23T06:00:00`.
 Running a window again changes nothing the second time. For a window of your choosing, with
 streams and a dry run, trigger `khipu_backfill`.
 
@@ -40,7 +44,7 @@ import pendulum
 from airflow.sdk import dag, task
 
 from khipu_airflow.notifiers import notify_failure
-from khipu_airflow.reconcile import CONFIRMED_LOSSES
+from khipu_airflow.reconcile import CONFIRMED_LOSSES, installed_ms
 from khipu_airflow.timetables import HourlySinceInstall
 
 KAFKA = "khipu_kafka"
@@ -50,9 +54,9 @@ SPARK = "spark_default"
 
 @dag(
     dag_id="khipu_reconcile",
-    # The first run of a DAG that never ran is the next full hour (the install), not the start date (which once
-    # queued every hour since it); from then on every hour runs, those missed while Airflow was down too (catchup).
-    schedule=HourlySinceInstall(),
+    # Every hour from the first one after the install (kept in the store), not from the start date (which once queued
+    # every hour since it); missed hours after it run too (catchup). Read at each parse; None: the next full hour.
+    schedule=HourlySinceInstall(installed_ms(STORE)),
     start_date=pendulum.datetime(2026, 11, 23, tz="UTC"),  # Airflow asks for one with catchup; backfills go back to it
     catchup=True,
     max_active_runs=1,

@@ -27,7 +27,6 @@ from khipu.registry.model import Registry
 from khipu.settings import KhipuSettings
 from khipu.store import Store
 from khipu_airflow.access import AirflowResendRuns, airflow_viewer
-from khipu_airflow.timetables import HourlySinceInstall
 from khipu_airflow.view.app import ViewSources, create_app
 
 URL_PREFIX = "/khipu"
@@ -89,7 +88,6 @@ def view_sources() -> ViewSources:
 
 class KhipuPlugin(AirflowPlugin):  # type: ignore[misc]
     name = "khipu"
-    timetables = [HourlySinceInstall]  # noqa: RUF012 - khipu_reconcile's schedule, read back by the scheduler
     fastapi_apps = [  # noqa: RUF012 - Airflow reads these class attributes
         {
             "app": create_app(

@@ -42,6 +42,7 @@ from khipu_airflow.hooks import KhipuKafkaHook, KhipuStoreHook, cluster_connecti
 log = logging.getLogger(__name__)
 
 ARCHIVE_WAIT_S = 180.0  # an hourly run waits this long for the detector to archive its interval's end
+INSTALL_READ_TIMEOUT_S = 5  # the install's read at parse waits no longer to connect (or for SQLite's lock)
 
 # Updated when a reconciliation confirms new losses: the resend DAG is scheduled on it.
 CONFIRMED_LOSSES = Asset("khipu://confirmed-losses", extra={"what": "losses confirmed by reconciliation"})
@@ -68,6 +69,38 @@ def archive_coverage(store_conn_id: str) -> ArchiveCoverage:
     finally:
         store.close()
     return ArchiveCoverage(hours[0] if hours else None, read_to)
+
+
+def installed_ms(store_conn_id: str) -> int | None:
+    """When Khipu was installed, as its store keeps it (:meth:`khipu.store.Store.installed_ms`), read when Airflow
+    parses khipu_reconcile: its schedule starts at the hour after it. One small query, with a short timeout. Never
+    fails the parse: without the connection, with the store unreachable or not migrated, it says why in one warning
+    and gives None (the schedule's first run is then the next full hour).
+
+    Not cached: Airflow parses a DAG file in a process of its own each time, and a task's process once."""
+    try:
+        url = KhipuStoreHook(store_conn_id).url()
+        option = "timeout" if url.startswith("sqlite") else "connect_timeout"  # SQLite's lock wait, psycopg2's connect
+        store = Store(url, connect_args={option: INSTALL_READ_TIMEOUT_S})
+        try:
+            found, where = store.installed_ms(), store.safe_url
+        finally:
+            store.close()
+    except Exception as exc:  # whatever it is, the DAG must still parse: the reason goes to the log
+        log.warning(
+            "khipu_reconcile: the install time could not be read from the store (connection %r): %s; the schedule "
+            "goes on without it (a DAG that never ran: from the next full hour) until a parse reads it",
+            store_conn_id,
+            exc,
+        )
+        return None
+    if found is None:
+        log.warning(
+            "khipu_reconcile: the store at %s keeps no install time (its installation row was deleted); the schedule "
+            "goes on without it (a DAG that never ran: from the next full hour)",
+            where,
+        )
+    return found
 
 
 def check_window(
