@@ -40,7 +40,7 @@ from khipu.report.service import ReportQueryError, UnknownMessage, VerdictQuery
 from khipu.store import Store, StoreError
 from khipu_airflow.view import finding, resending
 from khipu_airflow.view.charts import sparkline
-from khipu_airflow.view.formats import as_typed, duration, pct
+from khipu_airflow.view.formats import as_typed, breakable, duration, pct
 from khipu_airflow.view.guard import SECURITY_HEADERS, CrossSiteRefused, login_return_path
 from khipu_airflow.view.routemap import route_map_svg
 from khipu_airflow.view.scope import CallerScope, NotLoggedIn, ViewerOf, every_stream_to_everyone
@@ -86,6 +86,7 @@ def create_app(
     pages.filters["when"] = lambda ms: utc_text(ms, missing="\N{EN DASH}")
     pages.filters["pct"] = pct
     pages.filters["ms"] = duration
+    pages.filters["breakable"] = breakable  # names wrap at their parts in a narrow column
     pages.filters["iso_text"], pages.filters["as_typed"] = iso_text, as_typed  # times as the filter boxes take them
     pages.globals["spark"] = lambda values, **kw: Markup(sparkline(values, **kw))
     pages.globals["route_map"] = lambda route, base: Markup(route_map_svg(route, base))

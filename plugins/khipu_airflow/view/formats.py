@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
+from markupsafe import Markup, escape
+
 from khipu.clock import iso_text
 from khipu.report.limits import parse_time_ms
 from khipu.report.service import ReportQueryError
+
+
+def breakable(text: object) -> Markup:
+    """``text`` escaped, with a line-break opportunity after each ``_``, ``.``, ``-`` and ``/`` (``<wbr>``): a name such
+    as ``skipped_by_consumer`` wraps at its parts in a narrow column, never inside a word."""
+    parts = re.split(r"(?<=[_./-])", str(text))
+    return Markup("<wbr>").join(escape(part) for part in parts)
 
 
 def pct(rate: float | None) -> str:
