@@ -22,6 +22,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from khipu.clock import iso_text
 from khipu.detector.launch import write_connections_file
 from khipu.detector.model import DETECTOR_QUERY
 from khipu.reconcile.window import (
@@ -30,7 +31,6 @@ from khipu.reconcile.window import (
     archive_behind,
     coverage_problems,
     hour_start_ms,
-    iso,
 )
 from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings, project_root
@@ -120,7 +120,7 @@ def check_window(
     if scheduled and (coverage.first_hour is None or hour_of(window.end_ms - 1) < coverage.first_hour):
         raise AirflowSkipException(
             f"the archive starts at {coverage.first_hour or 'no hour yet'}: nothing to reconcile for "
-            f"{iso(window.start_ms)} .. {iso(window.end_ms)}"
+            f"{iso_text(window.start_ms)} .. {iso_text(window.end_ms)}"
         )
     if scheduled and coverage.first_hour is not None and hour_of(window.start_ms) < coverage.first_hour:
         log.warning("the archive starts at hour %s: reconciling from there", coverage.first_hour)

@@ -12,7 +12,8 @@ import pendulum
 from airflow.timetables.base import DagRunInfo, DataInterval, TimeRestriction
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from khipu.reconcile.window import iso, next_scheduled_hour_ms
+from khipu.clock import iso_text
+from khipu.reconcile.window import next_scheduled_hour_ms
 
 
 def _ms(moment: Any) -> int:
@@ -30,7 +31,7 @@ class HourlySinceInstall(CronTriggerTimetable):  # type: ignore[misc]
     def __init__(self, installed_ms: int | None = None) -> None:
         super().__init__("0 * * * *", timezone="UTC")
         self.installed_ms = installed_ms
-        since = "unknown: from the next full hour" if installed_ms is None else iso(installed_ms)
+        since = "unknown: from the next full hour" if installed_ms is None else iso_text(installed_ms)
         self.description = f"every hour (UTC) from the first full hour after the install ({since}); missed hours run"
 
     @classmethod

@@ -36,11 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from khipu.clock import iso_text
 from khipu.detector.decide import Lookups
 from khipu.detector.model import DetectorConfig
 from khipu.kafka.connection import KafkaConnection
 from khipu.kafka.records import record_headers
-from khipu.reconcile.window import ReconcileWindow, changes_for, iso, judge_lead, rejudge
+from khipu.reconcile.window import ReconcileWindow, changes_for, judge_lead, rejudge
 from khipu.registry.model import Registry
 from khipu.trace.archive import ARRIVED, hour_of
 from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
@@ -469,7 +470,7 @@ def _open_messages(
         for page in book.open_message_pages(since_ms):
             writer.write_table(pa.table({"message_id": page}, schema=schema))
             rows += len(page)
-    progress(f"{rows} open SQL verdict row(s) decided since {iso(since_ms)}, written for Spark to read")
+    progress(f"{rows} open SQL verdict row(s) decided since {iso_text(since_ms)}, written for Spark to read")
     return spark.read.parquet(str(path)) if rows else None
 
 

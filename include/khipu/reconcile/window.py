@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
+from khipu.clock import iso_text
 from khipu.config import ReconcileSection, default, load
 from khipu.detector.decide import Lookups, decide
 from khipu.detector.model import DetectorConfig
@@ -41,10 +42,6 @@ def hour_start_ms(hour: str) -> int:
     return int(datetime.strptime(hour, "%Y-%m-%d-%H").replace(tzinfo=UTC).timestamp() * 1000)
 
 
-def iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 @dataclass(frozen=True, slots=True)
 class ReconcileWindow:
     start_ms: int  # messages first seen at or after this ...
@@ -57,7 +54,7 @@ class ReconcileWindow:
             raise ReconcileError("horizon_ms", self.horizon_ms, "a duration in ms >= 0")
         if self.end_ms <= self.start_ms:
             raise ReconcileError(
-                "end", iso(self.end_ms), f"a time after the start ({iso(self.start_ms)}): the window is empty"
+                "end", iso_text(self.end_ms), f"a time after the start ({iso_text(self.start_ms)}): the window is empty"
             )
 
     @property
@@ -81,8 +78,8 @@ class ReconcileWindow:
     def describe(self) -> str:
         streams = ", ".join(self.streams) if self.streams else "every stream"
         return (
-            f"messages first seen {iso(self.start_ms)} .. {iso(self.end_ms)} ({streams}), "
-            f"traces read to {iso(self.read_to_ms)} (horizon {self.horizon_ms // 60_000} min)"
+            f"messages first seen {iso_text(self.start_ms)} .. {iso_text(self.end_ms)} ({streams}), "
+            f"traces read to {iso_text(self.read_to_ms)} (horizon {self.horizon_ms // 60_000} min)"
         )
 
 
@@ -166,8 +163,8 @@ def coverage_problems(window: ReconcileWindow, coverage: ArchiveCoverage, now_ms
     problems = []
     if window.read_to_ms > now_ms:
         problems.append(
-            f"the window's horizon has not passed: traces are needed up to {iso(window.read_to_ms)}, "
-            f"it is {iso(now_ms)}; end the window at {iso(now_ms - window.horizon_ms)} or earlier"
+            f"the window's horizon has not passed: traces are needed up to {iso_text(window.read_to_ms)}, "
+            f"it is {iso_text(now_ms)}; end the window at {iso_text(now_ms - window.horizon_ms)} or earlier"
         )
     if coverage.first_hour is None:
         problems.append("the trace archive is empty: the detector has archived nothing yet")
@@ -189,10 +186,10 @@ def archive_behind(window: ReconcileWindow, coverage: ArchiveCoverage, now_ms: i
     horizon has not passed anyway)."""
     if window.read_to_ms > now_ms or (coverage.read_to_ms is not None and coverage.read_to_ms >= window.read_to_ms):
         return None
-    read = "not yet" if coverage.read_to_ms is None else f"up to {iso(coverage.read_to_ms)}"
+    read = "not yet" if coverage.read_to_ms is None else f"up to {iso_text(coverage.read_to_ms)}"
     after = [h for h in window.hours() if coverage.read_to_ms is None or h > hour_of(coverage.read_to_ms)]
     missing = f"; missing hours {after[0]} .. {after[-1]}" if after else ""
-    return f"the detector has archived the trace topic {read}, the window needs {iso(window.read_to_ms)}{missing}"
+    return f"the detector has archived the trace topic {read}, the window needs {iso_text(window.read_to_ms)}{missing}"
 
 
 class _PassedLongAgo(Mapping[str, int]):

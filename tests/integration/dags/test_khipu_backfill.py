@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from khipu.clock import iso_text
 from khipu.detector.model import DETECTOR_QUERY
 from khipu.localstack.broker import BrokerProcess
-from khipu.reconcile.window import HOUR_MS, iso
+from khipu.reconcile.window import HOUR_MS
 from khipu.store import Store
 from khipu.tracing.headers import TraceContext
 from khipu.verdicts.book import VerdictBook
@@ -123,8 +124,8 @@ def backfill_env(
     VerdictBook(store.verdicts).apply([Change(v, "decided") for v in streaming], t0 + 41_000)
     return {
         "store": store,
-        "start": iso(t0 - 60_000),
-        "end": iso(t0 + 60_000),
+        "start": iso_text(t0 - 60_000),
+        "end": iso_text(t0 + 60_000),
         "group": group,
         "hour": hour,
         "t0": t0,
@@ -214,7 +215,7 @@ def test_backfill_dry_run_then_retention_then_real_run_then_the_same_window_agai
     assert len([h for h in store.verdicts.history("m-late") if h["hop"].endswith(group)]) == 2
 
     capfd.readouterr()
-    gone = run_backfill({"start": iso(old_at - 60_000), "end": iso(old_at + 60_000)})
+    gone = run_backfill({"start": iso_text(old_at - 60_000), "end": iso_text(old_at + 60_000)})
     assert gone.state == DagRunState.FAILED
     out, err = capfd.readouterr()
     assert f"missing hours {old_hour}" in out + err

@@ -55,7 +55,7 @@ def test_the_archive_must_cover_the_window_and_say_which_hours_are_missing() -> 
         "the archive starts at hour 2026-11-21-09; missing hours 2026-11-21-07 .. 2026-11-21-08 (2 h)"
     ]
     behind = coverage_problems(window, ArchiveCoverage("2026-11-21-07", H10 - HOUR_MS - 1), now)
-    assert behind and "archived the trace topic up to 2026-11-21T08:59:59Z" in behind[0]
+    assert behind and "archived the trace topic up to 2026-11-21T08:59:59.999Z" in behind[0]
     assert "missing hours 2026-11-21-09 .. 2026-11-21-09" in behind[0]
     assert coverage_problems(window, ArchiveCoverage(None, None), now) == [
         "the trace archive is empty: the detector has archived nothing yet"
