@@ -65,7 +65,7 @@ def client(tmp_path: Path) -> Iterator[httpx.Client]:
 
 def links_to_messages(page: str) -> dict[str, str]:
     """The message links of a page: the id it shows -> the address it links to (as a browser reads the href)."""
-    found = re.findall(r'<a href="(/messages/[^"]*)"><code>([^<]*)</code></a>', page)
+    found = re.findall(r'<a href="(/messages/[^"]*)"><code[^>]*>([^<]*)</code></a>', page)
     return {html.unescape(shown): html.unescape(href) for href, shown in found}
 
 
