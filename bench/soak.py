@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,7 +71,7 @@ from detector import (  # bench/detector.py: the same messages, producer and com
     traces_of,
     wait_for,
 )
-from figures import LOST_DEADLINE_S, NO_TARGET, LostLatencies, against, lost_latencies, seconds
+from figures import LOST_DEADLINE_S, NO_TARGET, LostLatencies, against, lost_latencies, seconds, unjudged
 from khipu.detector.job import DETECTOR_QUERY, DetectorJob
 from khipu.kafka import KafkaAdmin, KafkaConnection
 from khipu.localstack.broker import BrokerSpec, start_broker
@@ -608,25 +608,7 @@ def targets(intervals: list[Interval], passed: dict[int, float], seen: dict[int,
         f"{len(passed):,} losses never seen LOST, {len(wrongly):,} message(s) seen LOST that the bench did not lose "
         f"at demo-sink-store -> {against('0 and 0', not never and not wrongly)}",
     ]
-    first, last = steady[0], steady[-1]
-    measures = [
-        ("heap used (median)", statistics.median(first.heap_used or [0]), statistics.median(last.heap_used or [0])),
-        ("old gen (least)", min(first.old_gen or [0]), min(last.old_gen or [0])),
-        ("JVM RSS (max)", max(first.jvm_rss or [0]), max(last.jvm_rss or [0])),
-        ("JVM RSS outside heap (median)", statistics.median(first.outside_heap or [0]),
-         statistics.median(last.outside_heap or [0])),
-        ("py workers (sum, median)", statistics.median(first.workers_sum or [0]),
-         statistics.median(last.workers_sum or [0])),
-        ("driver py (max)", max(first.driver_rss or [0]), max(last.driver_rss or [0])),
-    ]  # fmt: skip
-    grown = [(name, a, b, (b - a) / a * 100 if a else 0.0) for name, a, b in measures]
-    flat = all(g <= MEMORY_GROWTH_LIMIT_PERCENT for *_, g in grown)
-    figures = "; ".join(f"{n} {mib(a)} -> {mib(b)} MiB ({g:+.0f} %)" for n, a, b, g in grown)
-    lines.append(
-        f"  memory, the last steady interval ({last.start_s / 60:.0f}-{last.end_s / 60:.0f} min) vs the first "
-        f"({first.start_s / 60:.0f}-{first.end_s / 60:.0f} min): {figures} -> "
-        f"{against(f'flat, each within +{MEMORY_GROWTH_LIMIT_PERCENT:g} %', flat)}"
-    )
+    lines.append(memory_target(steady))
     e = intervals[-1].exactness
     if e is not None:
         lines.append(f"  exactness: {e.mismatches:,} mismatches ({e.missing:,} of them without a verdict) over "
@@ -635,6 +617,40 @@ def targets(intervals: list[Interval], passed: dict[int, float], seen: dict[int,
     else:
         lines.append("  exactness: not judged (the run ended before its first interval) -> NOT met")
     return "\n".join(lines)
+
+
+def memory_target(steady: list[Interval]) -> str:
+    """Memory of the last interval of steady traffic against the first: judged only when there are two, and each
+    measure was sampled in both."""
+    first, last = steady[0], steady[-1]
+    samples: list[tuple[str, Callable[[list[float]], float], list[float], list[float]]] = [
+        ("heap used (median)", statistics.median, first.heap_used, last.heap_used),
+        ("old gen (least)", min, first.old_gen, last.old_gen),
+        ("JVM RSS (max)", max, first.jvm_rss, last.jvm_rss),
+        ("JVM RSS outside heap (median)", statistics.median, first.outside_heap, last.outside_heap),
+        ("py workers (sum, median)", statistics.median, first.workers_sum, last.workers_sum),
+        ("driver py (max)", max, first.driver_rss, last.driver_rss),
+    ]
+    grown: list[tuple[str, float, float, float]] = []
+    unsampled: list[str] = []
+    for name, of, before, after in samples:
+        if not before or not after:
+            unsampled.append(name)
+            continue
+        a, b = of(before), of(after)
+        grown.append((name, a, b, (b - a) / a * 100 if a else math.inf))
+    figures = "; ".join(f"{n} {mib(a)} -> {mib(b)} MiB ({g:+.0f} %)" for n, a, b, g in grown)
+    target = f"flat, each within +{MEMORY_GROWTH_LIMIT_PERCENT:g} %"
+    if len(steady) < 2 or any(i.phase for i in steady):
+        verdict = unjudged(target, "fewer than two intervals of steady traffic")
+    elif unsampled:
+        verdict = unjudged(target, f"no samples of {', '.join(unsampled)} in one of them")
+    else:
+        verdict = against(target, all(g <= MEMORY_GROWTH_LIMIT_PERCENT for *_, g in grown))
+    return (
+        f"  memory, the last steady interval ({last.start_s / 60:.0f}-{last.end_s / 60:.0f} min) vs the first "
+        f"({first.start_s / 60:.0f}-{first.end_s / 60:.0f} min): {figures or 'no samples'} -> {verdict}"
+    )
 
 
 # -- the run ---------------------------------------------------------------------------------------------------
