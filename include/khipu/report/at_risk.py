@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow.dataset as ds
 
 from khipu.access import reach_limit
+from khipu.health.evaluate import time_lag_bound_ms
 from khipu.offsets.model import PartitionKey, PartitionSnapshot
 from khipu.registry.model import Registry
 from khipu.report.search import MAX_SCAN_BYTES, archive_hours, plan_scan
@@ -233,8 +234,7 @@ def oldest_age_ms(health_row: Mapping[str, Any]) -> int | None:
     older, so it leaves no sooner than this says, and its trace is no older either."""
     if health_row["time_lag_ms"] is not None:
         return int(health_row["time_lag_ms"])
-    under = json.loads(health_row.get("evidence") or "{}").get("time_lag_under_ms")
-    return None if under is None else int(under)
+    return time_lag_bound_ms(json.loads(health_row.get("evidence") or "{}"))
 
 
 def messages_at_risk(

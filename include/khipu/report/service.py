@@ -29,6 +29,7 @@ from khipu.alerting.thresholds import window_start_ms
 from khipu.detector.model import DETECTOR_QUERY
 from khipu.detector.supervise import SupervisionConfig
 from khipu.errors import InvalidSetting
+from khipu.health.evaluate import time_lag_bound_ms
 from khipu.health.rules import PartitionStatus
 from khipu.offsets.model import PartitionKey
 from khipu.reconcile.window import horizon_from_env
@@ -393,7 +394,7 @@ def consumer_report(
                 committed=evidence.get("committed"),
                 log_end=evidence.get("log_end"),
                 lag_history=[snapshot.lag for snapshot in histories.get(key, [])],
-                time_lag_under_ms=evidence.get("time_lag_under_ms"),
+                time_lag_under_ms=time_lag_bound_ms(evidence),
             )
         )
     windows = [
