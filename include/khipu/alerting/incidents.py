@@ -203,26 +203,8 @@ def _fire(incident: Incident, causes: Causes, now_ms: int) -> Alert:
     below = [b for b in incident.covers if b not in starts]
     limit = shown(metric, incident.threshold)
     title = f"{incident.stream}: {_where(metric, starts, below)}, above its threshold {limit}"
-    return Alert(
-        key=f"verdicts:{incident.subject}:{now_ms}",
-        subject=incident.subject,
-        kind=VERDICT_ALERT_KIND,
-        state=AlertState.FIRING,
-        severity=_severity(metric),
-        title=title + _causes_said(top, below),
-        at_ms=now_ms,
-        details={
-            "stream": incident.stream,
-            "metric": metric,
-            "threshold": incident.threshold,
-            "hop": starts[0].hop,  # where it starts (the first, in route order) and its figure
-            "value": starts[0].value,
-            "top_causes": top,
-            "starts_at": [b.hop for b in starts],
-            "hops": [b.hop for b in incident.covers],
-            "per_hop": _per_hop(incident, causes),
-        },
-    )
+    hops = [b.hop for b in incident.covers]
+    return _firing(incident, f"{now_ms}", title + _causes_said(top, below), starts[0], top, hops, causes, now_ms)
 
 
 def _update(incident: Incident, stored: StoredAlert, route: Route | None, causes: Causes, now_ms: int) -> Alert | None:
@@ -247,26 +229,43 @@ def _update(incident: Incident, stored: StoredAlert, route: Route | None, causes
         f"{shown(metric, incident.threshold)}, neither at nor downstream of {them} ({', '.join(covered)}): "
         f"it covers {len(hops)} hops now"
     )
+    since = int(stored.details.get("firing_since_ms", stored.at_ms))
+    extra = {"adds": [b.hop for b in adds], "covered_before": list(covered), "firing_since_ms": since}
+    text = title + _causes_said(top, below)
+    return _firing(incident, f"updated:{now_ms}", text, adds[0], top, hops, causes, now_ms, extra)
+
+
+def _firing(
+    incident: Incident,
+    key: str,
+    title: str,
+    first: Breach,
+    top: dict[str, int],
+    hops: list[str],
+    causes: Causes,
+    now_ms: int,
+    extra: Mapping[str, Any] | None = None,
+) -> Alert:
+    """A firing alert of ``incident``: ``first`` is where it (or what an update adds) starts, the first in route
+    order, and its figure; ``hops`` every hop it covers."""
     return Alert(
-        key=f"verdicts:{incident.subject}:updated:{now_ms}",
+        key=f"verdicts:{incident.subject}:{key}",
         subject=incident.subject,
         kind=VERDICT_ALERT_KIND,
         state=AlertState.FIRING,
-        severity=_severity(metric),
-        title=title + _causes_said(top, below),
+        severity=_severity(incident.metric),
+        title=title,
         at_ms=now_ms,
         details={
             "stream": incident.stream,
-            "metric": metric,
+            "metric": incident.metric,
             "threshold": incident.threshold,
-            "hop": adds[0].hop,  # where what it adds starts (the first, in route order) and its figure
-            "value": adds[0].value,
+            "hop": first.hop,
+            "value": first.value,
             "top_causes": top,
             "starts_at": [b.hop for b in incident.starts_at],
             "hops": hops,
-            "adds": [b.hop for b in adds],
-            "covered_before": list(covered),
-            "firing_since_ms": int(stored.details.get("firing_since_ms", stored.at_ms)),
+            **(extra or {}),
             "per_hop": _per_hop(incident, causes),
         },
     )
