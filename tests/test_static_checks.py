@@ -33,6 +33,7 @@ LAYERS = (
     "errors",
     "files",
     "clock",
+    "storage",
     "trace",
     "config",
     "registry",
