@@ -12,9 +12,6 @@ when (from the verdicts' first-seen and decision times), so only those hours' fo
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,6 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+
+from khipu.storage.batches import write_batch_files
+from khipu.storage.location import Location
 
 HOUR_MS = 3_600_000
 COLUMNS = (
@@ -99,29 +99,30 @@ def spark_schema() -> str:
     return spark_ddl(SCHEMA)
 
 
-def write_batch(archive_dir: Path, batch_id: int, traces: pa.Table) -> list[str]:
-    """Archive a micro-batch's traces (:data:`SCHEMA`'s columns): one file per UTC hour of their times, each
-    written under a temporary name and renamed into place. Idempotent: the batch's earlier files go first, in
-    every hour (a replayed batch writes the same traces again). Returns the hours written."""
-    for folder in archive_dir.glob(f"hour=*/batch_id={batch_id}"):
-        shutil.rmtree(folder)
-    if not traces.num_rows:
-        return []
-    traces = traces.select(SCHEMA.names).cast(SCHEMA)
-    arrived = pc.coalesce(*(traces.column(name) for name in ARRIVED))
-    hours = pc.divide(arrived, HOUR_MS)  # whole hours since the epoch
+def write_batch(archive: Location | Path, batch_id: int, traces: pa.Table) -> list[str]:
+    """Archive a micro-batch's traces (:data:`SCHEMA`'s columns): one file per UTC hour of their times, committed
+    by :func:`khipu.storage.batches.write_batch_files` (a replayed batch replaces its earlier attempt's files, on
+    a local folder or an object store). Returns the hours written."""
+    root = Location.of(archive, "archive")
+    files: dict[str, bytes] = {}
     written = []
-    for hour in sorted(pc.unique(hours).to_pylist()):
-        folder = archive_dir / hour_folder(int(hour) * HOUR_MS) / f"batch_id={batch_id}"
-        folder.mkdir(parents=True, exist_ok=True)
-        temporary = folder / f".part-0.{uuid.uuid4().hex}.tmp"
-        try:
-            pq.write_table(traces.filter(pc.equal(hours, hour)), temporary, compression="zstd")
-            os.replace(temporary, folder / "part-0.parquet")
-        finally:
-            temporary.unlink(missing_ok=True)
-        written.append(hour_of(int(hour) * HOUR_MS))
+    if traces.num_rows:
+        traces = traces.select(SCHEMA.names).cast(SCHEMA)
+        arrived = pc.coalesce(*(traces.column(name) for name in ARRIVED))
+        hours = pc.divide(arrived, HOUR_MS)  # whole hours since the epoch
+        for hour in sorted(pc.unique(hours).to_pylist()):
+            name = f"{hour_folder(int(hour) * HOUR_MS)}/batch_id={batch_id}/part-0.parquet"
+            files[name] = parquet_bytes(traces.filter(pc.equal(hours, hour)))
+            written.append(hour_of(int(hour) * HOUR_MS))
+    write_batch_files(root, batch_id, files)
     return written
+
+
+def parquet_bytes(table: pa.Table, row_group_size: int | None = None) -> bytes:
+    """The table as a zstd-compressed Parquet file's bytes."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_size)
+    return bytes(sink.getvalue().to_pybytes())
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,24 +157,31 @@ def hours_between(from_ms: int, to_ms: int) -> range:
     return range(from_ms // HOUR_MS, to_ms // HOUR_MS + 1)
 
 
-def read_traces(archive_dir: Path, message_ids: Collection[str], from_ms: int, to_ms: int) -> list[ArchivedTrace]:
+def read_traces(
+    archive: Location | Path, message_ids: Collection[str], from_ms: int, to_ms: int
+) -> list[ArchivedTrace]:
     """Every archived trace of these messages in the hours from ``from_ms`` to ``to_ms`` (both included),
     oldest first. An archive or hour that does not exist holds nothing."""
-    return read_traces_in_hours(archive_dir, message_ids, hours_between(from_ms, to_ms))
+    return read_traces_in_hours(archive, message_ids, hours_between(from_ms, to_ms))
 
 
-def read_traces_in_hours(archive_dir: Path, message_ids: Collection[str], hours: Iterable[int]) -> list[ArchivedTrace]:
+def read_traces_in_hours(
+    archive: Location | Path, message_ids: Collection[str], hours: Iterable[int]
+) -> list[ArchivedTrace]:
     """Every archived trace of these messages in these hours (ms // HOUR_MS), oldest first."""
     if not message_ids:
         return []
-    folders = [
-        archive_dir / hour_folder(hour * HOUR_MS)
-        for hour in sorted(set(hours))
-        if (archive_dir / hour_folder(hour * HOUR_MS)).is_dir()
+    root = Location.of(archive, "archive")
+    wanted = {hour_folder(hour * HOUR_MS) for hour in hours}
+    files = [
+        path
+        for folder in root.child_folders("hour=")
+        if folder in wanted
+        for path in (root / folder).files(recursive=True)
     ]
-    if not folders:
+    if not files:
         return []
-    dataset = ds.dataset([ds.dataset(str(folder), format="parquet", partitioning="hive") for folder in folders])
+    dataset = ds.dataset(files, schema=SCHEMA, format="parquet", filesystem=root.filesystem())
     table = dataset.to_table(columns=list(COLUMNS), filter=ds.field("message_id").isin(sorted(set(message_ids))))
     rows = sorted(table.to_pylist(), key=lambda r: (r["timestamp_ms"], r["emitter_id"], r["emitter_seq"] or 0))
     seen: set[tuple[Any, ...]] = set()

@@ -22,12 +22,9 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import os
 import re
-import shutil
 import sqlite3
 import threading
-import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,10 +35,11 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
 from khipu.errors import InvalidSetting
-from khipu.trace.archive import HOUR_MS, hour_of
+from khipu.storage.batches import write_batch_files
+from khipu.storage.location import Location
+from khipu.trace.archive import HOUR_MS, hour_of, parquet_bytes
 
 log = logging.getLogger(__name__)
 
@@ -297,11 +295,13 @@ class ArchiveSearch:
 class VerdictArchive:
     """Plain first-time DELIVERED verdicts by UTC hour and micro-batch, with the index of who decided what."""
 
-    def __init__(self, root: Path, *, index_path: Path | None = None, max_scan_hours: int = MAX_SCAN_HOURS) -> None:
+    def __init__(
+        self, root: Location | Path, *, index_path: Path | None = None, max_scan_hours: int = MAX_SCAN_HOURS
+    ) -> None:
         if max_scan_hours < 1:
             raise VerdictArchiveError("max_scan_hours", max_scan_hours, "a number of hours >= 1")
-        self.root = root
-        self.index = DecidedIndex(index_path or root / "_index" / "decided.sqlite")
+        self.root = Location.of(root, "verdict archive")
+        self.index = DecidedIndex(index_path or (self.root / "_index" / "decided.sqlite").local_path)
         self.max_scan_hours = max_scan_hours
 
     def close(self) -> None:
@@ -334,27 +334,17 @@ class VerdictArchive:
                 f"(message {first['message_id']!r}, hop {first['hop']!r}; {pc.sum(other).as_py()} such row(s))",
                 "plain first-time DELIVERED verdicts only: every other verdict belongs in the SQL store",
             )
-        for folder in self.root.glob(f"hour=*/batch_id={batch_id}"):
-            shutil.rmtree(folder)
         table = table.sort_by([("message_id", "ascending"), ("hop", "ascending")])
         hours = pc.divide(table.column("decided_ms"), HOUR_MS)  # integer division: whole hours since the epoch
+        files: dict[str, bytes] = {}
         written = []
         for hour in sorted(pc.unique(hours).to_pylist()):
             name = hour_of(int(hour) * HOUR_MS)
-            folder = self.root / f"hour={name}" / f"batch_id={batch_id}"
-            folder.mkdir(parents=True, exist_ok=True)
-            temporary = folder / f".part-0.{uuid.uuid4().hex}.tmp"
-            try:
-                pq.write_table(
-                    table.filter(pc.equal(hours, hour)),
-                    temporary,
-                    row_group_size=ROW_GROUP_ROWS,
-                    compression="zstd",
-                )
-                os.replace(temporary, folder / "part-0.parquet")
-            finally:
-                temporary.unlink(missing_ok=True)
+            files[f"hour={name}/batch_id={batch_id}/part-0.parquet"] = parquet_bytes(
+                table.filter(pc.equal(hours, hour)), row_group_size=ROW_GROUP_ROWS
+            )
             written.append(name)
+        write_batch_files(self.root, batch_id, files)
         return written
 
     def prune(self, before_ms: int) -> list[str]:
@@ -362,7 +352,7 @@ class VerdictArchive:
         cutoff = hour_of(before_ms)
         removed = [hour for hour in self.hours() if hour < cutoff]
         for hour in removed:
-            shutil.rmtree(self.root / f"hour={hour}")
+            (self.root / f"hour={hour}").delete()
         self.index.prune(before_ms)
         return removed
 
@@ -370,17 +360,15 @@ class VerdictArchive:
 
     def hours(self) -> list[str]:
         """The archive's hours (YYYY-MM-DD-HH), oldest first."""
-        if not self.root.is_dir():
-            return []
-        return sorted(p.name.removeprefix("hour=") for p in self.root.glob("hour=*") if p.is_dir())
+        return sorted(name.removeprefix("hour=") for name in self.root.child_folders("hour="))
 
     def batches(self) -> dict[str, list[int]]:
         """Per hour, the micro-batches with verdicts in it."""
         return {
             hour: sorted(
-                int(p.name.removeprefix("batch_id="))
-                for p in (self.root / f"hour={hour}").glob("batch_id=*")
-                if p.is_dir() and p.name.removeprefix("batch_id=").isdigit()
+                int(name.removeprefix("batch_id="))
+                for name in (self.root / f"hour={hour}").child_folders("batch_id=")
+                if name.removeprefix("batch_id=").isdigit()
             )
             for hour in self.hours()
         }
@@ -405,13 +393,11 @@ class VerdictArchive:
         if not ids:
             return ArchiveSearch([])
         decided = self.index.find(ids)
-        folders: set[Path] = set()
+        folders: set[Location] = set()
         for decisions in decided.values():
             for decision in decisions:
                 for hour in (decision.hour, _next_hour(decision.hour)):  # a batch deciding across an hour's end
-                    folder = self.root / f"hour={hour}" / f"batch_id={decision.batch_id}"
-                    if folder.is_dir():
-                        folders.add(folder)
+                    folders.add(self.root / f"hour={hour}" / f"batch_id={decision.batch_id}")  # absent: no files
         note = None
         unknown = [i for i in ids if i not in decided]
         if unknown:
@@ -425,7 +411,7 @@ class VerdictArchive:
                     f"{len(scanned)} of its {len(every)} hours were searched ({scanned[0]} .. {scanned[-1]}); "
                     "archived DELIVERED verdicts decided earlier are not shown"
                 )
-        return ArchiveSearch(self._read(sorted(folders), ids), note)
+        return ArchiveSearch(self._read(sorted(folders, key=str), ids), note)
 
     def read(self, stream: str | None = None, since_ms: int = 0) -> list[dict[str, Any]]:
         """Every archived verdict decided since ``since_ms`` (of one stream, when given), oldest first: for
@@ -438,28 +424,24 @@ class VerdictArchive:
         rows = _unique(self._table(folders, condition).to_pylist())
         return sorted(rows, key=lambda r: (r["decided_ms"], r["message_id"], r["hop"]))
 
-    def _batch_folders(self, hour: str) -> list[Path]:
+    def _batch_folders(self, hour: str) -> list[Location]:
         folder = self.root / f"hour={hour}"
-        return sorted(p for p in folder.glob("batch_id=*") if p.is_dir()) if folder.is_dir() else []
+        return [folder / name for name in folder.child_folders("batch_id=")]
 
-    def _read(self, folders: Iterable[Path], message_ids: Collection[str]) -> list[dict[str, Any]]:
+    def _read(self, folders: Iterable[Location], message_ids: Collection[str]) -> list[dict[str, Any]]:
         ids = sorted(set(message_ids))
         if not ids:
             return []
         rows = _unique(self._table(folders, ds.field("message_id").isin(ids)).to_pylist())
         return sorted(rows, key=lambda r: (r["message_id"], r["hop"]))
 
-    @staticmethod
-    def _table(folders: Iterable[Path], condition: ds.Expression) -> pa.Table:
-        files = [
-            str(path)
-            for folder in folders
-            for path in sorted(folder.glob("*.parquet"))
-            if not path.name.startswith((".", "_"))
-        ]
+    def _table(self, folders: Iterable[Location], condition: ds.Expression) -> pa.Table:
+        files = [path for folder in folders for path in folder.files() if path.endswith(".parquet")]
         if not files:
             return SCHEMA.empty_table()
-        return ds.dataset(files, schema=SCHEMA, format="parquet").to_table(filter=condition)
+        return ds.dataset(files, schema=SCHEMA, format="parquet", filesystem=self.root.filesystem()).to_table(
+            filter=condition
+        )
 
 
 @contextmanager
