@@ -84,7 +84,7 @@ class Location:
             return cls.of(parts.path or "", setting)
         if scheme not in OBJECT_STORE_SCHEMES:
             raise StorageError(setting, text, EXPECTED)
-        if parts.username or parts.password or parts.query:
+        if parts.password or parts.query or (parts.username and not scheme.startswith("abfs")):  # abfs: container@
             raise StorageError(setting, "<a URL with credentials or options>", f"{EXPECTED}; credentials come from "
                                "the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), never the URL")  # fmt: skip
         prefix = parts.path.strip("/")
