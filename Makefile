@@ -7,6 +7,7 @@ STAMP := $(VENV)/.khipu-installed
 JVM := .jvm
 KAFKA_JARS := $(JVM)/kafka/.installed
 SPARK_KAFKA_JARS := $(JVM)/spark-kafka/.installed
+OBJECT_STORE_JARS := $(JVM)/s3proxy/.installed
 TRACING_JAR := $(JVM)/tracing/khipu-tracing.jar
 TRACING_SOURCES := $(shell find jvm/tracing/src -type f 2>/dev/null) jvm/tracing/pom.xml
 MVN := mvn -B -q
@@ -23,7 +24,7 @@ help:
 	@echo "make bench   print the tracing-overhead figures"
 	@echo "make lint    ruff + mypy only"
 	@echo "make screenshots  retake the Khipu view's screenshots in docs/screenshots"
-	@echo "make install the venv (PyPI), the JVM jars (Maven Central: Kafka broker, Spark's Kafka connector) and the JVM interceptors"
+	@echo "make install the venv (PyPI), the JVM jars (Maven Central: Kafka broker, Spark's Kafka connector and S3A, S3Proxy) and the JVM interceptors"
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: no python3.11 found; Khipu needs Python 3.11 (set PYTHON=/path/to/python3.11)"; exit 2; }
@@ -48,7 +49,15 @@ $(SPARK_KAFKA_JARS): jvm/spark-kafka.pom.xml
 	@rm -rf $(JVM)/spark-kafka
 	$(MVN) -f jvm/spark-kafka.pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(JVM)/spark-kafka
 	@touch $@
-	@echo "installed Spark's Kafka connector into $(JVM)/spark-kafka"
+	@echo "installed Spark's Kafka connector and Hadoop's S3A into $(JVM)/spark-kafka"
+
+# The local stack's S3-API object store (S3Proxy over a folder; docs/local-stack.md), in a JVM of its own.
+$(OBJECT_STORE_JARS): jvm/object-store.pom.xml
+	@command -v mvn >/dev/null || { echo "make: Maven (mvn) is needed to fetch S3Proxy, the local object store"; exit 2; }
+	@rm -rf $(JVM)/s3proxy
+	$(MVN) -f jvm/object-store.pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(JVM)/s3proxy
+	@touch $@
+	@echo "installed S3Proxy (the local object store) into $(JVM)/s3proxy"
 
 # Khipu's tracing interceptors for JVM clients (docs/tracing-jvm.md), built from jvm/tracing; `make test` runs its tests.
 $(TRACING_JAR): $(TRACING_SOURCES)
@@ -57,7 +66,7 @@ $(TRACING_JAR): $(TRACING_SOURCES)
 	@mkdir -p $(JVM)/tracing && cp jvm/tracing/target/khipu-tracing.jar $@
 	@echo "built Khipu's JVM tracing interceptors into $@"
 
-install: $(STAMP) $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(TRACING_JAR)
+install: $(STAMP) $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(OBJECT_STORE_JARS) $(TRACING_JAR)
 
 # What only the tests run, as real processes (tests/integration/tracing/test_jvm_interceptors.py): plain Java
 # applications and a Kafka Streams one (jvm/testapps), kafka-clients 3.9.1, and MirrorMaker 2 (connect-mirror 4.3.1).
