@@ -31,6 +31,8 @@ from khipu.detector.job import (
 from khipu.detector.launch import connector_jars, driver_settings, read_connections_file, throughput_settings
 from khipu.detector.model import DetectorConfig, DetectorConfigError
 from khipu.settings import KhipuSettings
+from khipu.storage.location import Location
+from khipu.storage.spark import hadoop_settings
 
 
 def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
@@ -52,10 +54,12 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
     )
     parser.add_argument("--trace-topic", default=settings.trace_topic)
     parser.add_argument("--lost-topic", default=settings.lost_topic, help="LOST verdicts go here too ('' for none)")
-    parser.add_argument("--checkpoint", type=Path, default=settings.state_dir / "detector" / "checkpoint")
-    parser.add_argument("--archive", type=Path, default=settings.archive_dir, help="the raw-trace archive")
     parser.add_argument(
-        "--verdict-archive", type=Path, default=settings.verdict_archive_dir, help="plain DELIVERED verdicts"
+        "--checkpoint", default=settings.checkpoint_dir.url, help="a folder or object-store URL (s3a://bucket/prefix)"
+    )
+    parser.add_argument("--archive", default=settings.archive_dir.url, help="the raw-trace archive (folder or URL)")
+    parser.add_argument(
+        "--verdict-archive", default=settings.verdict_archive_dir.url, help="plain DELIVERED verdicts (folder or URL)"
     )
     parser.add_argument("--starting-offsets", default="earliest")
     parser.add_argument(
@@ -98,9 +102,9 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
         registry_path=args.registry,
         trace_connection=trace,
         store_url=store_url,
-        checkpoint_dir=args.checkpoint,
-        archive_dir=args.archive,
-        verdicts_dir=args.verdict_archive,
+        checkpoint_dir=Location.of(args.checkpoint, "--checkpoint"),
+        archive_dir=Location.of(args.archive, "--archive"),
+        verdicts_dir=Location.of(args.verdict_archive, "--verdict-archive"),
         trace_topic=args.trace_topic,
         lost_topic=args.lost_topic or None,
         cluster_connections=clusters,
@@ -129,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     builder = SparkSession.builder.appName("khipu-detector")
     if "PYSPARK_GATEWAY_PORT" not in os.environ:  # started directly; under spark-submit master and jars are set
         builder = builder.master(master).config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
-        for key, value in {**driver_settings(master), **throughput_settings(master)}.items():
+        started = {**driver_settings(master), **throughput_settings(master), **hadoop_settings(os.environ)}
+        for key, value in started.items():
             builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

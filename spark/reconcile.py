@@ -16,19 +16,22 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 
 from khipu.config import SparkSection, load
 from khipu.detector.committed import ClusterClients, cluster_lookups
-from khipu.detector.launch import driver_settings, read_connections_file
+from khipu.detector.launch import connector_jars, driver_settings, read_connections_file
 from khipu.detector.model import DetectorConfig
 from khipu.errors import InvalidSetting
 from khipu.reconcile.run import SPARK_SETTINGS, kafka_record_namer, reconcile
 from khipu.reconcile.window import ReconcileError, ReconcileWindow, horizon_from_env, parse_time
 from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings
+from khipu.storage.location import Location
+from khipu.storage.spark import hadoop_settings
 from khipu.store import Store
 from khipu.verdicts.book import VerdictBook
 
@@ -45,21 +48,30 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--streams", default="", help="comma-separated stream names (default: every stream)")
     parser.add_argument("--dry-run", action="store_true", help="say what would change, write nothing")
     parser.add_argument("--registry", type=Path, default=settings.registry_path)
-    parser.add_argument("--archive", type=Path, default=settings.archive_dir, help="the raw-trace archive")
+    parser.add_argument("--archive", default=settings.archive_dir.url, help="the raw-trace archive (folder or URL)")
     parser.add_argument(
         "--verdict-archive",
-        type=Path,
-        default=settings.verdict_archive_dir,
-        help="the verdict archive (plain DELIVERED verdicts by hour)",
+        default=settings.verdict_archive_dir.url,
+        help="the verdict archive (plain DELIVERED verdicts by hour; folder or URL)",
+    )
+    parser.add_argument(
+        "--work",
+        default=(settings.data / "reconcile").url,
+        help="where the run writes what its executors read (folder or URL every executor reaches)",
     )
     parser.add_argument("--connections-file", type=Path, default=spark.connections_file)
     parser.add_argument("--summary-file", type=Path, default=None)
-    parser.add_argument("--master", default=spark.master, help="default $KHIPU_SPARK_MASTER")
+    parser.add_argument(
+        "--master", default=spark.master, help="when not launched by spark-submit (default $KHIPU_SPARK_MASTER)"
+    )
     args = parser.parse_args(argv)
     try:
         horizon = horizon_from_env() if args.horizon_ms is None else args.horizon_ms
         streams = tuple(s for s in args.streams.split(",") if s)
         window = ReconcileWindow(parse_time(args.start), parse_time(args.end), horizon, streams)
+        archive = Location.of(args.archive, "--archive")
+        verdict_archive = Location.of(args.verdict_archive, "--verdict-archive")
+        work = Location.of(args.work, "--work")
         registry = load_registry(args.registry)
         unknown = sorted(set(streams) - set(registry.streams))
         if unknown:
@@ -75,8 +87,12 @@ def main(argv: list[str]) -> int:
 
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName("khipu-reconcile").master(args.master)
-    for key, value in {**driver_settings(args.master), **SPARK_SETTINGS}.items():
+    builder = SparkSession.builder.appName("khipu-reconcile")
+    settings_now = dict(SPARK_SETTINGS)
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # started directly; under spark-submit the submitter's master wins
+        builder = builder.master(args.master).config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
+        settings_now |= driver_settings(args.master) | hadoop_settings(os.environ)
+    for key, value in settings_now.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     store = Store(store_url)
@@ -85,7 +101,7 @@ def main(argv: list[str]) -> int:
         lookups = cluster_lookups(clients, store_url)
         report = reconcile(
             spark,
-            args.archive,
+            archive,
             window,
             registry,
             VerdictBook(store.verdicts),
@@ -95,7 +111,8 @@ def main(argv: list[str]) -> int:
             dry_run=args.dry_run,
             name_record=kafka_record_namer(connections),
             progress=lambda line: print(f"reconcile: {line}", flush=True),
-            verdict_archive_dir=args.verdict_archive,
+            verdict_archive_dir=verdict_archive,
+            work_dir=work,
         )
         summary = report.summary()
         if args.summary_file:

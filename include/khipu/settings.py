@@ -13,6 +13,7 @@ from pathlib import Path
 
 from khipu.config import KhipuSection, SettingsError, default, load, project_root
 from khipu.kafka.connection import KafkaConnection
+from khipu.storage.location import Location
 
 DEFAULT_LOST_TOPIC: str = default(KhipuSection, "lost_topic")
 
@@ -31,18 +32,30 @@ class KhipuSettings:
     store_url: str = field(repr=False)  # may hold a password
     controller_port: int = 9093
     lost_topic: str = DEFAULT_LOST_TOPIC
+    data_url: str = ""  # KHIPU_DATA_URL: where the archives and the checkpoint live ("": the state folder)
+    s3_endpoint: str = ""  # KHIPU_S3_ENDPOINT: an S3 API other than AWS's
 
     @property
-    def archive_dir(self) -> Path:
+    def data(self) -> Location:
+        """Where the archives and the detector's checkpoint live: a local folder or an object-store prefix."""
+        return Location.of(self.data_url or self.state_dir, "KHIPU_DATA_URL")
+
+    @property
+    def archive_dir(self) -> Location:
         """The raw-trace archive the detector writes and reconciliation, the view and ``khipu trace`` read."""
-        return self.state_dir / "archive"
+        return self.data / "archive"
 
     @property
-    def verdict_archive_dir(self) -> Path:
-        """The verdict archive (plain first-time DELIVERED verdicts, Parquet by hour, with its index): the
-        detector writes it; reconciliation, the view, ``khipu trace`` / ``history`` and the resend task read it.
-        A directory of its own, beside the trace archive: Spark reads the trace archive's root as one dataset."""
-        return self.state_dir / "verdicts"
+    def verdict_archive_dir(self) -> Location:
+        """The verdict archive (plain first-time DELIVERED verdicts, Parquet by hour): the detector writes it;
+        reconciliation, the view, ``khipu trace`` / ``history`` and the resend task read it. A folder of its
+        own, beside the trace archive: Spark reads the trace archive's root as one dataset."""
+        return self.data / "verdicts"
+
+    @property
+    def checkpoint_dir(self) -> Location:
+        """The detector's Spark checkpoint (its offsets, state, epoch and driver record)."""
+        return self.data / "detector" / "checkpoint"
 
     def kafka(self, environ: Mapping[str, str] | None = None) -> KafkaConnection:
         """The trace cluster's connection: bootstrap and cluster name from these settings, credentials
@@ -66,6 +79,8 @@ class KhipuSettings:
             store_url=section.store_url,
             controller_port=section.controller_port,
             lost_topic=section.lost_topic,
+            data_url=section.data_url or "",
+            s3_endpoint=section.s3_endpoint or "",
         )
 
     def as_env(self) -> dict[str, str]:
@@ -81,4 +96,6 @@ class KhipuSettings:
             "KHIPU_STORE_URL": self.store_url,
             "KHIPU_BROKER_CONTROLLER_PORT": str(self.controller_port),
             "KHIPU_LOST_TOPIC": self.lost_topic,
+            "KHIPU_DATA_URL": self.data.url,
+            **({"KHIPU_S3_ENDPOINT": self.s3_endpoint} if self.s3_endpoint else {}),
         }

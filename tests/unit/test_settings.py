@@ -25,8 +25,20 @@ def test_broker_port_moves_the_default_bootstrap_and_env_round_trips() -> None:
 
 def test_the_verdict_archive_sits_beside_the_trace_archive_in_a_directory_of_its_own() -> None:
     settings = KhipuSettings.from_env({"KHIPU_STATE_DIR": "/tmp/x"})
-    assert settings.archive_dir == Path("/tmp/x/archive") and settings.verdict_archive_dir == Path("/tmp/x/verdicts")
-    assert not settings.verdict_archive_dir.is_relative_to(settings.archive_dir)  # Spark reads that root whole
+    assert settings.archive_dir.local_path == Path("/tmp/x/archive")
+    assert settings.verdict_archive_dir.local_path == Path("/tmp/x/verdicts")
+    assert settings.checkpoint_dir.local_path == Path("/tmp/x/detector/checkpoint")
+    assert not settings.verdict_archive_dir.url.startswith(settings.archive_dir.url + "/")  # Spark reads that root whole
+
+
+def test_one_setting_moves_the_archives_and_the_checkpoint_to_an_object_store() -> None:
+    settings = KhipuSettings.from_env({"KHIPU_STATE_DIR": "/tmp/x", "KHIPU_DATA_URL": "s3://khipu-data/prod/"})
+    assert [settings.archive_dir.url, settings.verdict_archive_dir.url, settings.checkpoint_dir.url] == [
+        "s3a://khipu-data/prod/archive",
+        "s3a://khipu-data/prod/verdicts",
+        "s3a://khipu-data/prod/detector/checkpoint",
+    ]
+    assert KhipuSettings.from_env(settings.as_env()).data == settings.data  # a child process gets the same
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from khipu.config.store_url import ACCEPTED as STORE_URLS
 from khipu.config.store_url import StoreUrlError, store_url
+from khipu.storage.location import Location, StorageError
 from khipu.trace.names import DEFAULT_TRACE_TOPIC, NAME_PATTERN, NAME_RULE
 
 MASK = "***"
@@ -163,6 +164,20 @@ class KhipuSection(Section):
         "verdicts under <state>/verdicts/, the local stack's broker, Airflow and logs. Unset: .khipu/ in the "
         "checkout.",
     )
+    data_url: Annotated[str | None, Expect("a local folder or an object store prefix (s3a://bucket/prefix)")] = setting(
+        "KHIPU_DATA_URL",
+        None,
+        "Where the archives and the detector's checkpoint live, on every host: the trace archive under "
+        "<data>/archive, the verdict archive under <data>/verdicts, the checkpoint under <data>/detector/checkpoint, "
+        "reconciliation's working data under <data>/reconcile. A local folder (embedded, one host) or an object "
+        "store prefix such as s3a://khipu-data/prod (a cluster: credentials from AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY or the host's role, never the URL). Unset: the state folder.",
+    )
+    s3_endpoint: Annotated[str | None, Expect("an http(s) URL")] = setting(
+        "KHIPU_S3_ENDPOINT",
+        None,
+        "An S3 API other than AWS's own (s3proxy, MinIO, Ceph), e.g. http://127.0.0.1:9000. Unset: AWS.",
+    )
     store_url: Annotated[str | None, PASSWORD_IN_URL, Expect(STORE_URLS)] = setting(
         "KHIPU_STORE_URL",
         None,
@@ -188,6 +203,12 @@ class KhipuSection(Section):
             self.store_url = store_url(self.store_url, Path.cwd())  # the URL the store opens, whoever reads it
         except StoreUrlError as exc:
             raise SettingConflict("KHIPU_STORE_URL", exc.shown, f"{STORE_URLS}; {exc.problem}") from None
+        if self.data_url is None:
+            self.data_url = str(self.state_dir)
+        try:
+            self.data_url = Location.of(self.data_url, "KHIPU_DATA_URL").url
+        except StorageError as exc:
+            raise SettingConflict("KHIPU_DATA_URL", exc.value, exc.expected) from None
         if self.controller_port is None:
             self.controller_port = self.broker_port + 1 if self.broker_port < 65535 else 9093
         if self.controller_port == self.broker_port:

@@ -1,9 +1,11 @@
 """The detector's driver process, as the driver records itself in ``<checkpoint>/driver.json``.
 
 The entry point (spark/detector.py) writes its pid, its start time and its host there when it
-starts. A supervisor on the same host may ask whether that driver still runs and stop it; a pid
-is trusted only while the process's start time still matches (pids are reused), and a driver on
-another host is never signalled from here.
+starts, wherever the checkpoint is (a local folder or an object store: the launcher and the
+supervisor read it from any host). A supervisor on the same host may ask whether that driver
+still runs and stop it; a pid is trusted only while the process's start time still matches (pids
+are reused), and a driver on another host is never signalled from here: it is judged by its
+heartbeat in the store, and stopped through its cluster manager.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from khipu.storage.location import Location
 
 DRIVER_FILE = "driver.json"
 
@@ -44,19 +48,18 @@ class DriverRecord:
             return False
 
 
-def write_driver_record(checkpoint_dir: Path) -> DriverRecord:
+def write_driver_record(checkpoint_dir: Location | Path) -> DriverRecord:
     """Record this process as the detector's driver."""
     now_ms = time.time_ns() // 1_000_000
     record = DriverRecord(os.getpid(), psutil.Process().create_time(), socket.gethostname(), now_ms)
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
     body = {"pid": record.pid, "create_time": record.create_time, "host": record.host, "started_ms": now_ms}
-    (checkpoint_dir / DRIVER_FILE).write_text(json.dumps(body))
+    (Location.of(checkpoint_dir, "checkpoint") / DRIVER_FILE).write_text(json.dumps(body))
     return record
 
 
-def read_driver_record(checkpoint_dir: Path) -> DriverRecord | None:
+def read_driver_record(checkpoint_dir: Location | Path) -> DriverRecord | None:
     try:
-        data = json.loads((checkpoint_dir / DRIVER_FILE).read_text())
+        data = json.loads((Location.of(checkpoint_dir, "checkpoint") / DRIVER_FILE).read_text())
         create_time = data.get("create_time")
         return DriverRecord(
             int(data["pid"]),

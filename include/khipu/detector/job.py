@@ -46,6 +46,7 @@ from khipu.detector.routes import RoutePlans
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
 from khipu.kafka.admin import TRACE_TOPIC_CONFIG
 from khipu.registry.loader import load_registry
+from khipu.storage.location import Location
 from khipu.store import Store
 
 __all__ = ["DETECTOR_QUERY", "DetectorJob", "start_detector"]
@@ -58,34 +59,36 @@ DEFAULT_MAX_OFFSETS_PER_TRIGGER = 250_000  # a batch's bound: ten seconds of wor
 EPOCH_FILE = "khipu-epoch.json"  # in the query's checkpoint: when that checkpoint was first started
 
 
-def known_routes(query_checkpoint: Path, plans: RoutePlans) -> dict[str, dict[str, list[str]]]:
+def known_routes(query_checkpoint: Location | Path, plans: RoutePlans) -> dict[str, dict[str, list[str]]]:
     """Every set of routes this checkpoint's state was kept under, by fingerprint, the current one recorded
     first (``<checkpoint>/routes/<fingerprint>.json``): after a registry change the processor restates what
     it kept under the old routes (:class:`khipu.detector.bucket.BucketJudge`)."""
-    folder = query_checkpoint / "routes"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = Location.of(query_checkpoint, "checkpoint") / "routes"
     current = route_ids(plans)
     path = folder / f"{routes_fingerprint(current)}.json"
     if not path.exists():
         path.write_text(json.dumps(current, sort_keys=True))
     known: dict[str, dict[str, list[str]]] = {}
-    for file in sorted(folder.glob("*.json")):
+    for name in _names(folder):
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        file = folder / name
         try:
-            known[file.stem] = json.loads(file.read_text())
+            known[file.name.removesuffix(".json")] = json.loads(file.read_text())
         except ValueError as exc:
-            raise DetectorJobError("routes file", str(file), f"JSON of stream -> hop ids ({exc})") from exc
+            raise DetectorJobError("routes file", file.url, f"JSON of stream -> hop ids ({exc})") from exc
     return known
 
 
 OLD_ARCHIVE_QUERY = "khipu_archive"  # the two-query detector's archive query (before one query did everything)
 
 
-def carried_over_offsets(checkpoint_dir: Path, topic: str) -> str | None:
+def carried_over_offsets(checkpoint_dir: Location | Path, topic: str) -> str | None:
     """Where the two-query detector's archive query stopped on the trace topic (its last committed batch's end),
     as ``startingOffsets`` JSON; None when there is no such checkpoint. A detector upgraded from it starts there:
     every trace before is archived once already, and reading them again would count them again."""
-    old = checkpoint_dir / OLD_ARCHIVE_QUERY
-    committed = [int(p.name) for p in (old / "commits").glob("*") if p.name.isdigit()]
+    old = Location.of(checkpoint_dir, "checkpoint") / OLD_ARCHIVE_QUERY
+    committed = [int(name) for name in _names(old / "commits") if name.isdigit()]
     if not committed:
         return None
     lines = (old / "offsets" / str(max(committed))).read_text().splitlines()
@@ -95,21 +98,25 @@ def carried_over_offsets(checkpoint_dir: Path, topic: str) -> str | None:
     return json.dumps({topic: {str(partition): offset for partition, offset in sorted(ends.items())}})
 
 
-def checkpoint_epoch(query_checkpoint: Path, now_s: int) -> tuple[int, bool]:
+def checkpoint_epoch(query_checkpoint: Location | Path, now_s: int) -> tuple[int, bool]:
     """The checkpoint's identity: the second it was first started, kept in it (a checkpoint deleted and started
     again is another). Returns (that second, whether this start is the checkpoint's first: no batch yet)."""
-    path = query_checkpoint / EPOCH_FILE
+    query = Location.of(query_checkpoint, "checkpoint")
+    path = query / EPOCH_FILE
     try:
         return int(json.loads(path.read_text())["started_s"]), False
     except FileNotFoundError:
         pass
     except (ValueError, KeyError, TypeError) as exc:
-        raise DetectorJobError("checkpoint epoch", str(path), f'JSON {{"started_s": <seconds>}} ({exc})') from exc
-    offsets = query_checkpoint / "offsets"
-    first = not (offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir()))
-    query_checkpoint.mkdir(parents=True, exist_ok=True)
+        raise DetectorJobError("checkpoint epoch", path.url, f'JSON {{"started_s": <seconds>}} ({exc})') from exc
+    first = not any(name.isdigit() for name in _names(query / "offsets"))
     path.write_text(json.dumps({"started_s": now_s}))
     return now_s, first
+
+
+def _names(folder: Location) -> list[str]:
+    """The names of what is directly in a checkpoint folder (files and folders; none when it does not exist)."""
+    return [info.base_name for info in folder.children()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +124,9 @@ class DetectorJob:
     registry_path: Path
     trace_connection: KafkaConnection  # the cluster of the trace topic and the lost topic
     store_url: str = field(repr=False)  # may hold a password
-    checkpoint_dir: Path
-    archive_dir: Path  # the raw-trace archive
-    verdicts_dir: Path  # the verdict archive: plain DELIVERED verdicts (khipu.verdicts.archive)
+    checkpoint_dir: Location
+    archive_dir: Location  # the raw-trace archive
+    verdicts_dir: Location  # the verdict archive: plain DELIVERED verdicts (khipu.verdicts.archive)
     trace_topic: str = "khipu.traces"
     lost_topic: str | None = "khipu.lost"
     cluster_connections: Mapping[str, KafkaConnection] = field(default_factory=dict)  # per registry cluster
@@ -133,6 +140,9 @@ class DetectorJob:
     outage_quiet_after_s: float = 30.0
 
     def __post_init__(self) -> None:
+        locations = (("checkpoint_dir", "checkpoint"), ("archive_dir", "archive"), ("verdicts_dir", "verdict archive"))
+        for name, setting in locations:  # a Path or URL given: a Location
+            object.__setattr__(self, name, Location.of(getattr(self, name), setting))
         if not self.trigger_seconds > 0:
             raise DetectorJobError("trigger_seconds", self.trigger_seconds, "a number of seconds > 0")
         if not 1 <= self.buckets <= 4096:
@@ -264,8 +274,8 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
     judged = judged_and_records(read_traces(spark, job), decoder, processor, job.shuffle_partitions)
     writer = DetectorWriter(
         job.store_url,
-        str(job.archive_dir),
-        str(job.verdicts_dir),
+        job.archive_dir.url,
+        job.verdicts_dir.url,
         job.lost_topic,
         job.trace_connection,
         keep_pointers_ms=2 * job.detector.max_wait_ms + 3_600_000,
@@ -287,7 +297,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
     query = (
         judged.writeStream.queryName(DETECTOR_QUERY)
         .foreachBatch(writer)
-        .option("checkpointLocation", str(job.checkpoint_dir / DETECTOR_QUERY))
+        .option("checkpointLocation", (job.checkpoint_dir / DETECTOR_QUERY).spark_url)
         .trigger(processingTime=f"{job.trigger_seconds} seconds")
         .start()
     )

@@ -47,6 +47,7 @@ from khipu.detector.packed import JUDGED, PACKED_FIELDS, RECORD_FIELDS, RECORDS,
 from khipu.detector.parse import quarantine_reason
 from khipu.detector.records import TRACE
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
+from khipu.storage.location import Location
 from khipu.store import Store
 from khipu.trace import archive
 from khipu.trace.archive import HOUR_MS, hour_of
@@ -102,7 +103,7 @@ class ReadProgress:
 
     def __init__(
         self,
-        checkpoint: Path,
+        checkpoint: Location | Path,
         query: str,
         topic: str,
         connection: KafkaConnection,
@@ -156,13 +157,12 @@ class ReadProgress:
 
     def _batch_ends(self, batch_id: int) -> dict[int, int] | None:
         """Where the batch ended on each partition, from the query's offset log (its last line: the source's)."""
-        path = self.checkpoint / "offsets" / str(batch_id)
+        path = Location.of(self.checkpoint, "checkpoint") / "offsets" / str(batch_id)
         try:
             lines = path.read_text().splitlines()
         except OSError as exc:
             log.warning("batch %d: the query's offset log %s unreadable (%s): how far the trace topic is read stays "
-                        "where it was, and verdicts wait; the checkpoint must be a file path the driver reads",
-                        batch_id, path, exc)  # fmt: skip
+                        "where it was, and verdicts wait", batch_id, path.url, exc)  # fmt: skip
             return None
         return source_offsets(lines[-1], self.topic) if lines else None
 
@@ -228,7 +228,7 @@ class DetectorWriter:
     @property
     def verdict_archive(self) -> VerdictArchive:
         if self._verdict_archive is None:
-            self._verdict_archive = VerdictArchive(Path(self.verdict_archive_path))
+            self._verdict_archive = VerdictArchive(Location.of(self.verdict_archive_path, "verdict archive"))
         return self._verdict_archive
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -321,7 +321,7 @@ class DetectorWriter:
             pa.nulls(traces.num_rows, pa.list_(pa.string())),
         )
         table = traces.set_column(traces.schema.get_field_index("prev_offsets"), "prev_offsets", pointers)
-        archive.write_batch(Path(self.archive_path), key, table.select(archive.SCHEMA.names))
+        archive.write_batch(Location.of(self.archive_path, "archive"), key, table.select(archive.SCHEMA.names))
 
     def _channel(self, passed: pa.Table, found: list[tuple[str, str, str, int, int]], batch_id: int) -> int:
         """Back-pointers (``found``: :func:`khipu.detector.records.pointers` of the batch) and malformed records:

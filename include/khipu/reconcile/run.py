@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
-import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from khipu.kafka.connection import KafkaConnection
 from khipu.kafka.records import record_headers
 from khipu.reconcile.window import ReconcileWindow, changes_for, judge_lead, rejudge
 from khipu.registry.model import Registry
+from khipu.storage.location import Location
 from khipu.trace.archive import ARRIVED, hour_of
 from khipu.trace.archive import SCHEMA as ARCHIVED_TRACE
 from khipu.trace.archive import spark_schema as archive_spark_schema
@@ -197,7 +197,7 @@ RecordNamer = Callable[[Lead], tuple[str | None, str | None, str | None]]
 
 def reconcile(
     spark: Any,
-    archive_dir: Path,
+    archive_dir: Location | Path,
     window: ReconcileWindow,
     registry: Registry,
     book: VerdictBook,
@@ -208,29 +208,38 @@ def reconcile(
     dry_run: bool = False,
     name_record: RecordNamer | None = None,
     progress: Callable[[str], None] = log.info,
-    verdict_archive_dir: Path | None = None,
+    verdict_archive_dir: Location | Path | None = None,
     chunk_messages: int = CHUNK_MESSAGES,
+    work_dir: Location | Path | None = None,
 ) -> ReconcileReport:
     """Reconcile the window (see the module's steps); ``verdict_archive_dir``: the verdict archive, whose plain
     DELIVERED verdicts count as the messages' verdicts beside the book's SQL rows (None: there is none);
-    ``chunk_messages``: how many of the exceptions the driver holds and judges at a time."""
+    ``chunk_messages``: how many of the exceptions the driver holds and judges at a time; ``work_dir``: where the
+    run writes what its executors read (a folder or object-store prefix they all reach; default ``reconcile``
+    beside the archive), removed when it ends."""
     from pyspark.sql import functions as F
 
     started = time.monotonic()
     progress(f"reconciling {window.describe()}{' (dry run: nothing is written)' if dry_run else ''}")
+    archive_root = Location.of(archive_dir, "archive")
+    verdict_root = Location.of(verdict_archive_dir, "verdict archive") if verdict_archive_dir is not None else None
+    work = Location.of(work_dir, "reconcile work dir") if work_dir is not None else archive_root.parent / "reconcile"
     hours = window.read_hours(now_ms)
-    existing = [h for h in hours if (archive_dir / f"hour={h}").is_dir()]
+    present = set(archive_root.child_folders("hour="))
+    existing = [h for h in hours if f"hour={h}" in present]
     if not existing:
         progress(f"no archived traces in hours {hours[0]} .. {hours[-1]}: nothing to reconcile")
         return ReconcileReport(window, dry_run, seconds=time.monotonic() - started)
-    archive_bytes = sum(f.stat().st_size for h in existing for f in (archive_dir / f"hour={h}").rglob("*.parquet"))
+    archive_bytes = sum(
+        info.size for h in existing for info in (archive_root / f"hour={h}").file_infos(recursive=True)
+    )
     partitions = shuffle_partitions(archive_bytes, spark.sparkContext.defaultParallelism)
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     arrived = F.coalesce(*(F.col(name) for name in ARRIVED))  # the broker's time, never an application's
     archive = (  # listed once: each question below is a filter of it (its ``hour`` partition column prunes hours)
         spark.read.schema(archive_spark_schema())
-        .option("basePath", str(archive_dir))
-        .parquet(*[str(archive_dir / f"hour={h}") for h in existing])
+        .option("basePath", archive_root.spark_url)
+        .parquet(*[(archive_root / f"hour={h}").spark_url for h in existing])
     )
     if window.streams:
         archive = archive.where(F.col("stream").isin(list(window.streams)))
@@ -238,21 +247,20 @@ def reconcile(
     # Nothing of the hours read is cached: each question below reads only the columns it needs from Parquet. The
     # window's messages stay in Spark; so do the exceptions (those without an archived verdict, and the open ones)
     # with their traces, pointers and archived verdicts, which come to the driver a chunk at a time to be judged.
-    archived = _archived_verdicts(spark, verdict_archive_dir, hours)
+    archived = _archived_verdicts(spark, verdict_root, hours)
     # a message first seen in the window has every trace archived in its hour or later (the archive's hour is its
     # traces' arrival), and its verdicts were decided after one of them arrived: the earlier hours are no answer
     since_start = [h for h in existing if h >= hour_of(window.start_ms)]
-    archived_since = _archived_verdicts(spark, verdict_archive_dir, since_start) if archived is not None else None
-    scratch: Path | None = None
+    archived_since = _archived_verdicts(spark, verdict_root, since_start) if archived is not None else None
+    scratch: Location | None = None
     kept: list[Any] = []
     try:
         open_messages = None
         if archived is not None:
             # the open SQL verdicts of the window's messages were decided after its traces began (a verdict keeps the
-            # time it was first decided): asked by time, a page at a time, and written to a file Spark reads (beside
-            # the trace archive, which the executors read too), so the driver never holds them all
-            scratch = Path(tempfile.mkdtemp(prefix=".khipu-reconcile-", dir=archive_dir.parent))
-            scratch.chmod(0o755)  # mkdtemp's 0700 would keep executors running as another user out
+            # time it was first decided): asked by time, a page at a time, and written to a file Spark reads (in the
+            # work folder, which the executors reach as they reach the archive), so the driver never holds them all
+            scratch = work / f"run-{uuid.uuid4().hex}"
             open_messages = _open_messages(spark, book, window.start_ms - window.horizon_ms, scratch, progress)
         exceptions = _window_exceptions(archive, arrived, window, archived_since, open_messages).persist()
         kept.append(exceptions)
@@ -286,7 +294,10 @@ def reconcile(
                 frame.unpersist()
         finally:  # whatever became of Spark
             if scratch is not None:
-                shutil.rmtree(scratch, ignore_errors=True)
+                try:
+                    scratch.delete()
+                except OSError as exc:
+                    log.warning("reconcile's working data %s not removed: %s", scratch.url, exc)
     report = ReconcileReport(
         window,
         dry_run,
@@ -439,25 +450,26 @@ def _stored(
     return [c for c in changes if (c.verdict.message_id, c.verdict.hop) not in conflicts]
 
 
-def _archived_verdicts(spark: Any, verdict_archive_dir: Path | None, hours: Sequence[str]) -> Any:
+def _archived_verdicts(spark: Any, verdict_archive: Location | None, hours: Sequence[str]) -> Any:
     """The verdict archive's rows in these hours (a DataFrame of its columns), or None when it has none."""
-    if verdict_archive_dir is None:
+    if verdict_archive is None:
         return None
+    present = set(verdict_archive.child_folders("hour="))
     folders = [
         folder
-        for folder in (verdict_archive_dir / f"hour={h}" for h in hours)
-        if any(not f.name.startswith((".", "_")) for f in folder.glob("batch_id=*/*.parquet"))
+        for folder in (verdict_archive / f"hour={h}" for h in hours if f"hour={h}" in present)
+        if any(path.endswith(".parquet") for path in folder.files(recursive=True))
     ]  # an hour whose batches were all replayed into another hour holds no file
     if not folders:
         return None
     spark_types = {"string": "string", "int32": "int", "int64": "bigint", "bool": "boolean"}
     schema = ", ".join(f"`{field.name}` {spark_types[str(field.type)]}" for field in ARCHIVED_SCHEMA)
-    frame = spark.read.schema(schema).option("basePath", str(verdict_archive_dir))
-    return frame.parquet(*[str(folder) for folder in folders]).select(*ARCHIVED_COLUMNS)
+    frame = spark.read.schema(schema).option("basePath", verdict_archive.spark_url)
+    return frame.parquet(*[folder.spark_url for folder in folders]).select(*ARCHIVED_COLUMNS)
 
 
 def _open_messages(
-    spark: Any, book: VerdictBook, since_ms: int, folder: Path, progress: Callable[[str], None]
+    spark: Any, book: VerdictBook, since_ms: int, folder: Location, progress: Callable[[str], None]
 ) -> Any | None:
     """The messages with an SQL verdict decided since ``since_ms`` that is open (``VerdictBook.open_message_pages``)
     as a Spark frame of ``message_id`` (a message once per open row); None when there are none. The store's pages
@@ -466,12 +478,17 @@ def _open_messages(
     import pyarrow.parquet as pq
 
     path, schema, rows = folder / "open-messages.parquet", pa.schema([("message_id", pa.string())]), 0
-    with pq.ParquetWriter(path, schema) as writer:
+    if folder.is_local:
+        folder.local_path.mkdir(parents=True, exist_ok=True)
+        folder.local_path.chmod(0o755)  # the umask's 0700 would keep executors running as another user out
+    with path.filesystem().open_output_stream(path.path) as stream, pq.ParquetWriter(stream, schema) as writer:
         for page in book.open_message_pages(since_ms):
             writer.write_table(pa.table({"message_id": page}, schema=schema))
             rows += len(page)
+    if folder.is_local:
+        path.local_path.chmod(0o644)
     progress(f"{rows} open SQL verdict row(s) decided since {iso_text(since_ms)}, written for Spark to read")
-    return spark.read.parquet(str(path)) if rows else None
+    return spark.read.parquet(path.spark_url) if rows else None
 
 
 def _window_exceptions(

@@ -124,6 +124,14 @@ class Location:
     def name(self) -> str:
         return self.url.rsplit("/", 1)[-1]
 
+    @property
+    def parent(self) -> Location:
+        """The folder holding it (ValueError for a bucket's top prefix or the root folder)."""
+        head = self.url.rsplit("/", 1)[0]
+        if head.endswith(":/") or (not self.is_local and head.count("/") < 3):
+            raise ValueError(f"{self.url} has no parent Khipu may write in")
+        return Location(head if head != "file://" else "file:///")
+
     def __truediv__(self, part: str) -> Location:
         if not part or part.startswith("/") or ".." in part.split("/"):
             raise ValueError(f"a relative name under {self.url}, not {part!r}")
@@ -176,6 +184,10 @@ class Location:
     def files(self, recursive: bool = False) -> list[str]:
         """The paths (in :meth:`filesystem`) of the files under it, skipping names that start with ``.`` or
         ``_`` (work in progress, bookkeeping), sorted."""
+        return [info.path for info in self.file_infos(recursive)]
+
+    def file_infos(self, recursive: bool = False) -> list[pafs.FileInfo]:
+        """:meth:`files` with their sizes (``FileInfo.size``), by path."""
         selector = pafs.FileSelector(self.path, allow_not_found=True, recursive=recursive)
         try:
             found = self.filesystem().get_file_info(selector)
@@ -183,10 +195,13 @@ class Location:
             raise StorageUnreachable(f"{self.url}: {exc}") from exc
         root = self.path.rstrip("/") + "/"
         return sorted(
-            info.path
-            for info in found
-            if info.type == pafs.FileType.File
-            and not any(part.startswith((".", "_")) for part in info.path.removeprefix(root).split("/"))
+            (
+                info
+                for info in found
+                if info.type == pafs.FileType.File
+                and not any(part.startswith((".", "_")) for part in info.path.removeprefix(root).split("/"))
+            ),
+            key=lambda info: info.path,
         )
 
     def read_bytes(self) -> bytes:

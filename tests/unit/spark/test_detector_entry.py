@@ -21,10 +21,26 @@ def load_entry():  # type: ignore[no-untyped-def]
 def test_defaults_are_the_detector_configs_and_the_state_folder() -> None:
     job, master = load_entry().parse_args([])
     assert job.detector == DetectorConfig()
-    assert job.checkpoint_dir.parts[-2:] == ("detector", "checkpoint")
+    assert job.checkpoint_dir.url.endswith("/detector/checkpoint") and job.checkpoint_dir.is_local
     assert (job.lost_topic, job.trace_topic, master) == ("khipu.lost", "khipu.traces", "local[*,4]")
     assert job.trace_connection.bootstrap_servers == "127.0.0.1:9092" and job.cluster_connections == {}
     assert job.store_url.endswith("khipu.db")
+
+
+def test_locations_are_urls_and_a_bad_one_is_refused_naming_its_option() -> None:
+    import pytest
+
+    from khipu.storage.location import StorageError
+
+    job, _ = load_entry().parse_args(
+        ["--checkpoint", "s3a://khipu-data/prod/checkpoint", "--archive", "s3://khipu-data/prod/archive"]
+    )
+    assert (job.checkpoint_dir.spark_url, job.archive_dir.url) == (
+        "s3a://khipu-data/prod/checkpoint",
+        "s3a://khipu-data/prod/archive",
+    )
+    with pytest.raises(StorageError, match="'--verdict-archive'.*a bucket and a prefix"):
+        load_entry().parse_args(["--verdict-archive", "s3a://khipu-data"])
 
 
 def test_arguments_override_and_an_empty_lost_topic_turns_it_off() -> None:
