@@ -30,6 +30,7 @@ from khipu.detector.job import (
 )
 from khipu.detector.launch import connector_jars, driver_settings, read_connections_file, throughput_settings
 from khipu.detector.model import DetectorConfig, DetectorConfigError
+from khipu.errors import InvalidSetting
 from khipu.settings import KhipuSettings
 from khipu.storage.location import Location
 from khipu.storage.spark import hadoop_settings
@@ -126,7 +127,11 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one line per callback otherwise
-    job, master = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        job, master = parse_args(sys.argv[1:] if argv is None else argv)
+    except InvalidSetting as exc:
+        print(f"detector: {exc}", file=sys.stderr)
+        return 2
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
@@ -138,7 +143,12 @@ def main(argv: list[str] | None = None) -> int:
             builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    queries = start_detector(spark, job)
+    try:
+        queries = start_detector(spark, job)
+    except InvalidSetting as exc:
+        print(f"detector: {exc}", file=sys.stderr)
+        spark.stop()
+        return 2
     signal.signal(signal.SIGTERM, lambda *_: [q.stop() for q in queries])
     write_driver_record(job.checkpoint_dir)  # up: a supervisor on this host tells a hung detector from a dead one
     logging.getLogger("khipu.detector").info("detector running: %s", ", ".join(q.name for q in queries))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from khipu.config import SparkSection, load
 from khipu.detector.committed import ClusterClients, cluster_lookups
-from khipu.detector.launch import connector_jars, driver_settings, read_connections_file
+from khipu.detector.launch import check_deployment, connector_jars, driver_settings, read_connections_file
 from khipu.detector.model import DetectorConfig
 from khipu.errors import InvalidSetting
 from khipu.reconcile.run import SPARK_SETTINGS, kafka_record_namer, reconcile
@@ -95,6 +95,16 @@ def main(argv: list[str]) -> int:
     for key, value in settings_now.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    try:
+        check_deployment(
+            spark.sparkContext.master,
+            store_url,
+            {"--archive": archive, "--verdict-archive": verdict_archive, "--work": work},
+        )
+    except InvalidSetting as exc:
+        print(f"reconcile: {exc}", file=sys.stderr)
+        spark.stop()
+        return 2
     store = Store(store_url)
     try:
         clients = ClusterClients(connections, store_url)

@@ -35,7 +35,7 @@ from khipu.detector.committed import (
     RecordRemovals,
     StreamReadProgress,
 )
-from khipu.detector.launch import DetectorJobError
+from khipu.detector.launch import DetectorJobError, check_deployment
 from khipu.detector.model import DETECTOR_QUERY, DetectorConfig
 from khipu.detector.outage import SOURCE_OPTIONS, OutageWatch, WaitingReporter
 from khipu.detector.outputs import BatchFigures, BatchKeys, DetectorWriter, HeartbeatListener, ReadProgress
@@ -226,6 +226,11 @@ def warn_unless_stamped_by_the_broker(job: DetectorJob) -> None:
 
 
 def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery]:
+    check_deployment(
+        spark.sparkContext.master,
+        job.store_url,
+        {"checkpoint": job.checkpoint_dir, "archive": job.archive_dir, "verdict archive": job.verdicts_dir},
+    )
     registry = load_registry(job.registry_path)
     spark.conf.set("spark.sql.shuffle.partitions", str(job.shuffle_partitions))
     spark.conf.set("spark.sql.session.timeZone", "UTC")  # the archive's hour partitions are UTC hours

@@ -19,6 +19,7 @@ from khipu.errors import InvalidSetting
 from khipu.files import write_owner_only
 from khipu.kafka import KafkaConnection
 from khipu.settings import project_root
+from khipu.storage.location import Location
 
 CONNECTOR_JARS = project_root() / ".jvm" / "spark-kafka"
 
@@ -104,3 +105,32 @@ def read_connections_file(path: Path) -> tuple[KafkaConnection, dict[str, KafkaC
         raise DetectorJobError(
             "connections file", str(path), '{"trace": ..., "clusters": {...}, "store_url": ...}'
         ) from None
+
+
+def runs_on_one_host(master: str) -> bool:
+    """Whether every executor of a Spark master runs in the driver's process (``local``, ``local[...]``)."""
+    return master == "local" or master.startswith("local[")
+
+
+def check_deployment(master: str, store_url: str, locations: Mapping[str, Location]) -> None:
+    """Refuse, before anything starts, a set-up whose executors would reach for what only the driver's host has:
+    with a master whose executors run elsewhere (``spark://``, ``yarn``, ``k8s://``), an SQLite store (a file on
+    the driver's disk: executors on another host would find no store and decide nothing) or a local folder for
+    an archive or the checkpoint. Then every location must answer (an object store that cannot be listed, a
+    bucket that does not exist). DetectorJobError names the setting, its value and what is expected."""
+    if not runs_on_one_host(master):
+        if store_url.startswith("sqlite"):
+            raise DetectorJobError(
+                "store", f"SQLite with master {master}",
+                "PostgreSQL (KHIPU_STORE_URL=postgresql://...) when executors run off the driver's host: an SQLite "
+                "file is on the driver's disk only; or a local[...] master",
+            )  # fmt: skip
+        for setting, location in locations.items():
+            if location.is_local:
+                raise DetectorJobError(
+                    setting, f"{location.spark_url} with master {master}",
+                    "an object store URL every host reaches (KHIPU_DATA_URL=s3a://bucket/prefix): a local folder "
+                    "is on the driver's disk only; or a local[...] master",
+                )  # fmt: skip
+    for setting, location in locations.items():
+        location.check_reachable(setting)
