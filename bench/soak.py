@@ -76,6 +76,7 @@ from khipu.detector.job import DETECTOR_QUERY, DetectorJob
 from khipu.kafka import KafkaAdmin, KafkaConnection
 from khipu.localstack.broker import BrokerSpec, start_broker
 from khipu.localstack.processes import stop_process_group
+from khipu.retention.usage import folder_bytes
 from khipu.store import Store
 from khipu.trace import Trace, TraceType
 from khipu.verdicts.archive import SCHEMA as ARCHIVE_SCHEMA
@@ -261,10 +262,6 @@ def heap(jvm: int) -> dict[str, float]:
         "committed": sum(gc.get(k, 0.0) for k in ("S0C", "S1C", "EC", "OC")) * 1024,
         "old": gc.get("OU", 0.0) * 1024,
     }
-
-
-def folder_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
 def store_bytes(job: DetectorJob) -> int:

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from figures import NO_TARGET
+from khipu.retention.usage import folder_bytes
 from khipu.store import Store
 from khipu.trace import archive
 from khipu.verdicts.archive import VerdictArchive, verdict_table
@@ -95,10 +96,6 @@ def delivered_of(table: pa.Table) -> list[dict[str, object]]:
         }
         for r in received
     ]
-
-
-def folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def main() -> None:

@@ -32,6 +32,8 @@ from khipu.detector.supervise import DetectorObservation, DetectorState, Supervi
 from khipu.localstack.processes import ProcessTable, Started
 from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings, project_root
+from khipu.storage.location import Location
+from khipu.storage.spark import hadoop_settings
 from khipu_airflow.hooks import KhipuKafkaHook, KhipuStoreHook, cluster_connections
 
 log = logging.getLogger(__name__)
@@ -56,8 +58,10 @@ def detector_dir() -> Path:
     return KhipuSettings.from_env().state_dir / "detector"
 
 
-def checkpoint_dir() -> Path:
-    return detector_dir() / "checkpoint"
+def checkpoint_dir() -> Location:
+    """The detector's checkpoint (``<KHIPU_DATA_URL>/detector/checkpoint``: a local folder or an object store,
+    where the driver also records itself, so this reads it from any host)."""
+    return KhipuSettings.from_env().checkpoint_dir
 
 
 def application() -> str:
@@ -173,18 +177,18 @@ def application_args(kafka_conn_id: str, store_conn_id: str) -> list[str]:
         "--lost-topic",
         settings.lost_topic,
         "--checkpoint",
-        str(checkpoint_dir()),
+        checkpoint_dir().url,
         "--archive",
-        str(settings.archive_dir),
+        settings.archive_dir.url,
         "--verdict-archive",
-        str(settings.verdict_archive_dir),
+        settings.verdict_archive_dir.url,
     ]
 
 
 def submit_hook(spark_conn_id: str, args: list[str]) -> SparkSubmitHook:
     hook = SparkSubmitHook(
         conn_id=spark_conn_id,
-        conf={"spark.ui.enabled": "false"},
+        conf={"spark.ui.enabled": "false", **hadoop_settings(os.environ)},  # where the object store is: no secret
         jars=",".join(str(jar) for jar in connector_jars()),
         name="khipu-detector",
         application_args=args,

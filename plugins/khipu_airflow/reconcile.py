@@ -23,7 +23,7 @@ from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from khipu.clock import iso_text
-from khipu.detector.launch import write_connections_file
+from khipu.detector.launch import connector_jars, write_connections_file
 from khipu.detector.model import DETECTOR_QUERY
 from khipu.reconcile.window import (
     ArchiveCoverage,
@@ -34,6 +34,8 @@ from khipu.reconcile.window import (
 )
 from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings, project_root
+from khipu.storage.location import Location
+from khipu.storage.spark import hadoop_settings
 from khipu.store import Store
 from khipu.trace.archive import hour_of
 from khipu_airflow.detector import driver_log_config
@@ -56,13 +58,13 @@ def application() -> str:
     return str(project_root() / "spark" / "reconcile.py")
 
 
-def archive_dir() -> Path:
+def archive_dir() -> Location:
     return KhipuSettings.from_env().archive_dir
 
 
 def archive_coverage(store_conn_id: str) -> ArchiveCoverage:
     """The archive's first hour (its oldest hour folder) and up to when the detector has archived the topic."""
-    hours = sorted(p.name.removeprefix("hour=") for p in archive_dir().glob("hour=*") if p.is_dir())
+    hours = sorted(name.removeprefix("hour=") for name in archive_dir().child_folders("hour="))
     store = Store(KhipuStoreHook(store_conn_id).url())
     try:
         read_to = store.heartbeat.read_to_ms(DETECTOR_QUERY)
@@ -174,9 +176,11 @@ def job_args(window: ReconcileWindow, dry_run: bool) -> list[str]:
         "--registry",
         str(settings.registry_path),
         "--archive",
-        str(archive_dir()),
+        archive_dir().url,
         "--verdict-archive",
-        str(settings.verdict_archive_dir),
+        settings.verdict_archive_dir.url,
+        "--work",
+        (settings.data / "reconcile").url,
         "--connections-file",
         str(connections),
         "--summary-file",
@@ -201,7 +205,9 @@ def run_reconciliation(
             "spark.ui.enabled": "false",
             "spark.sql.session.timeZone": "UTC",
             "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{driver_log_config()}",
+            **hadoop_settings(os.environ),  # where the object store is; its credentials stay in the environment
         },
+        jars=",".join(str(jar) for jar in connector_jars()),  # S3A with them, for an archive in an object store
         name="khipu-reconcile",
         application_args=args,
         env_vars={"PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)},

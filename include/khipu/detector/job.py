@@ -227,7 +227,7 @@ def warn_unless_stamped_by_the_broker(job: DetectorJob) -> None:
 
 def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery]:
     check_deployment(
-        spark.sparkContext.master,
+        spark.sparkContext.master or "local",
         job.store_url,
         {"checkpoint": job.checkpoint_dir, "archive": job.archive_dir, "verdict archive": job.verdicts_dir},
     )

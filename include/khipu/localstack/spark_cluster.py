@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,7 +60,16 @@ class SparkCluster:
         self.pids.clear()
 
 
-def _spawn(cluster: SparkCluster, name: str, argv: list[str], memory_mb: int) -> int:
+def _spawn(
+    cluster: SparkCluster,
+    name: str,
+    argv: list[str],
+    memory_mb: int,
+    *,
+    run_as: str | None = None,
+    environment: Mapping[str, str] | None = None,
+    home: Path | None = None,
+) -> int:
     log = cluster.directory / f"{name}.log"
     env = {
         **os.environ,
@@ -66,10 +77,16 @@ def _spawn(cluster: SparkCluster, name: str, argv: list[str], memory_mb: int) ->
         "SPARK_LOCAL_IP": HOST,  # every listener of the daemon, its web UI included, on loopback only
         "SPARK_DAEMON_MEMORY": f"{memory_mb}m",
         "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        **(environment or {}),
     }
+    prefix: list[str] = []
+    if run_as is not None:  # another Unix user: it cannot read what the driver's user keeps to itself
+        user = pwd.getpwnam(run_as)
+        prefix = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "--"]
+        env |= {"HOME": str(home or cluster.directory), "USER": run_as, "LOGNAME": run_as}
     with log.open("ab") as out:
         process = subprocess.Popen(
-            [str(spark_home() / "bin" / "spark-class"), *argv],
+            [*prefix, str(spark_home() / "bin" / "spark-class"), *argv],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -80,9 +97,21 @@ def _spawn(cluster: SparkCluster, name: str, argv: list[str], memory_mb: int) ->
 
 
 def start_spark_cluster(
-    directory: Path, workers: int = 2, cores_per_worker: int = 1, worker_memory_mb: int = 3072, timeout_s: float = 90
+    directory: Path,
+    workers: int = 2,
+    cores_per_worker: int = 1,
+    worker_memory_mb: int = 3072,
+    timeout_s: float = 90,
+    *,
+    run_as: str | None = None,
+    worker_environment: Mapping[str, str] | None = None,
 ) -> SparkCluster:
-    """Start a master and ``workers`` workers; return once every worker has registered with the master."""
+    """Start a master and ``workers`` workers; return once every worker has registered with the master.
+
+    ``run_as``: the workers (and so their executors) run as that Unix user, each with a work folder and local
+    folders of its own, as on hosts that share nothing with the driver: they cannot read the driver's state
+    (needs root; ``directory`` must be one that user can reach). ``worker_environment``: added to the workers'
+    environment, which their executors inherit (an object store's credentials: never a Spark setting)."""
     directory.mkdir(parents=True, exist_ok=True)
     cluster = SparkCluster(directory, free_port(), free_port())
     try:
@@ -109,7 +138,12 @@ def start_spark_cluster(
             time.sleep(0.3)
         for number in range(workers):
             work = directory / f"worker-{number}"
-            work.mkdir(exist_ok=True)
+            local = work / "local"  # its executors' scratch (shuffle, spills), its own as a host's disk would be
+            local.mkdir(parents=True, exist_ok=True)
+            if run_as is not None:
+                user = pwd.getpwnam(run_as)
+                for folder in (work, local):
+                    os.chown(folder, user.pw_uid, user.pw_gid)
             _spawn(
                 cluster,
                 f"worker-{number}",
@@ -128,6 +162,9 @@ def start_spark_cluster(
                     cluster.url,
                 ],
                 512,
+                run_as=run_as,
+                environment={**(worker_environment or {}), "SPARK_LOCAL_DIRS": str(local)},
+                home=work,
             )
         while cluster.alive_workers() < workers:
             if time.monotonic() > deadline:

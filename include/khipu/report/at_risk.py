@@ -31,9 +31,10 @@ from khipu.access import reach_limit
 from khipu.health.evaluate import time_lag_bound_ms
 from khipu.offsets.model import PartitionKey, PartitionSnapshot
 from khipu.registry.model import Registry
-from khipu.report.search import MAX_SCAN_BYTES, archive_hours, plan_scan
+from khipu.report.search import MAX_SCAN_BYTES, archive_hours, hour_files, plan_scan
+from khipu.storage.location import Location
 from khipu.store import Store
-from khipu.trace.archive import HOUR_MS, hour_of
+from khipu.trace.archive import HOUR_MS
 
 PACE_WINDOW_MS = 10 * 60_000  # the group's pace: its committed offsets over the last ten minutes of snapshots
 SNAPSHOTS_MS = HOUR_MS  # offset snapshots older than this are not read (the snapshot DAG takes one a minute)
@@ -239,7 +240,7 @@ def oldest_age_ms(health_row: Mapping[str, Any]) -> int | None:
 
 def messages_at_risk(
     store: Store,
-    archive_dir: Path | None,
+    archive_dir: Location | Path | None,
     cluster: str,
     now_ms: int,
     within_ms: int = DEFAULT_WITHIN_MS,
@@ -294,16 +295,15 @@ def messages_at_risk(
     return AtRiskReport(cluster, now_ms, within_ms, lines, named, complete, notes)
 
 
-def scan_sent(archive_dir: Path | None, hours: Sequence[int], backlogs: Sequence[Backlog]) -> list[SentRecord]:
-    """The SENT traces in these archive hours of the backlogs' unconsumed offsets, batch by batch."""
+def scan_sent(
+    archive_dir: Location | Path | None, hours: Sequence[int], backlogs: Sequence[Backlog]
+) -> list[SentRecord]:
+    """The SENT traces in these archive hours of the backlogs' unconsumed offsets, batch by batch (the archive a
+    local folder or an object store)."""
     if archive_dir is None or not hours or not backlogs:
         return []
-    files = [
-        str(path)
-        for hour in hours
-        for path in sorted((archive_dir / f"hour={hour_of(hour * HOUR_MS)}").rglob("*.parquet"))
-        if not path.name.startswith((".", "_"))
-    ]
+    root = Location.of(archive_dir, "archive")
+    files = hour_files(root, hours)
     if not files:
         return []
     wanted: ds.Expression | None = None
@@ -329,6 +329,8 @@ def scan_sent(archive_dir: Path | None, hours: Sequence[int], backlogs: Sequence
             int(r["offset"]),
             int(r["timestamp_ms"]),
         )
-        for batch in ds.dataset(files, format="parquet").to_batches(columns=columns, filter=condition)
+        for batch in ds.dataset(files, format="parquet", filesystem=root.filesystem()).to_batches(
+            columns=columns, filter=condition
+        )
         for r in batch.to_pylist()
     ]

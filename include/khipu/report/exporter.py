@@ -57,6 +57,7 @@ from khipu.registry.model import AlertThresholds
 from khipu.report.storage import storage_families, storage_health
 from khipu.retention.policy import RetentionPolicy
 from khipu.settings import KhipuSettings
+from khipu.storage.location import Location
 from khipu.store import Store, StoreError
 from khipu.trace.archive import HOUR_MS
 from khipu.verdicts.metrics import counts_by_hop, verdict_counts
@@ -438,7 +439,7 @@ class KhipuCollector:
         queries: Sequence[str] = (DETECTOR_QUERY,),
         elapsed_s: Callable[[], float] = time.perf_counter,
         thresholds: Mapping[str, AlertThresholds] | None = None,  # each stream's, from the registry
-        archives: Mapping[str, Path] | None = None,  # name -> folder: their disk use is served too
+        archives: Mapping[str, Location | Path] | None = None,  # name -> where: their storage use is served too
         policy: RetentionPolicy | None = None,  # the disk threshold the khipu_state_disk_low gauge compares with
     ) -> None:
         self._open_store = open_store
@@ -449,8 +450,15 @@ class KhipuCollector:
         self._queries = tuple(queries)
         self._elapsed_s = elapsed_s
         self._thresholds = dict(thresholds or {})
-        self._archives = dict(archives or {})
+        self._archives = {name: Location.of(where, name) for name, where in (archives or {}).items()}
         self._policy = policy or RetentionPolicy()
+        remote = [f"the {name} ({where.url})" for name, where in self._archives.items() if not where.is_local]
+        if remote:
+            log.info(
+                "khipu exporter: %s in an object store, on no local disk: khipu_archive_local is 0 for it and no "
+                "khipu_state_disk_* gauge covers it",
+                " and ".join(remote),
+            )
 
     def describe(self) -> Iterable[Metric]:
         """The families served, without reading the store (the registry checks names with it)."""
@@ -485,8 +493,11 @@ class KhipuCollector:
                 store.close()
         except StoreError:
             pass  # the scrape error gauge already says the store could not be read
-        state_dir = next(iter(self._archives.values())).parent
-        return storage_families(storage_health(self._archives, state_dir, self._policy, size))
+        try:
+            return storage_families(storage_health(self._archives, self._policy, size))
+        except OSError as exc:  # an object store that does not answer costs the storage gauges, not the scrape
+            log.error("khipu exporter: the archives' storage could not be read, no storage gauges served: %s", exc)
+            return []
 
     def _read(self, now_ms: int) -> StoreReading | None:
         """The store's reading, or None when it could not be read (logged)."""

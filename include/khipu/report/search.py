@@ -9,9 +9,10 @@ verdict archive (those, with an index of the micro-batches that decided each mes
 - **by attribute**: the trace archive's hours within the range, only the streams whose registry entry declares
   that attribute; then the store and the verdict archive for the messages found.
 
-The trace archive is scanned newest hour first, and a search reads at most ``max_scan_bytes`` of it (the
-Parquet files' size on disk): an older part of the range that does not fit is left out, and the answer says
-which hours were read, how much the range holds, the bound, and the ``until`` that searches the next older part.
+The trace archive (a local folder or an object store) is scanned newest hour first, and a search reads at most
+``max_scan_bytes`` of it (the Parquet files' size): an older part of the range that does not fit is left out, and
+the answer says which hours were read, how much the range holds, the bound, and the ``until`` that searches the
+next older part.
 
 Given the registry as one person sees it (the view's), only the messages of its streams are found: another
 team's message is not found, as one that does not exist.
@@ -26,7 +27,6 @@ import json
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +35,14 @@ import pyarrow.dataset as ds
 
 from khipu.access import reach_limit
 from khipu.clock import iso_text
+from khipu.reconcile.window import hour_start_ms
 from khipu.registry.model import Registry
 from khipu.report.limits import MAX_TIME_MS
 from khipu.report.service import ReportQueryError
+from khipu.retention.usage import hour_data_bytes
+from khipu.storage.location import Location
 from khipu.store import Store
-from khipu.trace.archive import HOUR_MS, hour_of
+from khipu.trace.archive import HOUR_MS, hour_folder, hour_of
 from khipu.verdicts.archive import VerdictArchive
 from khipu.verdicts.read import verdicts_of
 
@@ -49,7 +52,6 @@ MAX_RESULTS = 500
 ID_PREFIX = "id:"  # "id:a=b" looks for the message id "a=b", never for an attribute
 ATTRIBUTE_TERM = re.compile(r"([A-Za-z_][A-Za-z0-9_.-]*)=([^=].*)", re.S)  # name=value; "abc==" is an id
 STORE, VERDICT_ARCHIVE, TRACE_ARCHIVE = "store", "verdict archive", "trace archive"
-_HOUR_FOLDER = re.compile(r"hour=(\d{4}-\d{2}-\d{2}-\d{2})")
 _PLAIN_JSON = re.compile(r"[\x20\x21\x23-\x2e\x30-\x5b\x5d-\x7e]+")  # printable ASCII but " / \: as JSON writes it
 
 
@@ -102,7 +104,7 @@ def parse_term(text: str, declared: Mapping[str, Collection[str]]) -> SearchTerm
 @dataclass(frozen=True, slots=True)
 class ArchiveHour:
     hour: int  # ms // HOUR_MS
-    bytes: int  # its Parquet files on disk
+    bytes: int  # its Parquet files' size
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,8 +266,8 @@ class SearchAnswer:
 def search(
     store: Store,
     registry: Registry,
-    archive_dir: Path | None,
-    verdict_archive_dir: Path | None,
+    archive_dir: Location | Path | None,
+    verdict_archive_dir: Location | Path | None,
     text: str,
     *,
     since_ms: int | None,
@@ -329,23 +331,19 @@ def search(
     )
 
 
-def archive_hours(archive_dir: Path | None) -> list[ArchiveHour]:
-    """The trace archive's hours with their Parquet files' bytes (an archive not there holds none)."""
-    if archive_dir is None or not archive_dir.is_dir():
+def archive_hours(archive_dir: Location | Path | None) -> list[ArchiveHour]:
+    """The trace archive's hours with their Parquet files' bytes (an archive not there holds none), from one
+    listing of the archive, a local folder or an object store alike."""
+    if archive_dir is None:
         return []
-    hours = []
-    for folder in archive_dir.iterdir():
-        matched = _HOUR_FOLDER.fullmatch(folder.name)
-        if matched is None or not folder.is_dir():
-            continue
-        start = datetime.strptime(matched.group(1), "%Y-%m-%d-%H").replace(tzinfo=UTC)
-        size = sum(path.stat().st_size for path in _parquet_files(folder))
-        hours.append(ArchiveHour(int(start.timestamp() * 1000) // HOUR_MS, size))
-    return hours
+    return [
+        ArchiveHour(hour_start_ms(hour) // HOUR_MS, size)
+        for hour, size in hour_data_bytes(Location.of(archive_dir, "archive")).items()
+    ]
 
 
 def scan_traces(
-    archive_dir: Path | None,
+    archive_dir: Location | Path | None,
     hours: Sequence[int],
     since_ms: int,
     until_ms: int,
@@ -359,7 +357,8 @@ def scan_traces(
     hour and batch by batch (never a whole hour in memory)."""
     if archive_dir is None or not hours:
         return []
-    files = [str(path) for hour in hours for path in _parquet_files(archive_dir / f"hour={hour_of(hour * HOUR_MS)}")]
+    root = Location.of(archive_dir, "archive")
+    files = hour_files(root, hours)
     if not files:
         return []
     columns = ["message_id", "stream", "timestamp_ms", "attributes"]
@@ -369,7 +368,8 @@ def scan_traces(
     elif attribute is not None:
         condition &= ds.field("stream").isin(sorted(streams))
     found: list[Sighting] = []
-    for batch in ds.dataset(files, format="parquet").to_batches(columns=columns, filter=condition):
+    dataset = ds.dataset(files, format="parquet", filesystem=root.filesystem())
+    for batch in dataset.to_batches(columns=columns, filter=condition):
         if attribute is not None:
             value = attribute[1]
             if _PLAIN_JSON.fullmatch(value):  # cheap first cut on the raw JSON text; the exact test below
@@ -388,10 +388,15 @@ def scan_traces(
     return found
 
 
-def _parquet_files(folder: Path) -> list[Path]:
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.rglob("*.parquet") if not p.name.startswith((".", "_")))
+def hour_files(root: Location, hours: Iterable[int]) -> list[str]:
+    """The Parquet files of these archive hours (ms // HOUR_MS), as paths in ``root``'s file system; what is
+    being written or kept for bookkeeping (a name starting with ``.`` or ``_``) is not read."""
+    return [
+        path
+        for hour in hours
+        for path in (root / hour_folder(hour * HOUR_MS)).files(recursive=True)
+        if path.endswith(".parquet")
+    ]
 
 
 def _attributes(text: str | None) -> dict[str, str]:

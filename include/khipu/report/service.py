@@ -47,6 +47,7 @@ from khipu.report.overview import (
 from khipu.report.routemap import PartitionState, RouteMap, route_map
 from khipu.report.storage import StorageHealth, storage_health
 from khipu.retention.policy import RetentionPolicy
+from khipu.storage.location import Location
 from khipu.store import Store
 from khipu.trace.archive import HOUR_MS, hours_between, read_traces, read_traces_in_hours
 from khipu.verdicts.archive import VerdictArchive
@@ -206,7 +207,9 @@ def decode_cursor(cursor: str | None) -> tuple[int, str, str] | None:
         raise ReportQueryError("cursor", cursor, "the next_cursor of a previous page") from None
 
 
-def verdict_page(store: Store, registry: Registry, archive_dir: Path | None, query: VerdictQuery) -> VerdictPage:
+def verdict_page(
+    store: Store, registry: Registry, archive_dir: Location | Path | None, query: VerdictQuery
+) -> VerdictPage:
     """One page of verdicts, newest first, each with its recovery attributes and its history."""
     query = query.checked(registry)
     limit = reach_limit(registry)
@@ -251,7 +254,7 @@ def verdict_page(store: Store, registry: Registry, archive_dir: Path | None, que
 
 
 def _attributes(
-    archive_dir: Path | None, rows: Sequence[dict[str, Any]]
+    archive_dir: Location | Path | None, rows: Sequence[dict[str, Any]]
 ) -> tuple[dict[str, dict[str, str]], str | None]:
     """The recovery attributes of the rows' messages, from the archive hours each row's traces can be in (at most
     the newest MAX_ATTRIBUTE_HOURS of them); an archive that cannot be read costs the attributes, not the page."""
@@ -279,10 +282,10 @@ def _attributes(
 def message_report(
     store: Store,
     registry: Registry,
-    archive_dir: Path | None,
+    archive_dir: Location | Path | None,
     message_id: str,
     now_ms: int,
-    verdict_archive_dir: Path | None = None,
+    verdict_archive_dir: Location | Path | None = None,
 ) -> MessageReport:
     """Everything known of one message, along its route: its verdicts (the store's, and the verdict archive's
     plain DELIVERED ones where the store has none), their history (an archived verdict's: its decision),
@@ -486,7 +489,7 @@ def khipu_health(
     queries: Collection[str] = (DETECTOR_QUERY,),
     stale_after_ms: int | None = None,
     registry: Registry | None = None,
-    archives: Mapping[str, Path] | None = None,
+    archives: Mapping[str, Location | Path] | None = None,
     policy: RetentionPolicy | None = None,
 ) -> KhipuHealth:
     """Khipu's own health: the detector's heartbeat and rates, the trace channel's gaps and quarantine, and (with
@@ -526,9 +529,8 @@ def khipu_health(
             by_emitter[location] = by_emitter.get(location, 0) + line.impossible
     storage = None
     if archives:
-        state_dir = next(iter(archives.values())).parent
         storage = storage_health(
-            archives, state_dir, policy or RetentionPolicy(), store.engine.size_bytes(), store.verdicts.oldest_minute()
+            archives, policy or RetentionPolicy(), store.engine.size_bytes(), store.verdicts.oldest_minute()
         )
     limit = reach_limit(registry) if registry is not None else None
     gaps = [gap for gap in store.channel.gap_summary() if limit is None or gap["location"] in limit.locations]

@@ -54,6 +54,7 @@ from khipu.kafka.records import (
 from khipu.registry.model import Registry, ResendMode, Stream, TopicRef, UnknownStreamError
 from khipu.resend.ledger import BUSY, FAILED, PRODUCED, UNRECOVERABLE, Landed, Placed, run_attempt
 from khipu.resend.plan import ResendPlan, SourceKind, plan_resend
+from khipu.storage.location import Location
 from khipu.store import Store
 from khipu.trace.archive import HOUR_MS, hours_between, read_traces_in_hours
 from khipu.tracing.headers import HEADER_RESEND_ID, RESEND_HEADERS, ResendMark, TraceContext
@@ -179,12 +180,14 @@ class Resender:
         registry: Registry,
         connections: Mapping[str, KafkaConnection],
         now_ms: Callable[[], int],
-        archive_dir: Path | None = None,
+        archive_dir: Location | Path | None = None,
         wait_ms: int = WAIT_MS,
-        verdict_archive_dir: Path | None = None,
+        verdict_archive_dir: Location | Path | None = None,
     ) -> None:
         self.store, self.registry, self.connections = store, registry, connections
-        self.now_ms, self.archive_dir, self.wait_ms = now_ms, archive_dir, wait_ms
+        self.now_ms, self.wait_ms = now_ms, wait_ms
+        # the archives: each a local folder or an object-store prefix
+        self.archive_dir = Location.of(archive_dir, "trace archive") if archive_dir is not None else None
         # a write-hop loss in a processor is resent from the record its read hop DELIVERED: archived, often
         self.verdict_archive = VerdictArchive(verdict_archive_dir) if verdict_archive_dir is not None else None
         self.book = VerdictBook(store.verdicts)

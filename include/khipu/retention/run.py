@@ -18,21 +18,17 @@ counts are exact.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
 from khipu.registry.model import Registry, ResendMode
 from khipu.retention.policy import REMOVABLE_VERDICTS, RetentionPlan
 from khipu.retention.usage import archive_hours, folder_bytes
+from khipu.storage.location import Location
 from khipu.store import Store
 from khipu.store.verdicts import Summarize
 from khipu.trace import archive
@@ -100,8 +96,8 @@ def pinned_for_resend(store: Store, registry: Registry) -> Pinned:
 
 def run_retention(
     store: Store,
-    trace_archive: Path,
-    verdict_archive: Path,
+    trace_archive: Location | Path,
+    verdict_archive: Location | Path,
     registry: Registry,
     plan: RetentionPlan,
     summarize: Summarize,
@@ -111,14 +107,16 @@ def run_retention(
 ) -> RetentionReport:
     """Remove everything older than the plan's cutoffs, kind by kind, keeping what a pending resend needs (see
     the module's doc); a dry run changes nothing and reports the same. Safe to repeat: a second run at the same
-    ``now`` removes nothing more."""
+    ``now`` removes nothing more. Each archive is a local folder or an object-store prefix."""
+    trace_root = Location.of(trace_archive, "trace archive")
+    verdict_root = Location.of(verdict_archive, "verdict archive")
     report = RetentionReport(plan, dry_run)
     would = "would remove" if dry_run else "removed"
     pinned = pinned_for_resend(store, registry)
     if pinned.message_ids:
         report.say(progress, f"keeping the verdicts and traces of {pinned.described}, whatever their age")
 
-    hours, freed, rewritten = _prune_trace_archive(trace_archive, plan.trace_archive_before_ms, pinned, dry_run)
+    hours, freed, rewritten = _prune_trace_archive(trace_root, plan.trace_archive_before_ms, pinned, dry_run)
     report.removed.update({"trace_archive_hours": hours, "trace_archive_bytes": freed})
     if rewritten:
         report.kept["trace_archive"] = f"{rewritten} hour(s) reduced to the traces of {pinned.described}"
@@ -128,9 +126,7 @@ def run_retention(
         f"trace archive: {would} {hours} hour(s) before {before}, {freed:,} bytes; {rewritten} kept for resends",
     )
 
-    hours, freed, copied = _prune_verdict_archive(
-        store, verdict_archive, plan.verdict_archive_before_ms, pinned, dry_run
-    )
+    hours, freed, copied = _prune_verdict_archive(store, verdict_root, plan.verdict_archive_before_ms, pinned, dry_run)
     report.removed.update({"verdict_archive_hours": hours, "verdict_archive_bytes": freed})
     if copied:
         report.kept["verdict_archive"] = f"{copied} archived verdict(s) of {pinned.described} copied to the store"
@@ -176,7 +172,7 @@ def run_retention(
     return report
 
 
-def _prune_trace_archive(root: Path, before_ms: int, pinned: Pinned, dry_run: bool) -> tuple[int, int, int]:
+def _prune_trace_archive(root: Location, before_ms: int, pinned: Pinned, dry_run: bool) -> tuple[int, int, int]:
     """Remove the trace archive's hours before ``before_ms``; an hour holding a pinned message's traces is rewritten
     to hold only those. Returns (hours removed, bytes freed, hours rewritten)."""
     cutoff = hour_of(before_ms)
@@ -194,44 +190,38 @@ def _prune_trace_archive(root: Path, before_ms: int, pinned: Pinned, dry_run: bo
         removed += 1
         freed += size
         if not dry_run:
-            shutil.rmtree(folder)
+            folder.delete()
     return removed, freed, rewritten
 
 
-def _kept_traces(folder: Path, message_ids: Collection[str], dry_run: bool) -> int | None:
+def _kept_traces(folder: Location, message_ids: Collection[str], dry_run: bool) -> int | None:
     """Reduce an hour folder to the traces of these messages (one file, batch_id=-1) and return its new size in
-    bytes; None (left as it is) when it holds none of them. The kept file is written under a temporary name and
-    renamed into place before the other batches' folders go, so the traces are always there (for a moment
-    twice: readers drop a trace archived twice) and a run that stops half-way is finished by the next. A dry
-    run measures the file in memory and writes nothing."""
-    files = sorted(p for p in folder.glob("batch_id=*/*.parquet") if not p.name.startswith((".", "_")))
+    bytes; None (left as it is) when it holds none of them. The kept file is written whole
+    (:meth:`Location.write_bytes`: a local file renamed into place, an object uploaded in one piece) before the
+    other batches' folders go, so the traces are always there (for a moment twice: readers drop a trace archived
+    twice) and a run that stops half-way is finished by the next. A dry run measures the file in memory and
+    writes nothing."""
+    batches = folder.child_folders("batch_id=")
+    files = [path for name in batches for path in (folder / name).files() if path.endswith(".parquet")]
     if not files:
         return None
-    dataset = ds.dataset([str(f) for f in files], format="parquet", schema=archive.SCHEMA)
+    dataset = ds.dataset(files, format="parquet", schema=archive.SCHEMA, filesystem=folder.filesystem())
     table = dataset.to_table(filter=ds.field("message_id").isin(sorted(message_ids)))
     if not table.num_rows:
         return None
+    data = archive.parquet_bytes(table)
     if dry_run:
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, compression="zstd")
-        return int(sink.tell())
-    kept = folder / KEPT_BATCH
-    if any(f.parent != kept for f in files):
-        kept.mkdir(exist_ok=True)
-        temporary = kept / f".part-0.{uuid.uuid4().hex}.tmp"
-        try:
-            pq.write_table(table, temporary, compression="zstd")
-            os.replace(temporary, kept / "part-0.parquet")
-        finally:
-            temporary.unlink(missing_ok=True)
-        for other in folder.glob("batch_id=*"):
-            if other.is_dir() and other.name != KEPT_BATCH:
-                shutil.rmtree(other)
+        return len(data)
+    if batches != [KEPT_BATCH]:
+        (folder / KEPT_BATCH / "part-0.parquet").write_bytes(data)
+        for name in batches:
+            if name != KEPT_BATCH:
+                (folder / name).delete()
     return folder_bytes(folder)
 
 
 def _prune_verdict_archive(
-    store: Store, root: Path, before_ms: int, pinned: Pinned, dry_run: bool
+    store: Store, root: Location, before_ms: int, pinned: Pinned, dry_run: bool
 ) -> tuple[int, int, int]:
     """Remove the verdict archive's hours before ``before_ms`` (and their index rows), first copying the pinned
     messages' archived verdicts into the store. Returns (hours removed, bytes freed, verdicts copied)."""

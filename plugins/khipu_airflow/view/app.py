@@ -37,6 +37,7 @@ from khipu.report.message import MessageReport
 from khipu.report.overview import DAY_MS, DEFAULT_WINDOW, WINDOWS, StreamOverview
 from khipu.report.plain import plain
 from khipu.report.service import ReportQueryError, UnknownMessage, VerdictQuery
+from khipu.storage.location import Location
 from khipu.store import Store, StoreError
 from khipu_airflow.view import finding, resending
 from khipu_airflow.view.charts import sparkline
@@ -57,10 +58,10 @@ class ViewSources:
 
     store: Callable[[], Store]  # the store every request reads (one, shared: its engine pools connections)
     load_registry: Callable[[], Registry]
-    archive_dir: Path | None
+    archive_dir: Location | Path | None  # a local folder or an object-store prefix, as the verdict archive's
     cluster: str
     now_ms: Callable[[], int] = now_ms
-    verdict_archive_dir: Path | None = None
+    verdict_archive_dir: Location | Path | None = None
 
 
 def create_app(
@@ -156,8 +157,8 @@ def create_app(
     def store() -> Iterator[Store]:
         yield sources.store()  # shared by every request: one engine, one connection pool
 
-    def archives() -> dict[str, Path]:
-        """The archives whose disk use the health page shows (those the view was given)."""
+    def archives() -> dict[str, Location | Path]:
+        """The archives whose storage use the health page shows (those the view was given)."""
         named = {"trace archive": sources.archive_dir, "verdict archive": sources.verdict_archive_dir}
         return {name: path for name, path in named.items() if path is not None}
 
