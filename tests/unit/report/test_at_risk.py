@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from khipu.offsets.model import PartitionKey, PartitionSnapshot
@@ -18,8 +20,11 @@ from khipu.report.at_risk import (
     oldest_age_ms,
     pace_per_ms,
     reached_at_ms,
+    scan_sent,
     trace_window,
 )
+from khipu.storage.location import Location
+from khipu.trace.archive import SCHEMA, write_batch
 
 NOW = 1_795_000_000_000
 KEY = PartitionKey("local", "sink", "orders", 0)
@@ -166,3 +171,36 @@ def test_a_backlog_whose_time_lag_was_not_measured_is_reckoned_with_the_bound_it
     assert oldest_age_ms(row) == 60_000
     assert oldest_age_ms({"time_lag_ms": 42_000, "evidence": "{}"}) == 42_000
     assert oldest_age_ms({"time_lag_ms": None, "evidence": "{}"}) is None  # unknown: perhaps exposed
+
+
+@pytest.mark.parametrize("given_as", ["path", "location"])
+def test_the_sent_traces_of_a_backlogs_unconsumed_offsets_are_read_from_the_archive(
+    tmp_path: Path, given_as: str
+) -> None:
+    """scan_sent reads the archive's hours as the detector's writer left them, given a folder's path or a storage
+    Location (as the settings give it): the SENT traces at the backlog's offsets 100..109, nothing else."""
+    hour = NOW // HOUR * HOUR
+    rows = [trace(f"m-{offset}", "SENT", offset, hour + offset) for offset in (99, 100, 105, 109, 110)] + [
+        trace("m-read", "RECEIVED", 104, hour + 1),
+        trace("m-other-topic", "SENT", 104, hour + 2, topic="other"),
+    ]
+    write_batch(tmp_path / "archive", 1, pa.Table.from_pylist(rows, schema=SCHEMA))
+    write_batch(tmp_path / "archive", 2, pa.Table.from_pylist([trace("m-101", "SENT", 101, hour - HOUR)], SCHEMA))
+    archive = Location.of(tmp_path / "archive") if given_as == "location" else tmp_path / "archive"
+    found = scan_sent(archive, [hour // HOUR - 1, hour // HOUR], [BACKLOG])
+    assert sorted((r.message_id, r.offset, r.timestamp_ms) for r in found) == [
+        ("m-100", 100, hour + 100), ("m-101", 101, hour - HOUR), ("m-105", 105, hour + 105),
+        ("m-109", 109, hour + 109),
+    ]  # fmt: skip
+    assert scan_sent(archive, [hour // HOUR + 1], [BACKLOG]) == []  # an hour not written holds nothing
+
+
+def trace(message_id: str, kind: str, offset: int, at_ms: int, topic: str = "orders") -> dict[str, object]:
+    """An archived trace of KEY's cluster and partition (the columns of khipu.trace.archive.SCHEMA)."""
+    row: dict[str, object] = dict.fromkeys(SCHEMA.names)
+    row.update(
+        message_id=message_id, stream="s", location="p", cluster=KEY.cluster, type=kind, timestamp_ms=at_ms,
+        topic=topic, partition=KEY.partition, offset=offset, emitter_id="e", emitter_seq=offset,
+        kafka_timestamp_ms=at_ms,
+    )  # fmt: skip
+    return row

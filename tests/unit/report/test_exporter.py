@@ -34,6 +34,7 @@ from khipu.report.exporter import (
 )
 from khipu.retention.policy import RetentionPolicy
 from khipu.settings import KhipuSettings
+from khipu.storage.location import Location
 from khipu.store import Store, schema
 from khipu.verdicts.metrics import counts_by_minute, metrics_of
 from tests.unit.report.conftest import CLUSTER, NOW_MS, SeededStore, StartExporter
@@ -448,18 +449,21 @@ def test_each_streams_registry_thresholds_are_served_for_dashboards(
     assert served == expected and expected
 
 
-def test_the_archives_disk_use_and_oldest_hour_are_served(seeded: SeededStore, tmp_path: Path) -> None:
+@pytest.mark.parametrize("given_as", ["path", "location"])
+def test_the_archives_disk_use_and_oldest_hour_are_served(seeded: SeededStore, tmp_path: Path, given_as: str) -> None:
     traces, verdicts = tmp_path / "state" / "archive", tmp_path / "state" / "verdicts"
     for hour, size in (("2026-11-20-07", 1_000), ("2026-11-24-10", 2_500)):
         (traces / f"hour={hour}" / "batch_id=1").mkdir(parents=True)
         (traces / f"hour={hour}" / "batch_id=1" / "part-0.parquet").write_bytes(b"x" * size)
+    archives = {"trace archive": traces, "verdict archive": verdicts}
     collector = KhipuCollector(
         lambda: Store(seeded.url), CLUSTER, lambda: NOW_MS,
-        archives={"trace archive": traces, "verdict archive": verdicts},
+        archives={n: Location.of(p) for n, p in archives.items()} if given_as == "location" else archives,
         policy=RetentionPolicy(disk_free_min_percent=99.99),
-    )  # fmt: skip
+    )  # fmt: skip  # the settings give Locations (a local folder here)
     found = {(f.name, tuple(s.labels.values())): s.value for f in collector.collect() for s in f.samples}
     assert found[("khipu_archive_bytes", ("trace_archive",))] == 3_500
+    assert {found[("khipu_archive_local", (name,))] for name in ("trace_archive", "verdict_archive")} == {1}
     assert found[("khipu_archive_hours", ("trace_archive",))] == 2
     assert (
         found[("khipu_archive_oldest_hour_seconds", ("trace_archive",))]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from khipu.reconcile.window import hour_start_ms
 from khipu.registry.loader import load_registry
 from khipu.report.search import (
     STORE,
@@ -25,8 +26,9 @@ from khipu.report.search import (
     search,
 )
 from khipu.report.service import ReportQueryError
+from khipu.storage.location import Location
 from khipu.store import Store
-from khipu.trace.archive import HOUR_MS, SCHEMA, write_batch
+from khipu.trace.archive import HOUR_MS, SCHEMA, hour_folder, write_batch
 from tests.archived import seed_archived
 from tests.viewdata import AUDIT_READ, STREAM, seed
 
@@ -148,12 +150,19 @@ def test_sightings_gather_per_message_newest_first_the_stores_verdict_winning() 
 # -- over a real store and archives ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def places(tmp_path: Path) -> tuple[Store, Path, Path]:
+Archive = Path | Location
+
+
+@pytest.fixture(params=["path", "location"])
+def places(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Store, Archive, Archive]:
+    """A store and the two archives, given to the search as folders' paths or as storage Locations (as the
+    settings give them): read alike."""
     store = Store(f"sqlite:///{tmp_path / 'khipu.db'}")
     store.migrate()
     seed(store, tmp_path / "archive", REGISTRY, NOW_MS)
-    return store, tmp_path / "archive", tmp_path / "verdicts"
+    if request.param == "path":
+        return store, tmp_path / "archive", tmp_path / "verdicts"
+    return store, Location.of(tmp_path / "archive"), Location.of(tmp_path / "verdicts")
 
 
 def sent(message_id: str, at_ms: int, order_id: str, stream: str = STREAM, offset: int = 0) -> dict[str, object]:
@@ -166,13 +175,13 @@ def sent(message_id: str, at_ms: int, order_id: str, stream: str = STREAM, offse
     }  # fmt: skip
 
 
-def archive(folder: Path, batch: int, rows: list[dict[str, object]]) -> None:
+def archive(folder: Archive, batch: int, rows: list[dict[str, object]]) -> None:
     full = [{name: row.get(name) for name in SCHEMA.names} for row in rows]
     write_batch(folder, batch, pa.Table.from_pylist(full, schema=SCHEMA))
 
 
 def test_an_id_is_found_in_the_store_the_verdict_archive_and_the_trace_archive(
-    places: tuple[Store, Path, Path],
+    places: tuple[Store, Archive, Archive],
 ) -> None:
     store, traces, verdicts = places
     data = seed_archived(store, verdicts, NOW_MS)
@@ -197,7 +206,7 @@ def test_an_id_is_found_in_the_store_the_verdict_archive_and_the_trace_archive(
 
 
 def test_an_attribute_finds_every_message_holding_it_newest_first_within_the_range(
-    places: tuple[Store, Path, Path],
+    places: tuple[Store, Archive, Archive],
 ) -> None:
     store, traces, verdicts = places
     hour = NOW_MS // HOUR_MS * HOUR_MS
@@ -222,7 +231,7 @@ def test_an_attribute_finds_every_message_holding_it_newest_first_within_the_ran
 
 
 def test_a_range_holding_more_than_the_bound_is_searched_newest_first_and_says_so(
-    places: tuple[Store, Path, Path],
+    places: tuple[Store, Archive, Archive],
 ) -> None:
     store, traces, verdicts = places
     hour = NOW_MS // HOUR_MS * HOUR_MS
@@ -244,7 +253,26 @@ def test_a_range_holding_more_than_the_bound_is_searched_newest_first_and_says_s
     assert [m.message_id for m in older.messages] == ["h-2", "h-3"]
 
 
-def test_a_reversed_range_or_a_limit_out_of_bounds_is_refused(places: tuple[Store, Path, Path]) -> None:
+def test_an_hours_size_is_its_parquet_files_not_a_write_in_progress_nor_bookkeeping(
+    places: tuple[Store, Archive, Archive],
+) -> None:
+    _, traces, _ = places
+    hour = NOW_MS // HOUR_MS * HOUR_MS
+    archive(traces, 20, [sent("s-1", hour - 2 * HOUR_MS + 5, "1"), sent("s-2", hour + 5, "2", offset=1)])
+    folder = Path(str(traces))
+    in_progress = folder / hour_folder(hour) / "batch_id=21"
+    in_progress.mkdir()
+    (in_progress / ".part-0.parquet.0123.tmp").write_bytes(b"x" * 999)  # a write not finished
+    (folder / hour_folder(hour) / "_marker.parquet").write_bytes(b"x" * 77)  # bookkeeping, not data
+    on_disk: dict[int, int] = {}  # what the writers left: each hour's part files, by their size on disk
+    for part in folder.glob("hour=*/batch_id=*/part-0.parquet"):
+        start = hour_start_ms(part.parent.parent.name.removeprefix("hour="))
+        on_disk[start // HOUR_MS] = on_disk.get(start // HOUR_MS, 0) + part.stat().st_size
+    assert len(on_disk) == 3  # the seed's hour and the two written here
+    assert {h.hour: h.bytes for h in archive_hours(traces)} == on_disk
+
+
+def test_a_reversed_range_or_a_limit_out_of_bounds_is_refused(places: tuple[Store, Archive, Archive]) -> None:
     store, traces, verdicts = places
     with pytest.raises(ReportQueryError, match="a time after since"):
         search(store, REGISTRY, traces, verdicts, "m", since_ms=NOW_MS, until_ms=NOW_MS - 1)
