@@ -11,8 +11,6 @@ retention check every 10 s (the default is 5 minutes) so short retentions act wi
 from __future__ import annotations
 
 import base64
-import os
-import shutil
 import subprocess
 import time
 import uuid
@@ -23,7 +21,7 @@ from pathlib import Path
 from khipu.files import write_owner_only
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
 from khipu.kafka.admin import one_group_per_coordinator
-from khipu.localstack.processes import free_port, port_open, stop_process_group
+from khipu.localstack.processes import find_java, free_port, port_open, stop_process_group
 from khipu.settings import project_root
 
 KAFKA_MAIN = "kafka.Kafka"
@@ -45,9 +43,8 @@ def kafka_jars() -> Path:
 
 
 def java_binary() -> str:
-    home = os.environ.get("JAVA_HOME")
-    candidate = str(Path(home) / "bin" / "java") if home else shutil.which("java")
-    if not candidate or not Path(candidate).exists():
+    candidate = find_java()
+    if candidate is None:
         raise BrokerError("Kafka needs Java 17 or newer: no `java` on PATH and JAVA_HOME is not set")
     return candidate
 

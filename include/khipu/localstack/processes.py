@@ -1,25 +1,28 @@
-"""PID files for the processes the local stack starts, so it stops only what it started.
-
-A PID file records the process-group leader's pid and its start time; a pid that is alive but
-started at another time belongs to someone else and is never signalled.
+"""The local stack's processes: free ports, and the PID files of what it starts (:mod:`khipu.process_group`, which
+the production launcher uses too), so that it stops only what it started; a component may be kept running by
+:mod:`khipu.localstack.keeper`.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import signal
+import shutil
 import socket
-import subprocess
 import sys
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
+from khipu import process_group
 from khipu.localstack.keeper import exits_path
+from khipu.process_group import Started as Started  # re-exported: the local stack's callers import them from here
+from khipu.process_group import stop_process_group as stop_process_group
+
+
+def find_java() -> str | None:
+    """The ``java`` of ``JAVA_HOME``, else the one on PATH; None when there is neither."""
+    home = os.environ.get("JAVA_HOME")
+    candidate = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    return candidate if candidate and Path(candidate).exists() else None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -36,107 +39,9 @@ def port_open(host: str, port: int, timeout_s: float = 0.2) -> bool:
         return False
 
 
-def stop_process_group(pid: int, timeout_s: float = 20.0) -> bool:
-    """SIGTERM the process group led by ``pid``, SIGKILL it after ``timeout_s``. True if it was running.
-
-    A stopped (SIGSTOPped) group is continued first, so that it can act on the SIGTERM.
-    """
-    try:
-        os.killpg(pid, signal.SIGTERM)
-        os.killpg(pid, signal.SIGCONT)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not _group_alive(pid):
-            _reap(pid)
-            return True
-        time.sleep(0.1)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    _reap(pid)
-    return True
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    _reap(pgid)
-    # A zombie leader keeps the group "alive" for killpg; treat a reaped leader with no members as gone.
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
-@dataclass(frozen=True, slots=True)
-class Started:
-    name: str
-    pid: int
-    create_time: float
-    detail: str
-
-    def alive(self) -> bool:
-        try:
-            process = psutil.Process(self.pid)
-            return abs(process.create_time() - self.create_time) < 1.0 and process.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
-
-class ProcessTable:
-    """The ``<state>/run/<name>.json`` files of the local stack."""
-
-    def __init__(self, state_dir: Path) -> None:
-        self.directory = state_dir / "run"
-
-    def path(self, name: str) -> Path:
-        return self.directory / f"{name}.json"
-
-    def get(self, name: str) -> Started | None:
-        path = self.path(name)
-        if not path.exists():
-            return None
-        try:
-            data = json.loads(path.read_text())
-            return Started(name, int(data["pid"]), float(data["create_time"]), str(data.get("detail", "")))
-        except (ValueError, KeyError, TypeError):
-            path.unlink(missing_ok=True)
-            return None
-
-    def running(self, name: str) -> Started | None:
-        started = self.get(name)
-        if started is not None and not started.alive():
-            self.path(name).unlink(missing_ok=True)
-            return None
-        return started
-
-    def record(self, name: str, pid: int, detail: str) -> Started:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        started = Started(name, pid, psutil.Process(pid).create_time(), detail)
-        self.path(name).write_text(json.dumps({"pid": pid, "create_time": started.create_time, "detail": detail}))
-        return started
-
-    def stop(self, name: str, timeout_s: float = 30.0) -> bool:
-        """Stop the named process group if this table started it and it still runs."""
-        started = self.running(name)
-        if started is None:
-            return False
-        stop_process_group(started.pid, timeout_s)
-        self.path(name).unlink(missing_ok=True)
-        return True
+class ProcessTable(process_group.ProcessTable):
+    """The ``<state>/run/<name>.json`` files of the local stack: :class:`khipu.process_group.ProcessTable`, whose
+    components may also be kept running by :mod:`khipu.localstack.keeper`."""
 
     def spawn(
         self,
@@ -155,18 +60,7 @@ class ProcessTable:
             argv = [sys.executable, "-m", "khipu.localstack.keeper", "--name", name, "--state", str(state_dir), "--",
                     *argv]  # fmt: skip
             exits_path(state_dir, name).unlink(missing_ok=True)  # a new start: earlier restarts are history
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log_file:
-            process = subprocess.Popen(
-                argv,
-                env=dict(env),
-                cwd=cwd,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        return self.record(name, process.pid, detail)
+        return super().spawn(name, argv, env, log_path, detail, cwd)
 
 
 def child_env(extra: Mapping[str, str]) -> dict[str, str]:
