@@ -1,4 +1,5 @@
-"""Real parts for integration tests: an Apache Kafka broker (KRaft, single node) and a migrated Airflow database.
+"""Real parts for integration tests: an Apache Kafka broker (KRaft, single node), an S3-API object store (S3Proxy)
+and a migrated Airflow database.
 
 The session's broker listens twice: PLAINTEXT for most tests, and SASL_PLAINTEXT (mechanism PLAIN)
 with one user whose password is drawn per session, for the tests of secured clusters.
@@ -22,6 +23,7 @@ import pytest
 
 from khipu.detector.launch import connector_jars
 from khipu.localstack.broker import BrokerProcess, BrokerSpec, start_broker
+from khipu.localstack.object_store import ObjectStoreProcess, ObjectStoreSpec, start_object_store
 from khipu.localstack.processes import stop_process_group
 
 SASL_USER = "khipu-tests"
@@ -55,6 +57,18 @@ def second_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerPr
         yield process
     finally:
         stop_process_group(process.pid)
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStoreProcess]:
+    """The session's S3 API: S3Proxy over a folder on a free port of 127.0.0.1, its bucket (``khipu``) created, its
+    credentials drawn at random. A process reaches it with ``object_store.environment()`` in its environment."""
+    directory = tmp_path_factory.mktemp("s3proxy")
+    process = start_object_store(ObjectStoreSpec.scratch(directory / "store"), directory / "s3proxy.log")
+    try:
+        yield process
+    finally:
+        process.stop()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
