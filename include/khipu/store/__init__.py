@@ -2,8 +2,9 @@
 
 ``Store(url)`` holds them: ``store.snapshots`` (offset snapshots and their runs), ``store.health``
 (partition statuses, transitions, offset windows), ``store.verdicts`` (the detector's verdicts and
-their per-minute metrics), ``store.channel`` (the trace channel: quarantine, back-pointers, emitter
-sequence gaps), ``store.heartbeat`` (the detector's progress) and ``store.alerts`` (the alert outbox).
+their per-minute metrics), ``store.decided`` (the verdict archive's index: which micro-batch decided each
+message), ``store.channel`` (the trace channel: quarantine, back-pointers, emitter sequence gaps),
+``store.heartbeat`` (the detector's progress) and ``store.alerts`` (the alert outbox).
 
 The store serves the domain and knows none of it: it never imports ``khipu.health``,
 ``khipu.alerting`` or ``khipu.detector``. Domain values come in through small protocols each

@@ -359,3 +359,36 @@ installation = Table(
     Column("installed_ms", BigInteger, nullable=False),
     CheckConstraint("id = 1", name="ck_installation_one_row"),
 )
+
+# The verdict archive's index (khipu.verdicts.archive.DecidedIndex): which micro-batch decided (gave a verdict to)
+# each message, and the archive hour its verdicts are in. A row per (message, batch), kept in message order: the
+# detector's writer looks up a batch's ids by message (SQLite: the table itself, WITHOUT ROWID), and replaces or
+# forgets a batch's rows by ``ix_decided_batch``.
+decided = Table(
+    "decided",
+    metadata,
+    Column("message_id", String(256), primary_key=True),
+    Column("batch_id", BigInteger, primary_key=True, autoincrement=False),  # the batch's key: epoch_s * 10^8 + id
+    Column("first_seen_ms", BigInteger),  # the detector state's: another value is another state
+    Column("hour", String(13), nullable=False),  # YYYY-MM-DD-HH (UTC) of the message's verdicts in that batch
+    Index("ix_decided_batch", "batch_id"),
+    sqlite_with_rowid=False,
+)
+
+# Each batch of ``decided`` with its newest hour: pruning goes by it (no index on ``decided.hour`` to keep up).
+decided_batches = Table(
+    "decided_batches",
+    metadata,
+    Column("batch_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("last_hour", String(13), nullable=False),
+)
+
+# An index file of the release before (an SQLite file beside the verdict archive) imported into ``decided``: once,
+# whichever process finds it first; the row commits with the rows it brought.
+decided_imports = Table(
+    "decided_imports",
+    metadata,
+    Column("source", String(1024), primary_key=True),  # the file, by its absolute path when it was imported
+    Column("imported_ms", BigInteger, nullable=False),
+    Column("rows", BigInteger, nullable=False),  # (message, batch) rows it brought
+)

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from khipu.store import schema
 from khipu.store.alerts import AlertRepository
 from khipu.store.channel import TraceChannelRepository
+from khipu.store.decided import DecidedRepository
 from khipu.store.engine import StoreEngine
 from khipu.store.health import HealthRepository
 from khipu.store.heartbeat import HeartbeatRepository
@@ -18,14 +19,16 @@ from khipu.store.verdicts import VerdictRepository
 
 
 class Store:
-    """The Khipu store at ``url``: ``store.snapshots``, ``store.health``, ``store.verdicts``, ``store.channel``,
-    ``store.heartbeat``, ``store.alerts`` and ``store.resends`` share one engine (``store.engine``)."""
+    """The Khipu store at ``url``: ``store.snapshots``, ``store.health``, ``store.verdicts``, ``store.decided``,
+    ``store.channel``, ``store.heartbeat``, ``store.alerts`` and ``store.resends`` share one engine
+    (``store.engine``)."""
 
     def __init__(self, url: str, **engine_options: Any) -> None:
         self.engine = StoreEngine(url, **engine_options)
         self.snapshots = SnapshotRepository(self.engine)
         self.health = HealthRepository(self.engine)
         self.verdicts = VerdictRepository(self.engine)
+        self.decided = DecidedRepository(self.engine)
         self.channel = TraceChannelRepository(self.engine)
         self.heartbeat = HeartbeatRepository(self.engine)
         self.alerts = AlertRepository(self.engine)
