@@ -5,8 +5,9 @@ Once a day, removes by age, each kind with its own limit: the `KHIPU_RETENTION_*
 (`khipu settings` shows them; defaults in [docs/retention.md](docs/retention.md)), or a Param of a
 manual run:
 
-- **trace archive** hours (`<state>/archive`, raw traces: reconciliation's and backfill's input);
-- **verdict archive** hours (`<state>/verdicts`, plain DELIVERED verdicts) and their index rows;
+- **trace archive** hours (`<data>/archive`, raw traces: reconciliation's and backfill's input; `<data>` is
+  `KHIPU_DATA_URL`, the state folder or an object-store prefix such as `s3a://bucket/khipu`);
+- **verdict archive** hours (`<data>/verdicts`, plain DELIVERED verdicts) and their index rows;
 - the store's settled **verdicts** and their **history** (LOST and PENDING are kept at any age:
   reconciliation decides them), **quarantined** records, emitter **sequence gaps**, detector **heartbeats**;
 - **per-minute metrics**, rolled up into whole hours after `minute_metrics_days` (a window's counts and
