@@ -32,6 +32,7 @@ def test_mypy_strict_passes_on_the_product_code() -> None:
 LAYERS = (
     "errors",
     "files",
+    "process_group",
     "clock",
     "storage",
     "trace",
