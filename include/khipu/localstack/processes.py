@@ -6,6 +6,7 @@ the production launcher uses too), so that it stops only what it started; a comp
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 from collections.abc import Mapping
@@ -15,6 +16,13 @@ from khipu import process_group
 from khipu.localstack.keeper import exits_path
 from khipu.process_group import Started as Started  # re-exported: the local stack's callers import them from here
 from khipu.process_group import stop_process_group as stop_process_group
+
+
+def find_java() -> str | None:
+    """The ``java`` of ``JAVA_HOME``, else the one on PATH; None when there is neither."""
+    home = os.environ.get("JAVA_HOME")
+    candidate = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    return candidate if candidate and Path(candidate).exists() else None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
