@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from khipu.detector.bucket import route_ids, routes_fingerprint
+from khipu.detector.checkpoint import EPOCH_FILE, Epoch, read_epoch, write_epoch
 from khipu.detector.clock import source_offsets
 from khipu.detector.committed import (
     ClusterClients,
@@ -43,20 +44,17 @@ from khipu.detector.packed import PACKED_SCHEMA
 from khipu.detector.parse import RecordDecoder, kafka_columns
 from khipu.detector.processor import VerdictProcessor
 from khipu.detector.routes import RoutePlans
+from khipu.detector.sizing import DEFAULT_BUCKETS, DEFAULT_SHUFFLE_PARTITIONS, MAX_BUCKETS, settle
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
 from khipu.kafka.admin import TRACE_TOPIC_CONFIG
 from khipu.registry.loader import load_registry
 from khipu.storage.location import Location
 from khipu.store import Store
 
-__all__ = ["DETECTOR_QUERY", "DetectorJob", "start_detector"]
+__all__ = ["DEFAULT_BUCKETS", "DETECTOR_QUERY", "EPOCH_FILE", "DetectorJob", "start_detector"]
 log = logging.getLogger(__name__)
-DEFAULT_BUCKETS = 32
 DEFAULT_TRIGGER_S = 2.0  # a batch at least this often: LOST within seconds; under load batches grow instead
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 250_000  # a batch's bound: ten seconds of work here, well inside the staleness limit
-
-
-EPOCH_FILE = "khipu-epoch.json"  # in the query's checkpoint: when that checkpoint was first started
 
 
 def known_routes(query_checkpoint: Location | Path, plans: RoutePlans) -> dict[str, dict[str, list[str]]]:
@@ -98,19 +96,21 @@ def carried_over_offsets(checkpoint_dir: Location | Path, topic: str) -> str | N
     return json.dumps({topic: {str(partition): offset for partition, offset in sorted(ends.items())}})
 
 
-def checkpoint_epoch(query_checkpoint: Location | Path, now_s: int) -> tuple[int, bool]:
+def checkpoint_epoch(query_checkpoint: Location | Path, now_s: int, buckets: int = DEFAULT_BUCKETS) -> tuple[int, bool]:
     """The checkpoint's identity: the second it was first started, kept in it (a checkpoint deleted and started
-    again is another). Returns (that second, whether this start is the checkpoint's first: no batch yet)."""
+    again is another). Returns (that second, whether this start is the checkpoint's first: no batch yet).
+
+    Beside it, the bucket count its state is kept in, recorded at its first start (a checkpoint of an earlier
+    release, which did not keep it, gets this start's); a start with another count is refused (SizingError)."""
     query = Location.of(query_checkpoint, "checkpoint")
-    path = query / EPOCH_FILE
-    try:
-        return int(json.loads(path.read_text())["started_s"]), False
-    except FileNotFoundError:
-        pass
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DetectorJobError("checkpoint epoch", path.url, f'JSON {{"started_s": <seconds>}} ({exc})') from exc
+    epoch = read_epoch(query)
+    if epoch is not None:
+        settle("buckets", buckets, epoch.buckets, DEFAULT_BUCKETS, str(query))
+        if epoch.buckets is None:
+            write_epoch(query, Epoch(epoch.started_s, buckets))
+        return epoch.started_s, False
     first = not any(name.isdigit() for name in _names(query / "offsets"))
-    path.write_text(json.dumps({"started_s": now_s}))
+    write_epoch(query, Epoch(now_s, buckets))
     return now_s, first
 
 
@@ -133,7 +133,7 @@ class DetectorJob:
     starting_offsets: str = "earliest"
     trigger_seconds: float = DEFAULT_TRIGGER_S
     max_offsets_per_trigger: int | None = DEFAULT_MAX_OFFSETS_PER_TRIGGER
-    shuffle_partitions: int = 4
+    shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS  # fixed for a checkpoint too (Spark keeps it)
     buckets: int = DEFAULT_BUCKETS  # messages' state is kept per hash bucket of their ids; fixed for a checkpoint
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     # a query quiet this long has its clusters and store asked whether they answer; what does not goes in the heartbeat
@@ -145,8 +145,9 @@ class DetectorJob:
             object.__setattr__(self, name, Location.of(getattr(self, name), setting))
         if not self.trigger_seconds > 0:
             raise DetectorJobError("trigger_seconds", self.trigger_seconds, "a number of seconds > 0")
-        if not 1 <= self.buckets <= 4096:
-            raise DetectorJobError("buckets", self.buckets, "an integer from 1 to 4096, the same for a checkpoint")
+        if not 1 <= self.buckets <= MAX_BUCKETS:
+            expected = f"an integer from 1 to {MAX_BUCKETS}, the same for a checkpoint"
+            raise DetectorJobError("buckets", self.buckets, expected)
         if self.max_offsets_per_trigger is not None and self.max_offsets_per_trigger < 1:
             raise DetectorJobError("max_offsets_per_trigger", self.max_offsets_per_trigger, "an integer >= 1, or none")
 
@@ -246,7 +247,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
     clients = ClusterClients(job.connections_by_cluster(sorted(registry.clusters)), job.store_url)
     removals = RecordRemovals(clients)
     plans = RoutePlans.of(registry)
-    epoch_s, first_start = checkpoint_epoch(job.checkpoint_dir / DETECTOR_QUERY, int(time.time()))
+    epoch_s, first_start = checkpoint_epoch(job.checkpoint_dir / DETECTOR_QUERY, int(time.time()), job.buckets)
     carried = carried_over_offsets(job.checkpoint_dir, job.trace_topic) if first_start else None
     if carried is not None and job.starting_offsets == "earliest":
         log.info("upgraded from the two-query detector: reading %s from where its archive query stopped: %s",
