@@ -1,4 +1,4 @@
-"""`khipu up` / `status` / `down` for real: broker, Airflow standalone and the demo pipeline start,
+"""`khipu up` / `status` / `down` for real: broker, object store, Airflow standalone and the demo pipeline start,
 traces flow, a second `up` changes nothing, and `down` leaves nothing running."""
 
 from __future__ import annotations
@@ -13,11 +13,15 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from khipu.kafka.trace_topic import read_trace_topic, tally_traces
 from khipu.localstack.airflow import STACK_USERS, admin_password, user_password
+from khipu.localstack.object_store import DEFAULT_PORT as OBJECT_STORE_PORT
 from khipu.localstack.processes import ProcessTable, Started, free_port, port_open
 from khipu.registry import load_registry
 
@@ -25,6 +29,9 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 KHIPU = str(Path(sys.executable).parent / "khipu")
+
+
+COMPONENTS = ("broker", "s3proxy", "airflow", "demo", "exporter")  # what `up` starts and `down` stops
 
 
 def khipu(*args: str, env: dict[str, str], timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
@@ -48,7 +55,8 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
         assert first.returncode == 0, first.stdout + first.stderr
         assert f"Airflow UI: http://127.0.0.1:{airflow_port}  (healthy)" in first.stdout
         assert f"broker: Apache Kafka on 127.0.0.1:{broker_port}" in first.stdout
-        started = {name: table.running(name) for name in ("broker", "airflow", "demo", "exporter")}
+        assert f"s3proxy: S3 API on http://127.0.0.1:{OBJECT_STORE_PORT}" in first.stdout
+        started = {name: table.running(name) for name in COMPONENTS}
         assert all(started.values()), started
 
         route = load_registry(ROOT / "config" / "registry.yaml").stream("demo.orders").route
@@ -62,12 +70,9 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
 
         again = khipu("up", env=env)
         assert again.returncode == 0, again.stdout + again.stderr
-        assert {line.split(":")[0] for line in again.stdout.splitlines() if "already running" in line} == {
-            "broker",
-            "airflow",
-            "demo",
-            "exporter",
-        }
+        assert {line.split(":")[0] for line in again.stdout.splitlines() if "already running" in line} == set(
+            COMPONENTS
+        )
         assert {name: table.running(name) for name in started} == started  # same processes, none added
 
         # the exporter serves Prometheus metrics with the token `up` drew (owner-only, never printed); the Khipu view
@@ -83,10 +88,21 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
         with urllib.request.urlopen(scrape, timeout=10) as answer:
             families = {f.name for f in text_string_to_metric_families(answer.read().decode())}
         assert {"khipu_exporter_scrape_error", "khipu_quarantined_records"} <= families
+        # the object store answers with the credentials `up` drew into its owner-only file, and keeps the objects
+        # under the state folder
+        credentials = json.loads((tmp_path / "state" / "s3proxy" / "credentials.json").read_text())
+        store = pafs.S3FileSystem(
+            access_key=credentials["access_key"], secret_key=credentials["secret_key"],
+            endpoint_override=f"http://127.0.0.1:{OBJECT_STORE_PORT}", region="us-east-1",
+        )  # fmt: skip
+        pq.write_table(pa.table({"id": [1, 2, 3]}), "khipu/probe/p.parquet", filesystem=store)
+        assert (tmp_path / "state" / "s3proxy" / "data" / "khipu" / "probe" / "p.parquet").is_file()
+        assert credentials["secret_key"] not in first.stdout + first.stderr
         # what names the teams' messages is its owner's only
         state = tmp_path / "state"
         private = [state, state / "khipu.db", state / "airflow" / "airflow.db", state / "demo" / "ledger.jsonl",
-                   token_file, state / "airflow" / "khipu-connections.json"]  # fmt: skip
+                   token_file, state / "airflow" / "khipu-connections.json", state / "s3proxy" / "credentials.json",
+                   state / "s3proxy" / "s3proxy.properties"]  # fmt: skip
         modes = {str(path.relative_to(tmp_path)): oct(path.stat().st_mode & 0o777) for path in private}
         assert modes == {**{name: "0o600" for name in modes}, "state": "0o700"}
         readable = [str(p) for p in state.rglob("*") if p.is_file() and p.stat().st_mode & 0o044]
@@ -124,6 +140,7 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
                 time.sleep(3)
             logged = "".join(p.read_text(errors="replace") for p in (tmp_path / "state" / "logs").glob("*.log"))
             assert password not in logged and password not in first.stdout + first.stderr  # never printed
+            assert credentials["secret_key"] not in logged
         assert seen == {"admin": {"demo.orders", "demo.bursts"}, "demo": {"demo.orders"}, "bursts": {"demo.bursts"}}
         # in Airflow itself: Khipu's own DAGs are the admin's, each team sees its own resend DAG only
         own = {path.stem for path in (ROOT / "dags").glob("khipu_*.py")}
@@ -135,13 +152,14 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
         }
 
         status = khipu("status", env=env)
-        assert status.returncode == 0 and "demo     running" in status.stdout
+        assert status.returncode == 0 and "demo     running" in status.stdout and "s3proxy  running" in status.stdout
+        assert f"object store: http://127.0.0.1:{OBJECT_STORE_PORT}" in status.stdout
         assert "log in as 'admin' (every stream), 'demo' (team-demo: demo.orders), 'bursts'" in status.stdout
         assert "detector " in status.stdout  # listed; the khipu_detector DAG starts it within two minutes
     finally:
         stopped = khipu("down", env=env)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    assert all(table.running(name) is None for name in ("broker", "airflow", "demo", "exporter"))
+    assert all(table.running(name) is None for name in COMPONENTS)
     assert not [
         s.pid
         for s in started.values()
@@ -150,6 +168,6 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
         and psutil.Process(s.pid).status() != psutil.STATUS_ZOMBIE
     ]
     assert not port_open("127.0.0.1", broker_port) and not port_open("127.0.0.1", airflow_port)
-    assert not port_open("127.0.0.1", exporter_port)
+    assert not port_open("127.0.0.1", exporter_port) and not port_open("127.0.0.1", OBJECT_STORE_PORT)
     assert not port_open("127.0.0.1", controller_port)
     assert khipu("status", env=env).returncode == 3

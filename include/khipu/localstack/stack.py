@@ -1,7 +1,8 @@
 """`make up` / `make down` / `make status`: the whole local stack as processes this project owns.
 
 Up starts, in order and only what is not running yet: the Apache Kafka broker on 127.0.0.1 (its
-data under the state folder, kept across restarts), the topics, Airflow standalone (DAGs and
+data under the state folder, kept across restarts), the S3-API object store (S3Proxy on 127.0.0.1, its
+objects and credentials under the state folder), the topics, Airflow standalone (DAGs and
 plugins from this checkout, state under the state folder) with Khipu's connections, and the demo
 pipeline. Down stops exactly those processes, by the
 process groups recorded at start.
@@ -31,6 +32,7 @@ from khipu.localstack.airflow import (
 )
 from khipu.localstack.broker import BrokerError, BrokerSpec, start_broker
 from khipu.localstack.keeper import read_exits
+from khipu.localstack.object_store import ObjectStoreError, ObjectStoreSpec, start_object_store
 from khipu.localstack.processes import ProcessTable, child_env, port_open
 from khipu.registry.loader import load_registry
 from khipu.report.exporter import ExporterConfig
@@ -38,8 +40,10 @@ from khipu.settings import KhipuSettings, project_root
 from khipu.store import Store
 
 BROKER, AIRFLOW, DEMO, DETECTOR, EXPORTER = "broker", "airflow", "demo", "detector", "exporter"
-# stop order: Airflow first, so that its khipu_detector DAG cannot start the detector again meanwhile
-COMPONENTS = (AIRFLOW, DETECTOR, DEMO, EXPORTER, BROKER)
+OBJECT_STORE = "s3proxy"
+# stop order: Airflow first, so that its khipu_detector DAG cannot start the detector again meanwhile; the object
+# store after everything that may write to it
+COMPONENTS = (AIRFLOW, DETECTOR, DEMO, EXPORTER, OBJECT_STORE, BROKER)
 AIRFLOW_READY_TIMEOUT_S = 300.0
 AIRFLOW_SETTLE_S = 60.0  # after `up` started everything: how long Airflow, healthy before, may take to say so again
 DEMO_RATE_PER_S = 2.0
@@ -64,12 +68,18 @@ def _paths(settings: KhipuSettings) -> dict[str, Path]:
         "airflow_home": state / "airflow",
         "ledger": state / "demo" / "ledger.jsonl",
         "kafka": state / "kafka",
+        "s3proxy": state / "s3proxy",  # its objects (data/), owner-only credentials.json and settings
         "exporter_token": state / "exporter.token",  # drawn by the first `up` unless KHIPU_EXPORTER_TOKEN is set
     }
 
 
 def broker_spec(settings: KhipuSettings) -> BrokerSpec:
     return BrokerSpec(_paths(settings)["kafka"], settings.broker_port, settings.controller_port)
+
+
+def object_store_spec(settings: KhipuSettings) -> ObjectStoreSpec:
+    """The local stack's object store: S3Proxy on 127.0.0.1:9000, bucket ``khipu``, under the state folder."""
+    return ObjectStoreSpec(_paths(settings)["s3proxy"])
 
 
 def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
@@ -107,6 +117,25 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
         table.record(BROKER, process.pid, f"Apache Kafka on {process.bootstrap_servers}, data {spec.data_dir}")
         say(
             f"broker: Apache Kafka on {process.bootstrap_servers} (pid {process.pid}), "
+            f"answering after {time.monotonic() - started_at:.1f}s"
+        )
+    if (running_store := table.running(OBJECT_STORE)) is not None:
+        say(f"{OBJECT_STORE}: already running (pid {running_store.pid}, {running_store.detail})")
+    else:
+        store_spec = object_store_spec(settings)
+        if port_open(store_spec.host, store_spec.port):
+            raise StackError(
+                f"port {store_spec.port} is taken by a process this stack did not start; the object store listens there"
+            )
+        say(f"{OBJECT_STORE}: starting the S3 API (S3Proxy) ...")
+        started_at = time.monotonic()
+        try:
+            object_store = start_object_store(store_spec, paths["logs"] / f"{OBJECT_STORE}.log")
+        except ObjectStoreError as exc:
+            raise StackError(str(exc)) from None
+        table.record(OBJECT_STORE, object_store.pid, _object_store_detail(store_spec))
+        say(
+            f"{OBJECT_STORE}: S3 API on {store_spec.endpoint} (pid {object_store.pid}), bucket {store_spec.bucket}, "
             f"answering after {time.monotonic() - started_at:.1f}s"
         )
     try:
@@ -184,6 +213,10 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
         say(f"exporter: started (pid {started.pid}), {_metrics_url(exporter_config, paths['exporter_token'])}")
     say("")
     status(settings, say, settle_s=AIRFLOW_SETTLE_S)
+
+
+def _object_store_detail(spec: ObjectStoreSpec) -> str:
+    return f"S3 API on {spec.endpoint}, bucket {spec.bucket}, data {spec.data_dir}"
 
 
 def _exporter(token_file: Path) -> tuple[ExporterConfig, str]:
@@ -272,7 +305,7 @@ def status(settings: KhipuSettings, say: Callable[[str], None] = print, settle_s
     table = ProcessTable(settings.state_dir)
     paths = _paths(settings)
     all_up = True
-    for name in (BROKER, AIRFLOW, DEMO, EXPORTER):
+    for name in (BROKER, OBJECT_STORE, AIRFLOW, DEMO, EXPORTER):
         started = table.running(name)
         all_up &= started is not None
         say(
@@ -295,6 +328,11 @@ def status(settings: KhipuSettings, say: Callable[[str], None] = print, settle_s
         if not known:
             say("  (the passwords are drawn when Airflow is prepared: run `make up`)")
     say(f"Kafka bootstrap: {settings.bootstrap_servers}   trace topic: {settings.trace_topic}")
+    spec = object_store_spec(settings)
+    say(
+        f"object store: {spec.endpoint} (S3 API, path-style), bucket {spec.bucket}; "
+        f"its access key and secret key are in {spec.credentials_path}"
+    )
     say(f"logs: {paths['logs']}   demo ledger: {paths['ledger']}")
     say(
         "see it work: .venv/bin/khipu verdicts | khipu trace MESSAGE_ID | khipu health | khipu alerts"
