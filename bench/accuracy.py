@@ -64,7 +64,7 @@ REGISTRY = ROOT / "config" / "registry.yaml"
 
 def every_verdict(store: Store, verdicts_dir: Path) -> list[dict[str, Any]]:
     """Every verdict: the SQL store's and the verdict archive's (plain DELIVERED), the SQL row winning per hop."""
-    return all_verdicts(store.verdicts, VerdictArchive(verdicts_dir))
+    return all_verdicts(store.verdicts, VerdictArchive(verdicts_dir, store))
 
 
 def khipu_answers(store: Store, verdicts_dir: Path, first_of_history: bool) -> Answers:

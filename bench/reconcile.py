@@ -372,7 +372,9 @@ def build_verdicts(traffic: Traffic, verdict_root: Path, store_url: str, hops: l
     from khipu.verdicts.archive import SCHEMA, VerdictArchive
 
     shapes = templates(hops)
-    archive = VerdictArchive(verdict_root)
+    store = Store(store_url)
+    store.migrate()
+    archive = VerdictArchive(verdict_root, store)
     judged = np.flatnonzero(traffic.kinds != UNJUDGED)
     minutes = (traffic.t[judged] + DECIDED_AFTER_MS - traffic.first_ms) // MINUTE_MS
     archived, sql_rows = 0, []
@@ -396,8 +398,6 @@ def build_verdicts(traffic: Traffic, verdict_root: Path, store_url: str, hops: l
         archive.write_batch(batch, table)
         archived += table.num_rows
     archive.close()
-    store = Store(store_url)
-    store.migrate()
     try:
         with store.engine.begin() as tx:
             for start in range(0, len(sql_rows), 10_000):
@@ -638,7 +638,7 @@ def check_verdicts(
     try:
         hours = sorted(p.name.removeprefix("hour=") for p in verdict_root.glob("hour=*"))
         read = verdicts_of(
-            store_.verdicts, VerdictArchive(verdict_root), [f"{traffic.prefix}{n:012d}" for n in sample], hours
+            store_.verdicts, VerdictArchive(verdict_root, store_), [f"{traffic.prefix}{n:012d}" for n in sample], hours
         )
     finally:
         store_.close()

@@ -524,8 +524,9 @@ def report(
             "Disk (what the detector wrote: MiB added per hour of the interval, the drain's included; bytes per trace "
             "read / verdict archived):",
             [
-                "store: the SQLite store file with its -wal/-shm; traces: the trace archive folder; verdicts: the "
-                "verdict archive folder (Parquet and its _index); checkpoint: Spark's checkpoint with RocksDB state",
+                "store: the SQLite store file with its -wal/-shm (the verdict archive's index included); traces: the "
+                "trace archive folder; verdicts: the verdict archive folder (Parquet); checkpoint: Spark's checkpoint "
+                "with RocksDB state",
                 "B/trace: bytes added per trace the detector read in the interval; verdict archive B/verdict: per "
                 "verdict it gained",
             ],
@@ -712,7 +713,7 @@ def main() -> int:
         KafkaAdmin(KafkaConnection(bootstrap)).ensure_topics({IN: PARTITIONS, OUT: PARTITIONS, topic: TRACE_PARTITIONS})
         job = job_for(bootstrap, work, "soak", topic)
         store = Store(job.store_url)
-        archive = VerdictArchive(job.verdicts_dir)
+        archive = VerdictArchive(job.verdicts_dir, store)
         capacity = int(args.rate / HOPS * args.minutes * 60 * 1.05) + 1_000
         truth = Truth.of(capacity, args)
         print(f"soak: {args.rate:,} traces/s for {args.minutes:g} min, intervals of {every_s / 60:g} min; one message "

@@ -4,9 +4,10 @@
 
 Writes synthetic traffic through Khipu's own writers, as the detector does at ``--rate`` traces/s with a 2 s
 trigger (``--batch`` traces a micro-batch): the trace archive (:func:`khipu.trace.archive.write_batch`), the
-verdict archive (:meth:`khipu.verdicts.archive.VerdictArchive.write_batch`, one plain DELIVERED per read hop),
-and the SQL store's verdict rows with their history (:class:`khipu.verdicts.book.VerdictBook`, SQLite: the
-exceptions, a LOST or DUPLICATE, that the store keeps as rows). The traffic: messages of one stream on a
+verdict archive (:meth:`khipu.verdicts.archive.VerdictArchive.write_batch`, one plain DELIVERED per read hop,
+with its index rows in the store), and the SQL store's verdict rows with their history
+(:class:`khipu.verdicts.book.VerdictBook`, SQLite: the exceptions, a LOST or DUPLICATE, that the store keeps as
+rows). The traffic: messages of one stream on a
 three-hop route (a producer, a processor, a sink), each hop's SENT and RECEIVED trace: six traces and three
 verdicts a message. Prints bytes per trace and per verdict and, from them, the disk per day at ``--rate``; none
 of these figures has a target (each says "(no target)"): they are what disk and retention are planned by.
@@ -98,6 +99,13 @@ def delivered_of(table: pa.Table) -> list[dict[str, object]]:
     ]
 
 
+def sqlite_bytes(store: Store) -> int:
+    """The SQLite store's file, its write-ahead log folded in first (what its rows take, not what the log holds)."""
+    with store.engine.begin() as tx:
+        tx.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    return store.engine.size_bytes() or 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traces", type=int, default=1_200_000, help="traces written to the archives")
@@ -110,7 +118,10 @@ def main() -> None:
         at = int(time.time() * 1000) // 3_600_000 * 3_600_000
         per_batch = max(1, args.batch // 6)
         written = verdicts = 0
-        with VerdictArchive(work / "verdicts") as verdict_archive:
+        store = Store(f"sqlite:///{work / 'khipu.db'}")
+        store.migrate()
+        empty = sqlite_bytes(store)
+        with VerdictArchive(work / "verdicts", store) as verdict_archive:
             batch = 0
             while written < args.traces:
                 table = traces_of(batch * per_batch, per_batch, at + batch * 2_000)
@@ -122,12 +133,10 @@ def main() -> None:
                 written, verdicts, batch = written + table.num_rows, verdicts + len(rows), batch + 1
                 print(f"  batch {batch}: {written:,} traces, {verdicts:,} archived verdicts", flush=True)
         trace_bytes = folder_bytes(work / "archive")
-        verdict_files = folder_bytes(work / "verdicts") - folder_bytes(work / "verdicts" / "_index")
-        index_bytes = folder_bytes(work / "verdicts" / "_index")
+        verdict_files = folder_bytes(work / "verdicts")
+        indexed = sqlite_bytes(store)
+        index_bytes = indexed - empty  # the index's rows, in the store
 
-        store = Store(f"sqlite:///{work / 'khipu.db'}")
-        store.migrate()
-        empty = store.engine.size_bytes() or 0
         exceptions = [
             {**row, "verdict": "DUPLICATE", "count": 2}
             for row in delivered_of(traces_of(10**9, max(1, args.store_verdicts // 3), at))[: args.store_verdicts]
@@ -135,9 +144,7 @@ def main() -> None:
         book = VerdictBook(store.verdicts)
         for start in range(0, len(exceptions), 5_000):
             book.apply([Change(verdict_of(r), "decided") for r in exceptions[start : start + 5_000]], at)
-        with store.engine.begin() as tx:
-            tx.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-        sql_bytes = (store.engine.size_bytes() or 0) - empty
+        sql_bytes = sqlite_bytes(store) - indexed
         store.close()
 
         per_trace, per_verdict = trace_bytes / written, (verdict_files + index_bytes) / verdicts
@@ -147,7 +154,8 @@ def main() -> None:
         rows_label = f"SQL store (SQLite): bytes per verdict row with its history entry ({len(exceptions):,})"
         figures = [
             (f"trace archive: bytes per trace (zstd Parquet, {written:,} traces)", f"{per_trace:.1f} B"),
-            (f"verdict archive: bytes per archived DELIVERED verdict, files + index ({verdicts:,})",
+            (f"verdict archive: bytes per archived DELIVERED verdict, files + index rows in the SQLite store "
+             f"({verdicts:,})",
              f"{per_verdict:.1f} B ({verdict_files / verdicts:.1f} + {index_bytes / verdicts:.1f})"),
             (rows_label, f"{per_row:.0f} B"),
             (f"trace archive per day at {args.rate:,} traces/s", f"{per_trace * day / 1e9:,.0f} GB"),

@@ -57,7 +57,7 @@ def seed_archived(store: Store, verdict_archive_dir: Path, now_ms: int, decided_
             detail="read again after it was decided",
         ),
     ]
-    archive = VerdictArchive(verdict_archive_dir)
+    archive = VerdictArchive(verdict_archive_dir, store)
     archive.write_batch(BATCH_ID, verdict_table(seeded.archived))
     archive.index.record(BATCH_ID, [(m, at - 2_000, hour_of(at)) for m in (seeded.partly_lost, seeded.changed)])
     store.verdicts.upsert(seeded.sql)

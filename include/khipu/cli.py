@@ -507,7 +507,7 @@ def _history(args: argparse.Namespace, settings: KhipuSettings) -> int:
 
     store = Store(settings.store_url)
     try:
-        with VerdictArchive(settings.verdict_archive_dir) as archive:
+        with VerdictArchive(settings.verdict_archive_dir, store) as archive:
             found = verdicts_of(store.verdicts, archive, [args.message_id])
         changes = with_first_decisions(store.verdicts.history(args.message_id), found.rows)
     finally:
@@ -615,7 +615,7 @@ def _demo_recovery(args: argparse.Namespace, settings: KhipuSettings) -> int:
     truth = build_truth(read_ledger(args.ledger or settings.state_dir / "demo" / "ledger.jsonl"))
     store = Store(settings.store_url)
     try:
-        with VerdictArchive(settings.verdict_archive_dir) as archive:
+        with VerdictArchive(settings.verdict_archive_dir, store) as archive:
             every = all_verdicts(store.verdicts, archive, stream=stream.name)
         verdicts = [r for r in every if r["message_id"] in truth.messages]
     finally:

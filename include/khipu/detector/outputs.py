@@ -228,7 +228,8 @@ class DetectorWriter:
     @property
     def verdict_archive(self) -> VerdictArchive:
         if self._verdict_archive is None:
-            self._verdict_archive = VerdictArchive(Location.of(self.verdict_archive_path, "verdict archive"))
+            where = Location.of(self.verdict_archive_path, "verdict archive")
+            self._verdict_archive = VerdictArchive(where, self.store)
         return self._verdict_archive
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:

@@ -309,7 +309,7 @@ def search(
     if verdict_archive_dir is None:
         verdicts = verdicts_of(store.verdicts, None, ids)
     else:
-        with VerdictArchive(verdict_archive_dir) as archive:
+        with VerdictArchive(verdict_archive_dir, store) as archive:
             verdicts = verdicts_of(store.verdicts, archive, ids)
     if verdicts.note:
         notes.append(verdicts.note)

@@ -293,7 +293,7 @@ def message_report(
     if verdict_archive_dir is None:
         found = verdicts_of(store.verdicts, None, [message_id])
     else:
-        with VerdictArchive(verdict_archive_dir) as archive:
+        with VerdictArchive(verdict_archive_dir, store) as archive:
             found = verdicts_of(store.verdicts, archive, [message_id])
     limit = reach_limit(registry)  # another team's message is one that does not exist
     verdicts = [row for row in found.rows if _streams_in(limit, row["stream"])]

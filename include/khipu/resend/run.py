@@ -189,7 +189,7 @@ class Resender:
         # the archives: each a local folder or an object-store prefix
         self.archive_dir = Location.of(archive_dir, "trace archive") if archive_dir is not None else None
         # a write-hop loss in a processor is resent from the record its read hop DELIVERED: archived, often
-        self.verdict_archive = VerdictArchive(verdict_archive_dir) if verdict_archive_dir is not None else None
+        self.verdict_archive = VerdictArchive(verdict_archive_dir, store) if verdict_archive_dir is not None else None
         self.book = VerdictBook(store.verdicts)
         self._producers: dict[str, Any] = {}  # cluster -> one producer for the run's records
         self._partitions: dict[tuple[str, str], int] = {}  # (cluster, topic) -> partition count

@@ -230,7 +230,7 @@ def _prune_verdict_archive(
     if not going:
         return 0, 0, 0
     freed = sum(folder_bytes(root / f"hour={hour}") for hour in going)
-    with VerdictArchive(root) as verdicts:
+    with VerdictArchive(root, store) as verdicts:
         pinned_hours = [hour for hour in going if hour in pinned.hours]
         kept = verdicts.read_messages(pinned.message_ids, hours=pinned_hours) if pinned_hours else []
         if dry_run:

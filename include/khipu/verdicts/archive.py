@@ -9,7 +9,8 @@ Where both hold a row for a (message id, hop), the SQL row is the newer and wins
 Layout (the raw-trace archive's, in a directory of its own)::
 
     <root>/hour=YYYY-MM-DD-HH/batch_id=N/part-0.parquet   a micro-batch's verdicts decided in that UTC hour
-    <root>/_index/decided.sqlite                          which micro-batches decided each message
+
+Which micro-batches decided each message is kept in the store (:class:`DecidedIndex`: table ``decided``).
 
 A file holds exactly the SQL verdict columns (:data:`SCHEMA`), sorted by message id and hop, so a point
 lookup reads one row group of each file it opens. A replayed micro-batch replaces its files
@@ -19,26 +20,27 @@ lookup reads one row group of each file it opens. A replayed micro-batch replace
 
 from __future__ import annotations
 
-import gc
-import json
 import logging
 import re
 import sqlite3
 import threading
 from collections.abc import Collection, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from khipu.clock import now_ms
 from khipu.errors import InvalidSetting
 from khipu.storage.batches import write_batch_files
 from khipu.storage.location import Location
+from khipu.store import Store
+from khipu.store.decided import Decision
 from khipu.trace.archive import HOUR_MS, hour_of, parquet_bytes
 
 log = logging.getLogger(__name__)
@@ -46,8 +48,6 @@ log = logging.getLogger(__name__)
 ARCHIVED_VERDICT = "DELIVERED"  # the only kind archived: plain (no late evidence) and first-time
 MAX_SCAN_HOURS = 48  # a message the index does not know is looked for in the newest this many hours
 ROW_GROUP_ROWS = 8_192  # a point lookup decodes one row group of this many rows per file
-INDEX_CHUNK = 999  # ids per IN (...) query of the index
-CACHE_KIB = 65_536  # the index connection's page cache
 HOUR_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}-\d{2}$")
 
 # The SQL ``verdicts`` table's columns (khipu.store.verdicts: message_id, hop, VERDICT_COLUMNS), with its types.
@@ -130,158 +130,120 @@ def conform(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=SCHEMA)
 
 
-class Decision(NamedTuple):
-    """A micro-batch that decided (gave a verdict to) a message, as the index records it."""
-
-    batch_id: int
-    first_seen_ms: int | None  # the detector state's: another value is another state (the message seen again)
-    hour: str  # the archive hour (YYYY-MM-DD-HH) of the message's verdicts in that batch
-
-
 class DecidedIndex:
-    """Which micro-batch(es) decided each message: an SQLite file (WAL) beside the archive.
+    """Which micro-batch(es) decided each message: the store's ``decided`` table (:mod:`khipu.store.decided`),
+    which every host reaching the store reaches, wherever the archive is.
 
     The detector's verdict writer, per micro-batch, asks :meth:`find` for the ids it judged (one found
     under another batch with another ``first_seen_ms`` was decided before, and its archived verdicts are
     read back from that batch's hour) and :meth:`record`\\ s every message that got a verdict. The view and
     the CLI ask it where a message's archived verdicts are.
 
-    Measured on this machine (2 CPUs shared with a Spark job, SSD; 1,000,000 rows held, random 32-hex ids;
-    2026-11-23): ``find`` of 25,000 ids (half of them
-    known) ~80 ms median (67-127 ms; ~50 ms with the machine to itself; ~120 ms on a fresh connection), one
-    query joining the ids as a JSON array (``IN`` queries of 999 ids: about the same; a temporary table:
-    ~0.45 s). ``record`` of a 25,000-message batch ~350 ms (~375 ms replacing a replayed batch's rows):
-    random keys touch most pages of the table, so the rows go in in key order (~1.5x faster than not)
-    through a kept connection with a 64 MiB page cache. Pruning 500,000 rows: ~1.4 s. The file takes ~112
-    bytes a row: at 5,000 messages/s a day is ~430 M rows (~48 GB), and a batch's inserts then touch
-    ~25,000 pages (~100 MB written): keep it pruned to the hours the writer looks back on
-    (:meth:`VerdictArchive.prune`).
+    The release before kept it in an SQLite file beside a local archive (``<root>/_index/decided.sqlite``):
+    ``previous`` names that file. The first call brings its rows into the store, once whichever process finds
+    it first (:meth:`khipu.store.decided.DecidedRepository.import_once`), and renames it
+    ``decided.sqlite.imported``.
+
+    MEASURED
     """
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._db: sqlite3.Connection | None = None  # kept open: its page cache is what makes a batch's writes fast
+    def __init__(self, store: Store, previous: Path | None = None) -> None:
+        self.store = store
+        self.previous = previous  # the release before's index file, brought into the store at the first call
         self._lock = threading.Lock()
-        self._created = False
+        self._looked = previous is None
 
     @property
-    def exists(self) -> bool:
-        return self.path.is_file()
+    def where(self) -> str:
+        """Where its rows are, as a message names it (the store's URL without its password)."""
+        return f"table {self.store.decided.table} of the store at {self.store.safe_url}"
 
     def close(self) -> None:
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db, self._created = None, False
+        """Nothing of its own to close: its rows are the store's, which the store's owner closes."""
 
     def record(self, batch_id: int, rows: Iterable[tuple[str, int | None, str]]) -> int:
         """Replace the batch's rows by these (message id, first_seen_ms, hour): a replayed batch is recorded
-        once. Returns how many messages it holds now."""
-        # in key order: each page of the table is visited once, in order (a random order costs ~1.5x)
-        values = sorted((str(message_id), batch_id, first_seen_ms, hour) for message_id, first_seen_ms, hour in rows)
-        for hour in {v[3] for v in values}:
+        once. Returns how many messages it holds now. VerdictArchiveError (nothing recorded) for an hour that
+        is not an archive hour."""
+        values = list(rows)
+        for hour in {value[2] for value in values}:
             if not isinstance(hour, str) or not HOUR_PATTERN.match(hour):
                 raise VerdictArchiveError("hour", hour, "an archive hour YYYY-MM-DD-HH (UTC), e.g. 2026-11-23-10")
-        with self._connect(create=True) as db:
-            db.execute("DELETE FROM decided WHERE batch_id = ?", (batch_id,))
-            db.execute("DELETE FROM batches WHERE batch_id = ?", (batch_id,))
-            if values:
-                db.executemany("INSERT OR REPLACE INTO decided VALUES (?, ?, ?, ?)", values)
-                db.execute("INSERT INTO batches VALUES (?, ?)", (batch_id, max(v[3] for v in values)))
-        return len({v[0] for v in values})
+        self._bring_in_previous()
+        return self.store.decided.record(batch_id, values)
 
     def forget_batch(self, batch_id: int) -> int:
         """Remove the batch's rows; returns how many there were."""
-        if not self.exists:
-            return 0
-        with self._connect() as db:
-            db.execute("DELETE FROM batches WHERE batch_id = ?", (batch_id,))
-            return int(db.execute("DELETE FROM decided WHERE batch_id = ?", (batch_id,)).rowcount)
+        self._bring_in_previous()
+        return self.store.decided.forget_batch(batch_id)
 
     def find(self, message_ids: Iterable[str]) -> dict[str, list[Decision]]:
         """The batches that decided each of these messages, oldest batch first (messages never decided, or
         pruned: absent)."""
-        ids = sorted(set(message_ids))
-        found: dict[str, list[Decision]] = {}
-        if not ids or not self.exists:
-            return found
-        with self._connect() as db:
-            try:  # one query, the ids as a JSON array joined on the key (SQLite's json_each)
-                rows = db.execute(
-                    "SELECT d.message_id, d.batch_id, d.first_seen_ms, d.hour FROM json_each(?) AS j "
-                    "JOIN decided AS d ON d.message_id = j.value",
-                    (json.dumps(ids),),
-                ).fetchall()
-            except sqlite3.OperationalError:  # an SQLite built without JSON: IN (...) queries, a chunk at a time
-                rows = []
-                for start in range(0, len(ids), INDEX_CHUNK):
-                    chunk = ids[start : start + INDEX_CHUNK]
-                    rows += db.execute(
-                        "SELECT message_id, batch_id, first_seen_ms, hour FROM decided "
-                        f"WHERE message_id IN ({', '.join('?' * len(chunk))})",
-                        chunk,
-                    ).fetchall()
-        with _cycle_collection_paused():  # tens of thousands of small acyclic objects: ~25 ms of collections
-            for message_id, batch_id, first_seen_ms, hour in rows:
-                found.setdefault(message_id, []).append(Decision(batch_id, first_seen_ms, hour))
-        for decisions in found.values():
-            if len(decisions) > 1:
-                decisions.sort()
-        return found
+        self._bring_in_previous()
+        return self.store.decided.find(message_ids)
 
     def prune(self, before_ms: int) -> int:
-        """Remove the rows of the batches whose every hour ended at or before ``before_ms`` (by the batch index:
-        no index on the hour to keep up); returns how many."""
-        if not self.exists:
-            return 0
-        cutoff = hour_of(before_ms)
-        with self._connect() as db:
-            removed = db.execute(
-                "DELETE FROM decided WHERE batch_id IN (SELECT batch_id FROM batches WHERE last_hour < ?)", (cutoff,)
-            ).rowcount
-            db.execute("DELETE FROM batches WHERE last_hour < ?", (cutoff,))
-        return int(removed)
+        """Remove the rows of the batches whose every hour ended at or before ``before_ms``; returns how many."""
+        self._bring_in_previous()
+        return self.store.decided.prune(before_ms)
 
     def count(self) -> int:
         """How many (message, batch) rows it holds."""
-        if not self.exists:
-            return 0
-        with self._connect() as db:
-            return int(db.execute("SELECT count(*) FROM decided").fetchone()[0])
+        self._bring_in_previous()
+        return self.store.decided.count()
 
-    @contextmanager
-    def _connect(self, create: bool = False) -> Iterator[sqlite3.Connection]:
-        """The index's connection (one per DecidedIndex, opened at first use and kept; one caller at a time), in
-        one transaction: committed when the block ends, rolled back when it raises. ``create``: make the file
-        and its tables first."""
+    def _bring_in_previous(self) -> None:
+        """At the first call: the release before's index file, when there is one, into the store (see the class
+        doc). A store that does not answer leaves it for the next call."""
+        if self._looked:
+            return
         with self._lock:
-            if self._db is None:
-                if create:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
-                db.execute("PRAGMA synchronous = NORMAL")
-                db.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
-                self._db = db
-            if create and not self._created:
-                _create_tables(self._db)
-                self._created = True
-            with self._db:
-                yield self._db
+            if not self._looked and self.previous is not None and self.previous.is_file():
+                self._bring_in(self.previous)
+            self._looked = True
 
+    def _bring_in(self, path: Path) -> None:
+        """The file's rows into the store, unless a process brought them in before; then the file renamed aside."""
 
-def _create_tables(db: sqlite3.Connection) -> None:
-    """The index's tables: rows kept in message order (a lookup reads the table itself; keyed by batch with an
-    index on the message, ``find`` was ~25 % slower and ``record`` no faster), a batch's rows found through
-    the batch index."""
-    db.execute("PRAGMA journal_mode = WAL")
-    db.execute(
-        "CREATE TABLE IF NOT EXISTS decided (message_id TEXT NOT NULL, batch_id INTEGER NOT NULL, "
-        "first_seen_ms INTEGER, hour TEXT NOT NULL, PRIMARY KEY (message_id, batch_id)) WITHOUT ROWID"
-    )
-    db.execute("CREATE INDEX IF NOT EXISTS decided_batch ON decided (batch_id)")
-    db.execute(  # a batch's newest hour: what pruning goes by
-        "CREATE TABLE IF NOT EXISTS batches (batch_id INTEGER PRIMARY KEY, last_hour TEXT NOT NULL)"
-    )
+        def rows() -> Iterator[tuple[str, int, int | None, str]]:
+            """Its rows, read once the store has claimed the import (a second process finding the file at the same
+            time never opens it), then its write-ahead log folded in: the file is whole under any name. Opened
+            only if it is still there (mode=rw: never created)."""
+            with (
+                closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True, timeout=30)) as db,
+                closing(db.cursor()) as cursor,  # closed before its connection: nothing left open on the file
+            ):
+                made = {name for (name,) in cursor.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if "decided" in made:  # else created, its tables never made: nothing to bring
+                    yield from cursor.execute("SELECT message_id, batch_id, first_seen_ms, hour FROM decided")
+                cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+        try:
+            brought = self.store.decided.import_once(str(path.resolve()), rows(), now_ms())
+        except sqlite3.DatabaseError as exc:
+            if not path.exists():  # brought in by another process, which renamed it
+                return
+            raise VerdictArchiveError(
+                "previous index",
+                str(path),
+                "the release before's index of decided messages (an SQLite file with tables decided and batches), "
+                f"or no file there: move it away to start without it ({exc})",
+            ) from None
+        if brought is None:
+            log.info("verdict archive: the index %s was brought into the %s before", path, self.where)
+        else:
+            log.info("verdict archive: %d rows of the index %s brought into the %s", brought, path, self.where)
+        aside = path.with_name(f"{path.name}.imported")
+        if aside.exists():  # one brought in before (a release downgraded, then upgraded again): kept too
+            aside = path.with_name(f"{path.name}.imported-{now_ms()}")
+        try:
+            path.rename(aside)
+        except FileNotFoundError:  # another process brought it in and renamed it
+            pass
+        except OSError as exc:
+            log.warning("verdict archive: the index %s, brought into the store, stays as it was (%s): it is not "
+                        "brought in again", path, exc)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,17 +257,16 @@ class ArchiveSearch:
 class VerdictArchive:
     """Plain first-time DELIVERED verdicts by UTC hour and micro-batch, with the index of who decided what."""
 
-    def __init__(
-        self, root: Location | Path, *, index_path: Path | None = None, max_scan_hours: int = MAX_SCAN_HOURS
-    ) -> None:
+    def __init__(self, root: Location | Path, store: Store, *, max_scan_hours: int = MAX_SCAN_HOURS) -> None:
         if max_scan_hours < 1:
             raise VerdictArchiveError("max_scan_hours", max_scan_hours, "a number of hours >= 1")
         self.root = Location.of(root, "verdict archive")
-        self.index = DecidedIndex(index_path or (self.root / "_index" / "decided.sqlite").local_path)
+        previous = (self.root / "_index" / "decided.sqlite").local_path if self.root.is_local else None
+        self.index = DecidedIndex(store, previous)  # its rows are the store's; a local archive's old file brought in
         self.max_scan_hours = max_scan_hours
 
     def close(self) -> None:
-        """Close the index's connection (a later call opens it again)."""
+        """Nothing of its own to close: the index is the store's, which the store's owner closes."""
         self.index.close()
 
     def __enter__(self) -> VerdictArchive:
@@ -407,7 +368,7 @@ class VerdictArchive:
             if len(scanned) < len(every):
                 which = f"message {unknown[0]!r} is" if len(unknown) == 1 else f"{len(unknown)} messages are"
                 note = (
-                    f"{which} not in the verdict archive's index ({self.index.path}): only the newest "
+                    f"{which} not in the verdict archive's index ({self.index.where}): only the newest "
                     f"{len(scanned)} of its {len(every)} hours were searched ({scanned[0]} .. {scanned[-1]}); "
                     "archived DELIVERED verdicts decided earlier are not shown"
                 )
@@ -442,19 +403,6 @@ class VerdictArchive:
         return ds.dataset(files, schema=SCHEMA, format="parquet", filesystem=self.root.filesystem()).to_table(
             filter=condition
         )
-
-
-@contextmanager
-def _cycle_collection_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a block allocates many objects that hold no cycles (it
-    would walk them again and again as they are made); back on after, unless it was off already."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _next_hour(hour: str) -> str:

@@ -66,7 +66,9 @@ def aged(airflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> d
     }.items():
         monkeypatch.setenv(variable, value)
     hour = int(time.time() * 1000) // HOUR_MS * HOUR_MS
-    traces, verdicts = state / "archive", VerdictArchive(state / "verdicts")
+    store = Store(f"sqlite:///{store_path}")
+    store.migrate()
+    traces, verdicts = state / "archive", VerdictArchive(state / "verdicts", store)
     for batch, age in enumerate(AGES_H):
         at = hour - age * HOUR_MS + 600_000
         rows = [trace(f"m{age}-{i}", at + i) for i in range(3)]
@@ -79,8 +81,6 @@ def aged(airflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> d
         verdicts.write_batch(batch, verdict_table(archived))
     verdicts.close()
 
-    store = Store(f"sqlite:///{store_path}")
-    store.migrate()
     at = hour - PINNED_AGE_H * HOUR_MS + 600_000
     stored = [  # (message, kind, age in hours)
         ("pinned", "CONFIRMED_LOST", PINNED_AGE_H), ("old-dup", "DUPLICATE", 6 * DAY_H),

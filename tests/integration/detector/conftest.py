@@ -146,7 +146,7 @@ SPARK_SUBMIT = "org.apache.spark.deploy.SparkSubmit"
 
 def stored_verdicts(store: Store, verdicts_dir: Path) -> list[dict[str, Any]]:
     """Every verdict a detector keeps: the store's rows and the verdict archive's, the store's winning per hop."""
-    with VerdictArchive(verdicts_dir) as archive:
+    with VerdictArchive(verdicts_dir, store) as archive:
         return all_verdicts(store.verdicts, archive)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -245,11 +246,12 @@ def delivered(message: str, offset: int, hop: str) -> Verdict:
 
 
 @pytest.fixture()
-def verdict_archive(tmp_path: Path) -> VerdictArchive:
+def verdict_archive(tmp_path: Path) -> Iterator[VerdictArchive]:
     """The plain DELIVERED verdicts the detector archived (not SQL rows): m-fine and m-after everywhere, the write
     hop of m-late and m-gone, and m-twice's read hop (read once, as the detector saw it; its write hop is an SQL
     PENDING)."""
-    archive = VerdictArchive(tmp_path / "verdicts")
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    archive = VerdictArchive(tmp_path / "verdicts", store)
     archived = [
         delivered("m-fine", 3, WRITE),
         delivered("m-fine", 3, READ),
@@ -260,7 +262,8 @@ def verdict_archive(tmp_path: Path) -> VerdictArchive:
         delivered("m-twice", 5, READ),
     ]
     archive.write_batch(0, verdict_table([verdict_row(v) for v in archived]))
-    return archive
+    yield archive
+    store.close()
 
 
 def test_an_all_archived_message_is_final_and_one_with_an_open_sql_verdict_is_redecided(

@@ -113,7 +113,7 @@ def test_search_by_id_and_by_attribute_across_the_store_and_the_archives(
         archive_traces(state / "archive", 1_000 + h, sent_rows(ids, at, orders))
     old_at = hour - (ARCHIVED_HOURS - 1) * HOUR_MS + 7 * (HOUR_MS // TRACES_AN_HOUR)
     old_delivered = [verdict(old_226, hop, "DELIVERED", old_at + 2_000 + j) for j, hop in enumerate(HOPS)]
-    with VerdictArchive(state / "verdicts") as verdicts:  # the old one: delivered everywhere, archived
+    with VerdictArchive(state / "verdicts", store) as verdicts:  # the old one: delivered everywhere, archived
         verdicts.write_batch(77, verdict_table(old_delivered))
         verdicts.index.record(77, [(old_226, old_at, hour_of(old_at + 2_000))])
     store.verdicts.upsert([verdict(new_226, AUDIT_READ, "LOST", now - 500, cause="skipped_by_consumer")])

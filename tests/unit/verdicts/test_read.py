@@ -21,7 +21,7 @@ def kept(tmp_path: Path) -> tuple[Store, VerdictArchive, ArchivedSeed]:
     store = Store(f"sqlite:///{tmp_path / 'khipu.db'}")
     store.migrate()
     seeded = seed_archived(store, tmp_path / "verdicts", NOW_MS)
-    return store, VerdictArchive(tmp_path / "verdicts"), seeded
+    return store, VerdictArchive(tmp_path / "verdicts", store), seeded
 
 
 def test_merged_keeps_the_sql_row_of_a_hop_both_hold_and_every_other_row() -> None:
@@ -88,7 +88,7 @@ def test_an_archived_verdict_gets_its_first_decision_in_the_history(
 def test_a_message_the_index_does_not_know_says_older_hours_were_not_searched(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'khipu.db'}")
     store.migrate()
-    archive = VerdictArchive(tmp_path / "verdicts", max_scan_hours=1)
+    archive = VerdictArchive(tmp_path / "verdicts", store, max_scan_hours=1)
     archive.write_batch(1, verdict_table([verdict("old", HOPS[0], "DELIVERED", NOW_MS - 5 * HOUR_MS)]))
     archive.write_batch(2, verdict_table([verdict("new", HOPS[0], "DELIVERED", NOW_MS)]))
     found = verdicts_of(store.verdicts, archive, ["old"])
