@@ -455,8 +455,8 @@ class KhipuCollector:
         remote = [f"the {name} ({where.url})" for name, where in self._archives.items() if not where.is_local]
         if remote:
             log.info(
-                "khipu exporter: %s in an object store, on no local disk: khipu_archive_local is 0 for it and no "
-                "khipu_state_disk_* gauge covers it",
+                "khipu exporter: %s in an object store, on no local disk: khipu_archive_local is 0 for each "
+                "archive there, and no khipu_state_disk_* gauge covers one",
                 " and ".join(remote),
             )
 
