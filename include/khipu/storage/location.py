@@ -146,7 +146,7 @@ class Location:
         """pyarrow's file system for this location (one per scheme and bucket, kept)."""
         if self.is_local:
             return pafs.LocalFileSystem()
-        return _object_store(self.scheme, self.url.split("://", 1)[1].split("/", 1)[0], _s3_endpoint(os.environ))
+        return _object_store(self.scheme, self.url.split("://", 1)[1].split("/", 1)[0], s3_endpoint(os.environ))
 
     def info(self) -> pafs.FileInfo:
         try:
@@ -269,20 +269,38 @@ class Location:
             raise StorageError(setting, self.url, f"a location this host can list: {exc}") from None
 
 
-def _s3_endpoint(environ: Mapping[str, str]) -> str:
-    return environ.get("KHIPU_S3_ENDPOINT", "").strip()
+ENDPOINT_VARIABLE = "KHIPU_S3_ENDPOINT"
+ENDPOINT_EXPECTED = "an http:// or https:// URL of an S3 API with a host and at most a port, e.g. http://127.0.0.1:9000"
+
+
+def s3_endpoint(environ: Mapping[str, str]) -> str:
+    """``KHIPU_S3_ENDPOINT`` as ``scheme://host[:port]`` ('' when unset: AWS's own S3); StorageError naming it when
+    it is not an http(s) URL of a host, or carries a path, options or credentials (which would make a secret a
+    Spark setting)."""
+    value = environ.get(ENDPOINT_VARIABLE, "").strip()
+    if not value:
+        return ""
+    parts = urlsplit(value)
+    try:
+        _ = parts.port  # a port that is not a number in [0, 65535] raises here
+    except ValueError:
+        raise StorageError(ENDPOINT_VARIABLE, value, ENDPOINT_EXPECTED) from None
+    if parts.username is not None or parts.password is not None:
+        expected = f"{ENDPOINT_EXPECTED}; credentials come from the environment (AWS_ACCESS_KEY_ID, ...), never the URL"
+        raise StorageError(ENDPOINT_VARIABLE, "<a URL with credentials>", expected)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/") or parts.query:
+        raise StorageError(ENDPOINT_VARIABLE, value, ENDPOINT_EXPECTED)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 @functools.lru_cache(maxsize=16)
-def _object_store(scheme: str, bucket: str, s3_endpoint: str) -> pafs.FileSystem:
+def _object_store(scheme: str, bucket: str, endpoint_url: str) -> pafs.FileSystem:
     if scheme == "s3a":
         for name, value in AWS_SDK_DEFAULTS.items():
             os.environ.setdefault(name, value)
         options: dict[str, object] = {"region": os.environ.get("AWS_REGION", "us-east-1")}
-        if s3_endpoint:
-            endpoint = urlsplit(s3_endpoint)
-            if endpoint.scheme not in ("http", "https") or not endpoint.netloc:
-                raise StorageError("KHIPU_S3_ENDPOINT", s3_endpoint, "an http(s) URL, e.g. http://127.0.0.1:9000")
+        if endpoint_url:
+            endpoint = urlsplit(endpoint_url)
             options.update(endpoint_override=endpoint.netloc, scheme=endpoint.scheme, force_virtual_addressing=False)
         return pafs.S3FileSystem(**options)  # type: ignore[arg-type]
     filesystem, _ = pafs.FileSystem.from_uri(f"{'abfs' if scheme == 'abfss' else scheme}://{bucket}")

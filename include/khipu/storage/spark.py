@@ -16,48 +16,30 @@ Kubernetes secret, YARN's container environment), never ``spark.executorEnv.*``,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from urllib.parse import urlsplit
 
-from khipu.storage.location import StorageError
+from khipu.storage.location import ENDPOINT_VARIABLE, s3_endpoint
 
-ENDPOINT_VARIABLE = "KHIPU_S3_ENDPOINT"
+__all__ = ["ENDPOINT_VARIABLE", "hadoop_settings", "s3_endpoint"]  # the endpoint's variable and reading: one place
+
 REGION_VARIABLE = "AWS_REGION"
 # an S3 API of one's own signs for a region too; S3Proxy and MinIO accept any, AWS's own is us-east-1 by default
 DEFAULT_REGION = "us-east-1"
 ENVIRONMENT_CREDENTIALS = "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider"
 HADOOP = "spark.hadoop.fs.s3a."
-ENDPOINT_EXPECTED = "an http:// or https:// URL of an S3 API with a host and at most a port, e.g. http://127.0.0.1:9000"
-
-
-def s3_endpoint(environ: Mapping[str, str]) -> str:
-    """``KHIPU_S3_ENDPOINT`` as ``scheme://host[:port]`` ('' when unset: AWS's own S3); StorageError naming it when
-    it is not an http(s) URL of a host, or carries a path, options or credentials (which would make a secret a
-    Spark setting)."""
-    value = environ.get(ENDPOINT_VARIABLE, "").strip()
-    if not value:
-        return ""
-    parts = urlsplit(value)
-    try:
-        _ = parts.port  # a port that is not a number in [0, 65535] raises here
-    except ValueError:
-        raise StorageError(ENDPOINT_VARIABLE, value, ENDPOINT_EXPECTED) from None
-    if parts.username is not None or parts.password is not None:
-        expected = f"{ENDPOINT_EXPECTED}; credentials come from the environment (AWS_ACCESS_KEY_ID, ...), never the URL"
-        raise StorageError(ENDPOINT_VARIABLE, "<a URL with credentials>", expected)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/") or parts.query:
-        raise StorageError(ENDPOINT_VARIABLE, value, ENDPOINT_EXPECTED)
-    return f"{parts.scheme}://{parts.netloc}"
 
 
 def hadoop_settings(environ: Mapping[str, str]) -> dict[str, str]:
     """The ``spark.hadoop.fs.s3a.*`` settings for the object store the environment names.
 
-    Always: credentials from the environment of the JVM (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``), none in
-    the settings. With ``KHIPU_S3_ENDPOINT``: that endpoint, path-style requests (``http://host/bucket/key``: a
-    local store has no per-bucket host names), TLS only for an https endpoint, and the region (``AWS_REGION``,
+    Credentials: never in the settings. With ``AWS_ACCESS_KEY_ID`` in the environment (an S3 API of one's own, keys
+    handed to every host), read from the JVM's environment only; without it, S3A's default chain (an instance
+    profile, a pod's web identity, the usual AWS files). With ``KHIPU_S3_ENDPOINT``: that endpoint, path-style
+    requests (``http://host/bucket/key``: a local store has no per-bucket host names), TLS only for an https endpoint, and the region (``AWS_REGION``,
     else us-east-1). Without it, AWS's own S3: no endpoint settings, the region from ``AWS_REGION`` when set
     (else S3A finds the bucket's)."""
-    settings = {f"{HADOOP}aws.credentials.provider": ENVIRONMENT_CREDENTIALS}
+    settings: dict[str, str] = {}
+    if environ.get("AWS_ACCESS_KEY_ID", "").strip():
+        settings[f"{HADOOP}aws.credentials.provider"] = ENVIRONMENT_CREDENTIALS
     region = environ.get(REGION_VARIABLE, "").strip()
     endpoint = s3_endpoint(environ)
     if endpoint:

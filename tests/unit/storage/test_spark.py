@@ -8,6 +8,7 @@ from khipu.storage.location import StorageError
 from khipu.storage.spark import ENVIRONMENT_CREDENTIALS, hadoop_settings
 
 PROVIDER = {"spark.hadoop.fs.s3a.aws.credentials.provider": ENVIRONMENT_CREDENTIALS}
+KEYS = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
 LOCAL = {
     "spark.hadoop.fs.s3a.endpoint": "http://127.0.0.1:9000",
     "spark.hadoop.fs.s3a.path.style.access": "true",
@@ -17,25 +18,29 @@ LOCAL = {
 # (environment, settings, why)
 CASES = [
     # 1. the local stack's S3Proxy: its endpoint, path-style, plain http, the region it is given
-    ({"KHIPU_S3_ENDPOINT": "http://127.0.0.1:9000", "AWS_REGION": "us-east-1"},
+    ({**KEYS, "KHIPU_S3_ENDPOINT": "http://127.0.0.1:9000", "AWS_REGION": "us-east-1"},
      {**PROVIDER, **LOCAL, "spark.hadoop.fs.s3a.endpoint.region": "us-east-1"}, "the local store"),
     # 2. an endpoint of one's own without a region: the SDK still signs for one; us-east-1, as pyarrow's default
-    ({"KHIPU_S3_ENDPOINT": "http://127.0.0.1:9000"},
+    ({**KEYS, "KHIPU_S3_ENDPOINT": "http://127.0.0.1:9000"},
      {**PROVIDER, **LOCAL, "spark.hadoop.fs.s3a.endpoint.region": "us-east-1"}, "region defaulted"),
     # 3. a trailing slash is the same endpoint
-    ({"KHIPU_S3_ENDPOINT": "http://127.0.0.1:9000/", "AWS_REGION": "eu-west-1"},
+    ({**KEYS, "KHIPU_S3_ENDPOINT": "http://127.0.0.1:9000/", "AWS_REGION": "eu-west-1"},
      {**PROVIDER, **LOCAL, "spark.hadoop.fs.s3a.endpoint.region": "eu-west-1"}, "trailing slash"),
     # 4. an https endpoint (MinIO, Ceph behind TLS): TLS on
-    ({"KHIPU_S3_ENDPOINT": "https://minio.internal:9443", "AWS_REGION": "eu-west-1"},
+    ({**KEYS, "KHIPU_S3_ENDPOINT": "https://minio.internal:9443", "AWS_REGION": "eu-west-1"},
      {**PROVIDER, "spark.hadoop.fs.s3a.endpoint": "https://minio.internal:9443",
       "spark.hadoop.fs.s3a.path.style.access": "true", "spark.hadoop.fs.s3a.connection.ssl.enabled": "true",
       "spark.hadoop.fs.s3a.endpoint.region": "eu-west-1"}, "https endpoint"),
     # 5. AWS's own S3 with a region: no endpoint settings, the region
-    ({"AWS_REGION": "eu-central-1"}, {**PROVIDER, "spark.hadoop.fs.s3a.endpoint.region": "eu-central-1"}, "AWS"),
+    ({**KEYS, "AWS_REGION": "eu-central-1"}, {**PROVIDER, "spark.hadoop.fs.s3a.endpoint.region": "eu-central-1"},
+     "AWS"),
     # 6. AWS's own S3, no region: S3A finds the bucket's; nothing but where credentials come from
-    ({}, PROVIDER, "AWS, region found by S3A"),
+    (KEYS, PROVIDER, "AWS, region found by S3A"),
     # 7. an empty (or blank) endpoint is unset: AWS's own
-    ({"KHIPU_S3_ENDPOINT": "  ", "AWS_REGION": ""}, PROVIDER, "blank is unset"),
+    ({**KEYS, "KHIPU_S3_ENDPOINT": "  ", "AWS_REGION": ""}, PROVIDER, "blank is unset"),
+    # 8. no keys in the environment (an instance profile, a pod's web identity): S3A's default chain, not the
+    # environment's provider, which would find nothing
+    ({"AWS_REGION": "eu-central-1"}, {"spark.hadoop.fs.s3a.endpoint.region": "eu-central-1"}, "a host's role"),
 ]  # fmt: skip
 
 
