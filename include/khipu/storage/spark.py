@@ -34,9 +34,9 @@ def hadoop_settings(environ: Mapping[str, str]) -> dict[str, str]:
     Credentials: never in the settings. With ``AWS_ACCESS_KEY_ID`` in the environment (an S3 API of one's own, keys
     handed to every host), read from the JVM's environment only; without it, S3A's default chain (an instance
     profile, a pod's web identity, the usual AWS files). With ``KHIPU_S3_ENDPOINT``: that endpoint, path-style
-    requests (``http://host/bucket/key``: a local store has no per-bucket host names), TLS only for an https endpoint, and the region (``AWS_REGION``,
-    else us-east-1). Without it, AWS's own S3: no endpoint settings, the region from ``AWS_REGION`` when set
-    (else S3A finds the bucket's)."""
+    requests (``http://host/bucket/key``: a local store has no per-bucket host names), TLS only for an https
+    endpoint, and the region (``AWS_REGION``, else us-east-1). Without it, AWS's own S3: no endpoint settings, the
+    region from ``AWS_REGION`` when set (else S3A finds the bucket's)."""
     settings: dict[str, str] = {}
     if environ.get("AWS_ACCESS_KEY_ID", "").strip():
         settings[f"{HADOOP}aws.credentials.provider"] = ENVIRONMENT_CREDENTIALS
