@@ -32,6 +32,7 @@ class KhipuSettings:
     store_url: str = field(repr=False)  # may hold a password
     controller_port: int = 9093
     lost_topic: str = DEFAULT_LOST_TOPIC
+    object_store_port: int = 9000  # the local stack's S3Proxy
     data_url: str = ""  # KHIPU_DATA_URL: where the archives and the checkpoint live ("": the state folder)
     s3_endpoint: str = ""  # KHIPU_S3_ENDPOINT: an S3 API other than AWS's
 
@@ -79,6 +80,7 @@ class KhipuSettings:
             store_url=section.store_url,
             controller_port=section.controller_port,
             lost_topic=section.lost_topic,
+            object_store_port=section.object_store_port,
             data_url=section.data_url or "",
             s3_endpoint=section.s3_endpoint or "",
         )
@@ -96,6 +98,7 @@ class KhipuSettings:
             "KHIPU_STORE_URL": self.store_url,
             "KHIPU_BROKER_CONTROLLER_PORT": str(self.controller_port),
             "KHIPU_LOST_TOPIC": self.lost_topic,
+            "KHIPU_OBJECT_STORE_PORT": str(self.object_store_port),
             "KHIPU_DATA_URL": self.data.url,
             **({"KHIPU_S3_ENDPOINT": self.s3_endpoint} if self.s3_endpoint else {}),
         }

@@ -21,7 +21,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from khipu.kafka.trace_topic import read_trace_topic, tally_traces
 from khipu.localstack.airflow import STACK_USERS, admin_password, user_password
-from khipu.localstack.object_store import DEFAULT_PORT as OBJECT_STORE_PORT
 from khipu.localstack.processes import ProcessTable, Started, free_port, port_open
 from khipu.registry import load_registry
 
@@ -40,6 +39,7 @@ def khipu(*args: str, env: dict[str, str], timeout_s: float = 600) -> subprocess
 
 def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_everything(tmp_path: Path) -> None:
     broker_port, controller_port, airflow_port, exporter_port = free_port(), free_port(), free_port(), free_port()
+    object_store_port = free_port()
     env = {
         **os.environ,
         "KHIPU_STATE_DIR": str(tmp_path / "state"),
@@ -47,6 +47,7 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
         "KHIPU_BROKER_CONTROLLER_PORT": str(controller_port),
         "KHIPU_AIRFLOW_PORT": str(airflow_port),
         "KHIPU_EXPORTER_PORT": str(exporter_port),
+        "KHIPU_OBJECT_STORE_PORT": str(object_store_port),
     }
     table = ProcessTable(tmp_path / "state")
     started: dict[str, object] = {}
@@ -55,7 +56,7 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
         assert first.returncode == 0, first.stdout + first.stderr
         assert f"Airflow UI: http://127.0.0.1:{airflow_port}  (healthy)" in first.stdout
         assert f"broker: Apache Kafka on 127.0.0.1:{broker_port}" in first.stdout
-        assert f"s3proxy: S3 API on http://127.0.0.1:{OBJECT_STORE_PORT}" in first.stdout
+        assert f"s3proxy: S3 API on http://127.0.0.1:{object_store_port}" in first.stdout
         started = {name: table.running(name) for name in COMPONENTS}
         assert all(started.values()), started
 
@@ -93,7 +94,7 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
         credentials = json.loads((tmp_path / "state" / "s3proxy" / "credentials.json").read_text())
         store = pafs.S3FileSystem(
             access_key=credentials["access_key"], secret_key=credentials["secret_key"],
-            endpoint_override=f"http://127.0.0.1:{OBJECT_STORE_PORT}", region="us-east-1",
+            endpoint_override=f"http://127.0.0.1:{object_store_port}", region="us-east-1",
         )  # fmt: skip
         pq.write_table(pa.table({"id": [1, 2, 3]}), "khipu/probe/p.parquet", filesystem=store)
         assert (tmp_path / "state" / "s3proxy" / "data" / "khipu" / "probe" / "p.parquet").is_file()
@@ -153,7 +154,7 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
 
         status = khipu("status", env=env)
         assert status.returncode == 0 and "demo     running" in status.stdout and "s3proxy  running" in status.stdout
-        assert f"object store: http://127.0.0.1:{OBJECT_STORE_PORT}" in status.stdout
+        assert f"object store: http://127.0.0.1:{object_store_port}" in status.stdout
         assert "log in as 'admin' (every stream), 'demo' (team-demo: demo.orders), 'bursts'" in status.stdout
         assert "detector " in status.stdout  # listed; the khipu_detector DAG starts it within two minutes
     finally:
@@ -168,6 +169,6 @@ def test_up_starts_the_stack_traces_flow_up_again_is_a_no_op_and_down_stops_ever
         and psutil.Process(s.pid).status() != psutil.STATUS_ZOMBIE
     ]
     assert not port_open("127.0.0.1", broker_port) and not port_open("127.0.0.1", airflow_port)
-    assert not port_open("127.0.0.1", exporter_port) and not port_open("127.0.0.1", OBJECT_STORE_PORT)
+    assert not port_open("127.0.0.1", exporter_port) and not port_open("127.0.0.1", object_store_port)
     assert not port_open("127.0.0.1", controller_port)
     assert khipu("status", env=env).returncode == 3

@@ -192,6 +192,9 @@ class KhipuSection(Section):
         "The local stack's KRaft controller port. Unset: KHIPU_BROKER_PORT + 1 (9093 at 65535).",
     )
     airflow_port: Port = setting("KHIPU_AIRFLOW_PORT", 8080, "The local stack's Airflow UI and API port.")
+    object_store_port: Port = setting(
+        "KHIPU_OBJECT_STORE_PORT", 9000, "The local stack's object store (S3Proxy, an S3 API) port."
+    )
 
     @model_validator(mode="after")
     def _derived(self) -> KhipuSection:

@@ -78,8 +78,9 @@ def broker_spec(settings: KhipuSettings) -> BrokerSpec:
 
 
 def object_store_spec(settings: KhipuSettings) -> ObjectStoreSpec:
-    """The local stack's object store: S3Proxy on 127.0.0.1:9000, bucket ``khipu``, under the state folder."""
-    return ObjectStoreSpec(_paths(settings)["s3proxy"])
+    """The local stack's object store: S3Proxy on 127.0.0.1:<KHIPU_OBJECT_STORE_PORT>, bucket ``khipu``, under the
+    state folder."""
+    return ObjectStoreSpec(_paths(settings)["s3proxy"], port=settings.object_store_port)
 
 
 def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
