@@ -28,7 +28,8 @@ def test_the_verdict_archive_sits_beside_the_trace_archive_in_a_directory_of_its
     assert settings.archive_dir.local_path == Path("/tmp/x/archive")
     assert settings.verdict_archive_dir.local_path == Path("/tmp/x/verdicts")
     assert settings.checkpoint_dir.local_path == Path("/tmp/x/detector/checkpoint")
-    assert not settings.verdict_archive_dir.url.startswith(settings.archive_dir.url + "/")  # Spark reads that root whole
+    # Spark reads the trace archive's root whole: the verdict archive is not under it
+    assert not settings.verdict_archive_dir.url.startswith(settings.archive_dir.url + "/")
 
 
 def test_one_setting_moves_the_archives_and_the_checkpoint_to_an_object_store() -> None:

@@ -39,7 +39,7 @@ def test_locations_are_urls_and_a_bad_one_is_refused_naming_its_option() -> None
         "s3a://khipu-data/prod/checkpoint",
         "s3a://khipu-data/prod/archive",
     )
-    with pytest.raises(StorageError, match="'--verdict-archive'.*a bucket and a prefix"):
+    with pytest.raises(StorageError, match=r"'--verdict-archive'.*a bucket and a prefix"):
         load_entry().parse_args(["--verdict-archive", "s3a://khipu-data"])
 
 
