@@ -18,11 +18,26 @@ log is `<state>/logs/detector.log`. **On a cluster**: point `spark_default` at t
 `spark.submit.pyFiles`, or bake it into the Spark image); the connections file it reads must be
 readable there too (`--files`, or a secret mount).
 
+**Params** (sizing; each null by default, then the Spark connection's extra `khipu.detector` decides, e.g.
+`{"deploy-mode": "client", "khipu.detector": {"executor_memory": "4g", "executor_cores": 2}}`, so that the
+scheduled runs, which take the defaults, restart the detector at the same size):
+
+- `buckets` (1-4096) and `shuffle_partitions`: fixed for a checkpoint; unset, the checkpoint's own (32 and 4 for a
+  new one). Another count than the checkpoint keeps is refused before anything is stopped or submitted (see
+  docs/detector.md, "Rescaling to another bucket count");
+- `driver_memory`, `executor_memory` (`512m`, `4g`), `executor_cores`, `total_executor_cores` (standalone),
+  `num_executors` (YARN, Kubernetes): spark-submit's options of those names; unset, Spark's defaults.
+
+A Param out of range is refused at the trigger; a bad value in the extra fails `restart_detector`, naming it.
+Sizing guidance (traces/s per core): docs/detector.md, "Sizing".
+
 Settings: `KHIPU_DETECTOR_STALE_AFTER_S` (120), `KHIPU_DETECTOR_STARTUP_GRACE_S` (300).
 Connections: `khipu_kafka` (the trace cluster), one per registry cluster, `khipu_store`,
 `spark_default`. No secret goes on the spark-submit command line.
 
-**Trigger by hand** to check (and restart if needed) now: `airflow dags trigger khipu_detector`.
+**Trigger by hand** to check (and restart if needed) now: `airflow dags trigger khipu_detector`; with a size for
+the restart: `airflow dags trigger khipu_detector --conf '{"executor_memory": "4g"}'` (it applies only when the
+check finds the detector needs a restart; a running detector is left as it is).
 """
 
 from __future__ import annotations
@@ -32,9 +47,10 @@ from typing import Any
 
 import pendulum
 from airflow.providers.standard.operators.empty import EmptyOperator
-from airflow.sdk import dag, task
+from airflow.sdk import dag, get_current_context, task
 
 from khipu_airflow.notifiers import notify_failure
+from khipu_airflow.spark_submit import detector_params
 
 KAFKA = "khipu_kafka"
 STORE = "khipu_store"
@@ -56,6 +72,7 @@ SPARK = "spark_default"
         "retry_delay": timedelta(seconds=20),
         "on_failure_callback": notify_failure,
     },
+    params=detector_params(),
 )
 def khipu_detector() -> None:
     @task
@@ -72,7 +89,7 @@ def khipu_detector() -> None:
     def restart_detector() -> dict[str, Any]:
         from khipu_airflow import detector
 
-        return detector.restart_detector(KAFKA, STORE, SPARK)
+        return detector.restart_detector(KAFKA, STORE, SPARK, get_current_context()["params"])
 
     @task(trigger_rule="all_done")  # whatever happened, the alerts it raised go out
     def send_alerts() -> dict[str, Any]:

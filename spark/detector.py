@@ -30,6 +30,7 @@ from khipu.detector.job import (
 )
 from khipu.detector.launch import connector_jars, driver_settings, read_connections_file, throughput_settings
 from khipu.detector.model import DetectorConfig, DetectorConfigError
+from khipu.detector.sizing import DEFAULT_SHUFFLE_PARTITIONS
 from khipu.errors import InvalidSetting
 from khipu.settings import KhipuSettings
 from khipu.storage.location import Location
@@ -72,7 +73,12 @@ def parse_args(argv: list[str]) -> tuple[DetectorJob, str]:
         default=DEFAULT_MAX_OFFSETS_PER_TRIGGER,
         help="bounds a batch, so a backlog is worked off in batches that each report (0: no bound)",
     )
-    parser.add_argument("--shuffle-partitions", type=int, default=4)
+    parser.add_argument(
+        "--shuffle-partitions",
+        type=int,
+        default=DEFAULT_SHUFFLE_PARTITIONS,
+        help="partitions of the one shuffle by bucket (fixed for a checkpoint: Spark keeps it in the offset log)",
+    )
     parser.add_argument(
         "--buckets",
         type=int,

@@ -136,3 +136,83 @@ def test_the_airflow_plugins_do_not_load_spark() -> None:
     loads pyspark."""
     loaded = imported_by("khipu_airflow.plugin", "khipu_airflow.detector", "khipu_airflow.reconcile")
     assert {m for m in loaded if m.startswith("pyspark")} == set()
+
+
+# -- Airflow's Spark provider: its public API only ------------------------------------------------------------------
+
+PLUGINS_ROOT = ROOT / "plugins"
+HOOK = "SparkSubmitHook"
+
+
+def private_hook_uses(source: str) -> list[tuple[int, str]]:
+    """(line, expression) of every private attribute (``._name``) taken from a SparkSubmitHook in a module: from a
+    name bound to one (constructed there, returned by a function annotated to return one, or a parameter annotated
+    as one), from a construction itself, or from a call of such a function."""
+    tree = ast.parse(source)
+    makers = {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.returns is not None
+        and HOOK in ast.unparse(node.returns)
+    }
+
+    def makes_hook(node: ast.AST) -> bool:
+        if not isinstance(node, ast.Call):
+            return False
+        called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        return called == HOOK or called in makers
+
+    hooks: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and makes_hook(node.value):
+            hooks |= {ast.unparse(target) for target in node.targets}
+        elif isinstance(node, ast.AnnAssign) and (HOOK in ast.unparse(node.annotation) or makes_hook(node.value)):
+            hooks.add(ast.unparse(node.target))
+        elif isinstance(node, ast.arg) and node.annotation is not None and HOOK in ast.unparse(node.annotation):
+            hooks.add(node.arg)
+    return [
+        (node.lineno, ast.unparse(node))
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and (ast.unparse(node.value) in hooks or makes_hook(node.value))
+    ]
+
+
+def test_the_private_hook_check_sees_the_launcher_it_replaced() -> None:
+    """The check below can fail: the detector launcher as it was (the hook's _conf, _connection and
+    _build_spark_submit_command) is caught, each use with its line."""
+    old = (
+        "from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook\n"
+        "def submit_hook(conn_id: str) -> SparkSubmitHook:\n"
+        "    hook = SparkSubmitHook(conn_id=conn_id, conf={})\n"
+        "    hook._conf.update({'a': 'b'})\n"
+        "    return hook\n"
+        "def restart(spark_conn_id: str) -> None:\n"
+        "    hook = submit_hook(spark_conn_id)\n"
+        "    if hook._connection['deploy_mode'] == 'cluster':\n"
+        "        hook.submit('app')\n"
+        "    launch(hook._build_spark_submit_command('app'))\n"
+        "def command(hook: SparkSubmitHook) -> list[str]:\n"
+        "    return submit_hook('x')._build_spark_submit_command('app') + [hook._name]\n"
+    )
+    assert [line for line, _ in private_hook_uses(old)] == [4, 8, 10, 12, 12]
+
+
+def test_the_plugins_use_only_the_spark_submit_hooks_public_api() -> None:
+    """Its constructor's arguments and submit(): never its private fields, which change between provider releases."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {expression}"
+        for path in sorted(PLUGINS_ROOT.rglob("*.py"))
+        for line, expression in private_hook_uses(path.read_text())
+    ]
+    assert found == []
+
+
+def test_the_detector_launcher_does_not_load_the_local_stack() -> None:
+    """The production launcher stands on khipu.process_group, not on khipu.localstack (the local stack's own)."""
+    loaded = imported_by("khipu_airflow.detector", "khipu_airflow.reconcile", "khipu_airflow.spark_submit")
+    assert {m for m in loaded if m.startswith("khipu.localstack")} == set()
+    assert "khipu.process_group" in loaded  # what it stands on instead

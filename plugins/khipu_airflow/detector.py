@@ -1,11 +1,17 @@
 """The detector DAG's tasks: judge the detector, raise or resolve the detector-down alert, restart it.
 
-Submitting returns once the driver is up. In local or client deploy mode (the local stack's
-``spark_default``: ``local[*]``) ``spark-submit`` runs detached in its own process group, recorded
-with its pid and start time in the state folder's process table (``<state>/run/detector.json``,
-as ``khipu up`` records its own processes); a recorded process is only ever signalled while its
-start time still matches. In cluster deploy mode ``spark-submit`` returns once the cluster has
-the application (``waitAppCompletion=false``), and the heartbeat alone tells how it is doing.
+Submitting returns once the driver is up, through ``SparkSubmitHook``'s public API only
+(:mod:`khipu_airflow.spark_submit`). In local or client deploy mode (the local stack's
+``spark_default``: ``local[*]``) the hook's ``submit()`` runs detached in a process group of its own
+with spark-submit and the driver, recorded with its pid and start time in the state folder's process
+table (``<state>/run/detector.json``, :mod:`khipu.process_group`, as ``khipu up`` records its own
+processes); a recorded process is only ever signalled while its start time still matches. In cluster
+deploy mode ``spark-submit`` returns once the cluster has the application (``waitAppCompletion=false``),
+and the heartbeat alone tells how it is doing.
+
+Its size (buckets, shuffle partitions, driver and executor memory and cores) comes from the run's Params,
+else the Spark connection's extra ``khipu.detector`` (:mod:`khipu.detector.sizing`); a count the checkpoint
+keeps is checked against it before anything is stopped or submitted.
 
 No secret goes on the ``spark-submit`` command line: the clusters' connections and the store URL
 are written to a connections file only this user can read, and its path is the argument.
@@ -18,23 +24,29 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.sdk.exceptions import AirflowFailException
 
 from khipu.alerting.decide import DETECTOR_ALERT_KIND, detector_alert
 from khipu.alerting.model import AlertState, alert_from
+from khipu.detector.checkpoint import checkpoint_sizing
 from khipu.detector.driver import read_driver_record, stop_driver
 from khipu.detector.launch import connector_jars, throughput_settings, write_connections_file
 from khipu.detector.model import DETECTOR_QUERY
+from khipu.detector.sizing import DetectorSizing, SparkResources, detector_sizing
 from khipu.detector.supervise import DetectorObservation, DetectorState, SupervisionConfig, judge_detector
-from khipu.localstack.processes import ProcessTable, Started
+from khipu.errors import InvalidSetting
+from khipu.process_group import ProcessTable, Started
 from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings, project_root
 from khipu.storage.location import Location
 from khipu.storage.spark import hadoop_settings
 from khipu_airflow.hooks import KhipuKafkaHook, KhipuStoreHook, cluster_connections
+from khipu_airflow.spark_submit import SparkTarget, sizing_values, spark_target, submit_detached
 
 log = logging.getLogger(__name__)
 DETECTOR = "detector"
@@ -157,8 +169,8 @@ def stop_detector() -> str:
     return stop_driver(driver)
 
 
-def application_args(kafka_conn_id: str, store_conn_id: str) -> list[str]:
-    """spark/detector.py's arguments: paths and names only. The connections go to the owner-only file."""
+def application_args(kafka_conn_id: str, store_conn_id: str, buckets: int, shuffle_partitions: int) -> list[str]:
+    """spark/detector.py's arguments: paths, names and counts only. The connections go to the owner-only file."""
     settings = KhipuSettings.from_env()
     kafka = KhipuKafkaHook(kafka_conn_id)
     trace = kafka.connection()
@@ -182,40 +194,68 @@ def application_args(kafka_conn_id: str, store_conn_id: str) -> list[str]:
         settings.archive_dir.url,
         "--verdict-archive",
         settings.verdict_archive_dir.url,
+        "--buckets",
+        str(buckets),
+        "--shuffle-partitions",
+        str(shuffle_partitions),
     ]
 
 
-def submit_hook(spark_conn_id: str, args: list[str]) -> SparkSubmitHook:
-    hook = SparkSubmitHook(
-        conn_id=spark_conn_id,
-        conf={"spark.ui.enabled": "false", **hadoop_settings(os.environ)},  # where the object store is: no secret
-        jars=",".join(str(jar) for jar in connector_jars()),
-        name="khipu-detector",
-        application_args=args,
+def sizing(target: SparkTarget, params: Mapping[str, object]) -> DetectorSizing:
+    """The detector's size: the run's Params, else the Spark connection's extra ``khipu.detector``."""
+    return detector_sizing(
+        sizing_values(params, detector=True),
+        target.sizing_extra("detector"),
+        "the run's Params",
+        f"{target.conn_id}'s extra khipu.detector",
     )
-    log_config = f"-Dlog4j2.configurationFile=file:{driver_log_config()}"
-    hook._conf.update(throughput_settings(hook._connection["master"], log_config))
-    if hook._connection["deploy_mode"] == "cluster":
-        hook._conf.update(dict.fromkeys(_WAIT_APP_COMPLETION, "false"))
-    return hook
 
 
-def restart_detector(kafka_conn_id: str, store_conn_id: str, spark_conn_id: str) -> dict[str, Any]:
-    """Stop what is left of the old driver, submit the detector again, return once the new driver is up."""
+def hook_arguments(target: SparkTarget, args: list[str], resources: SparkResources) -> dict[str, Any]:
+    """``SparkSubmitHook``'s keyword arguments for the detector: its public constructor's, nothing else."""
+    conf = {"spark.ui.enabled": "false", **hadoop_settings(os.environ)}  # where the object store is: no secret
+    conf |= throughput_settings(target.master, f"-Dlog4j2.configurationFile=file:{driver_log_config()}")
+    if target.cluster_mode:
+        conf |= dict.fromkeys(_WAIT_APP_COMPLETION, "false")
+    return {
+        "conn_id": target.conn_id,
+        "conf": conf,
+        "jars": ",".join(str(jar) for jar in connector_jars()),
+        "name": "khipu-detector",
+        "application_args": args,
+        **resources.hook_arguments(),
+    }
+
+
+def restart_detector(
+    kafka_conn_id: str, store_conn_id: str, spark_conn_id: str, params: Mapping[str, object] | None = None
+) -> dict[str, Any]:
+    """Stop what is left of the old driver, submit the detector again, return once the new driver is up.
+
+    Its size is checked first (``params``: the run's Params): a bad value, or another bucket count or shuffle
+    partitions than the checkpoint keeps, is refused before anything is stopped."""
+    target = spark_target(spark_conn_id)
+    try:
+        asked = sizing(target, params or {})
+        buckets, partitions = asked.settled(checkpoint_sizing(checkpoint_dir() / DETECTOR_QUERY))
+    except InvalidSetting as exc:  # no retry makes it right
+        raise AirflowFailException(f"the detector is not restarted: {exc}") from None
     stopped = stop_detector()
     log.info("old detector: %s", stopped)
-    hook = submit_hook(spark_conn_id, application_args(kafka_conn_id, store_conn_id))
-    if hook._connection["deploy_mode"] == "cluster":
+    args = application_args(kafka_conn_id, store_conn_id, buckets, partitions)
+    arguments = hook_arguments(target, args, asked.resources)
+    size = {"buckets": buckets, "shuffle_partitions": partitions, **asked.resources.hook_arguments()}
+    if target.cluster_mode:
         record = {"deploy_mode": "cluster", "submitted_ms": _now_ms()}
-        hook.submit(application())  # returns once the cluster accepted it (waitAppCompletion=false)
+        SparkSubmitHook(**arguments).submit(application())  # returns once the cluster accepted it
         _submission_file().write_text(json.dumps(record))
-        return {"stopped": stopped, **record}
-    started = launch_local(hook._build_spark_submit_command(application()))
-    return {"stopped": stopped, "deploy_mode": hook._connection["deploy_mode"] or "client", "pid": started.pid}
+        return {"stopped": stopped, **record, **size}
+    started = launch_local(target, arguments)
+    return {"stopped": stopped, "deploy_mode": target.deploy_mode or "client", "pid": started.pid, **size}
 
 
-def launch_local(argv: list[str], up_timeout_s: float = UP_TIMEOUT_S) -> Started:
-    """Run ``spark-submit`` detached (own process group, log in <state>/logs/detector.log); wait until the
+def launch_local(target: SparkTarget, arguments: Mapping[str, Any], up_timeout_s: float = UP_TIMEOUT_S) -> Started:
+    """Run the hook's ``submit()`` detached (own process group, log in <state>/logs/detector.log); wait until the
     driver has started its queries and written its driver file, so the caller knows it is up."""
     settings = KhipuSettings.from_env()
     log_path = settings.state_dir / "logs" / "detector.log"
@@ -223,9 +263,10 @@ def launch_local(argv: list[str], up_timeout_s: float = UP_TIMEOUT_S) -> Started
     _submission_file().parent.mkdir(parents=True, exist_ok=True)
     _submission_file().write_text(json.dumps({"deploy_mode": "client", "submitted_ms": launched_ms}))
     env = {**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
-    started = _process_table().spawn(
-        DETECTOR, argv, env, log_path, f"spark-submit spark/detector.py, log {log_path}", cwd=project_root()
-    )
+    started = submit_detached(
+        _process_table(), DETECTOR, target, arguments, application(), detector_dir() / "submit.json", log_path,
+        env, project_root(),
+    )  # fmt: skip
     deadline = time.monotonic() + up_timeout_s
     while time.monotonic() < deadline:
         if not started.alive():
@@ -234,7 +275,7 @@ def launch_local(argv: list[str], up_timeout_s: float = UP_TIMEOUT_S) -> Started
             )
         driver = read_driver_record(checkpoint_dir())
         if driver is not None and driver.started_ms >= launched_ms:
-            log.info("detector driver up: pid %d (spark-submit group %d), log %s", driver.pid, started.pid, log_path)
+            log.info("detector driver up: pid %d (process group %d), log %s", driver.pid, started.pid, log_path)
             return started
         time.sleep(0.5)
     raise DetectorLaunchError(f"the detector driver did not come up within {up_timeout_s:.0f}s; see {log_path}")

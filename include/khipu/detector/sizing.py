@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from khipu.errors import InvalidSetting
 
@@ -53,7 +53,7 @@ class SparkResources:
     total_executor_cores: int | None = None
     num_executors: int | None = None
 
-    def hook_arguments(self) -> dict[str, str | int]:
+    def hook_arguments(self) -> dict[str, Any]:
         """The ones set, as ``SparkSubmitHook``'s keyword arguments (the same names)."""
         found = {name: getattr(self, name) for name in RESOURCES}
         return {name: value for name, value in found.items() if value is not None}

@@ -107,16 +107,22 @@ def test_a_running_reporting_detector_is_left_alone_and_nothing_alerts(detector_
 def test_spark_submit_arguments_name_paths_only_and_the_secrets_go_to_an_owner_only_file(
     detector_env: Store, tmp_path: Path
 ) -> None:
-    from khipu_airflow.detector import application_args, submit_hook
+    """What the launcher hands SparkSubmitHook's constructor (the command is read from the started process in
+    test_khipu_detector_sizing.py) names paths and counts, never a secret."""
+    from khipu.detector.sizing import SparkResources
+    from khipu_airflow.detector import application_args, hook_arguments
+    from khipu_airflow.spark_submit import spark_target
 
-    args = application_args("khipu_kafka", "khipu_store")
+    args = application_args("khipu_kafka", "khipu_store", 32, 4)
     pairs = dict(zip(args[::2], args[1::2], strict=True))
-    assert pairs["--checkpoint"] == str(tmp_path / "state" / "detector" / "checkpoint")
+    assert pairs["--checkpoint"] == f"file://{tmp_path / 'state' / 'detector' / 'checkpoint'}"
     assert pairs["--trace-topic"] == "khipu.traces"
-    command = submit_hook("spark_default", args)._build_spark_submit_command("spark/detector.py")
-    assert SECRET not in " ".join(command) and str(tmp_path / "khipu.db") not in " ".join(command)
-    assert any(part.endswith(".jar") and "spark-sql-kafka-0-10" in part for part in command)
-    java_options = next(part for part in command if part.startswith("spark.driver.extraJavaOptions="))
+    assert (pairs["--buckets"], pairs["--shuffle-partitions"]) == ("32", "4")
+    arguments = hook_arguments(spark_target("spark_default"), args, SparkResources())
+    shown = json.dumps(arguments)
+    assert SECRET not in shown and str(tmp_path / "khipu.db") not in shown
+    assert any(Path(jar).name.startswith("spark-sql-kafka-0-10") for jar in arguments["jars"].split(","))
+    java_options = arguments["conf"]["spark.driver.extraJavaOptions"]
     assert "-Dlog4j2.configurationFile=file:" in java_options and java_options.endswith(" -XX:+UseParallelGC")
     connections = Path(pairs["--connections-file"])
     assert stat.S_IMODE(connections.stat().st_mode) == 0o600
