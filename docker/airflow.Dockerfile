@@ -5,8 +5,9 @@
 #   - Khipu's pinned requirements and the khipu package itself (include/), installed editable from
 #     /opt/khipu so that the ./include bind mount of docker-compose.yaml is the code that runs and
 #     khipu.settings.project_root() resolves to /opt/khipu (config/ and spark/ are mounted beside it);
-#   - Spark's Kafka connector (jvm/spark-kafka.pom.xml), fetched by Maven at build time into
-#     /opt/khipu/.jvm/spark-kafka, where the detector DAG hands it to spark-submit with --jars.
+#   - Spark's Kafka connector and Hadoop's S3A (jvm/spark-kafka.pom.xml), fetched by Maven at build time into
+#     /opt/khipu/.jvm/spark-kafka, where the DAGs hand them to spark-submit (spark.jars): the executors get
+#     them from the driver.
 
 # Build stage: the connector jars from Maven Central, never at run time.
 FROM maven:3.9-eclipse-temurin-17 AS spark-kafka-jars
@@ -33,9 +34,11 @@ USER airflow
 WORKDIR /opt/khipu
 
 # Dependencies first (cached layer). Pinning apache-airflow to the image's own version stops pip from
-# moving Airflow; requirements.txt pins the same 3.3.2.
-COPY --chown=airflow:0 requirements.txt pyproject.toml ./
-RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -r requirements.txt
+# moving Airflow; requirements.txt pins the same 3.3.2. constraints.txt pins everything they pull in, as
+# `make install` does: pyspark, pyarrow and pandas here (the Spark driver) are those of the Spark executors
+# (docker/khipu.Dockerfile installs with the same constraints).
+COPY --chown=airflow:0 requirements.txt constraints.txt pyproject.toml README.md ./
+RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -r requirements.txt -c constraints.txt
 
 # The khipu package (include/khipu), editable: a .pth entry points at /opt/khipu/include.
 COPY --chown=airflow:0 include/ ./include/
