@@ -65,9 +65,12 @@ from khipu.detector.parse import RecordDecoder, kafka_columns
 from khipu.detector.routes import RoutePlans
 from khipu.kafka import KafkaAdmin, KafkaConnection
 from khipu.localstack.broker import BrokerSpec, start_broker
+from khipu.localstack.object_store import ObjectStoreProcess, ObjectStoreSpec, start_object_store
 from khipu.localstack.processes import stop_process_group
 from khipu.localstack.spark_cluster import start_spark_cluster
 from khipu.registry import load_registry
+from khipu.storage.location import Location
+from khipu.storage.spark import hadoop_settings
 from khipu.store import Store
 from khipu.trace import Trace, TraceType, encode_trace
 from khipu.trace.codec import BATCH_MAX_BYTES, BATCH_MAX_TRACES, encode_batch
@@ -193,18 +196,67 @@ def first_offsets(message: int) -> dict[int, int]:
     return {p: (message + (p - message) % PARTITIONS) // PARTITIONS for p in range(PARTITIONS)}
 
 
-def job_for(bootstrap: str, work: Path, name: str, topic: str, **options: Any) -> DetectorJob:
-    store_url = f"sqlite:///{work / f'{name}.db'}"
+@dataclass(frozen=True)
+class Storage:
+    """Where a run keeps its store and data: local files and SQLite (the embedded default), or a cluster's
+    PostgreSQL and object store (a real S3 API, s3proxy, started by the bench)."""
+
+    label: str
+    data: Location | None = None  # None: folders in the bench's work folder
+    postgres_dsn: str | None = None  # an admin DSN a new database per run is made with; None: SQLite
+
+    def store_url(self, work: Path, name: str) -> str:
+        if self.postgres_dsn is None:
+            return f"sqlite:///{work / f'{name}.db'}"
+        import psycopg2
+
+        admin = psycopg2.connect(self.postgres_dsn)
+        admin.autocommit = True
+        database = f"khipu_bench_{name.replace('-', '_')}_{os.getpid()}"
+        with admin.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            cursor.execute(f'CREATE DATABASE "{database}"')
+        params = admin.get_dsn_parameters()
+        admin.close()
+        return f"postgresql+psycopg2://{params['user']}@{params['host']}:{params['port']}/{database}"
+
+
+LOCAL_FILES = Storage("local files, SQLite store")
+BENCH_POSTGRES_DSN = os.environ.get(
+    "KHIPU_BENCH_POSTGRES_DSN", "host=127.0.0.1 port=5432 dbname=postgres user=khipu_test connect_timeout=5"
+)
+
+
+def object_storage(work: Path) -> tuple[ObjectStoreProcess, Storage]:
+    """s3proxy started for the bench, its variables set in this process (Spark's local executors and pyarrow
+    read them), and the storage that puts the data there and the store on PostgreSQL."""
+    store = start_object_store(ObjectStoreSpec.scratch(work / "s3"), work / "s3proxy.log")
+    os.environ.update(store.environment())
+    data = Location.of(f"s3a://{store.bucket}/bench")
+    return store, Storage("object store (s3proxy), PostgreSQL store", data, BENCH_POSTGRES_DSN)
+
+
+def s3_environment() -> dict[str, str]:
+    """What reaches the object store (endpoint, credentials, region, the SDKs' checksum choice) from this process's
+    environment: handed to the workers, whose executors inherit it (never as Spark settings)."""
+    return {k: v for k, v in os.environ.items() if k.startswith("AWS_") or k == "KHIPU_S3_ENDPOINT"}
+
+
+def job_for(
+    bootstrap: str, work: Path, name: str, topic: str, storage: Storage = LOCAL_FILES, **options: Any
+) -> DetectorJob:
+    store_url = storage.store_url(work, name)
     store = Store(store_url)
     store.migrate()
     store.close()
+    data = storage.data or Location.of(work)
     return DetectorJob(
         registry_path=REGISTRY,
         trace_connection=KafkaConnection(bootstrap),
         store_url=store_url,
-        checkpoint_dir=work / f"ckpt-{name}",
-        archive_dir=work / f"archive-{name}",
-        verdicts_dir=work / f"verdicts-{name}",
+        checkpoint_dir=data / f"ckpt-{name}",
+        archive_dir=data / f"archive-{name}",
+        verdicts_dir=data / f"verdicts-{name}",
         trace_topic=topic,
         lost_topic=None,
         **options,
@@ -525,10 +577,14 @@ class CpuShare:
                 f"{machine:.2f} of {os.cpu_count()} (other processes: {machine - sum(parts):.2f})")  # fmt: skip
 
 
-def live(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace, broker_pid: int) -> None:
-    topic = "bench.live"
+def live(
+    spark: Any, bootstrap: str, work: Path, args: argparse.Namespace, broker_pid: int, storage: Storage = LOCAL_FILES
+) -> None:
+    name = "live" if storage is LOCAL_FILES else "live-object-store"
+    topic = f"bench.{name}"
     KafkaAdmin(KafkaConnection(bootstrap)).ensure_topics({topic: TRACE_PARTITIONS})
-    job = job_for(bootstrap, work, "live", topic, buckets=args.buckets)  # production defaults otherwise
+    job = job_for(bootstrap, work, name, topic, storage, buckets=args.buckets)  # production defaults otherwise
+    print(f"live [{storage.label}]:", flush=True)
     store = Store(job.store_url)
     queries = start_detector(spark, job)
     try:
@@ -759,8 +815,10 @@ def state_per_message(spark: Any, bootstrap: str, work: Path, args: argparse.Nam
           f"{against(f'flat: within +{STATE_FLAT_PERCENT:g} %', grown <= STATE_FLAT_PERCENT)}", flush=True)  # fmt: skip
 
 
-def cluster_throughput(bootstrap: str, work: Path, args: argparse.Namespace) -> None:
-    """The same job submitted to a standalone cluster of one, then two workers (one core each)."""
+def cluster_throughput(bootstrap: str, work: Path, args: argparse.Namespace, storage: Storage) -> None:
+    """The same job submitted to a standalone cluster of one, then two workers (one core each), as a cluster runs
+    it: the workers as another Unix user (``nobody``: the driver's folders are closed to them), the store on
+    PostgreSQL, the archives and checkpoint in the object store."""
     messages = args.cluster_messages
     for workers in (1, 2):
         topic, now = f"bench.cluster.{workers}", time.time_ns() // 1_000_000
@@ -768,15 +826,17 @@ def cluster_throughput(bootstrap: str, work: Path, args: argparse.Namespace) -> 
         total = produce(bootstrap, topic, (t for m in range(messages) for t in traces_of(m, f"cl{workers}", now)))
         for group, group_topic in GROUPS.items():
             commit(bootstrap, group, group_topic, past(messages))
-        cluster = start_spark_cluster(work / f"cluster-{workers}", workers=workers)
-        job = job_for(bootstrap, work, f"cluster-{workers}", topic)
+        folder = Path(tempfile.mkdtemp(prefix=f"khipu-bench-cluster-{workers}-"))  # outside the 0700 work folder
+        folder.chmod(0o755)
+        cluster = start_spark_cluster(folder, workers=workers, run_as="nobody", worker_environment=s3_environment())
+        job = job_for(bootstrap, work, f"cluster-{workers}", topic, storage)
         store = Store(job.store_url)
         command = [sys.executable, str(ROOT / "spark" / "detector.py"), "--registry", str(REGISTRY),
                    "--bootstrap-servers", bootstrap, "--trace-topic", topic, "--lost-topic", "",
                    "--checkpoint", str(job.checkpoint_dir), "--archive", str(job.archive_dir),
                    "--verdict-archive", str(job.verdicts_dir), "--master", cluster.url,
                    "--max-offsets-per-trigger", str(args.max_per_batch), "--buckets", str(args.buckets)]  # fmt: skip
-        env = {**os.environ, "KHIPU_STORE_URL": job.store_url, "PYSPARK_PYTHON": sys.executable}
+        env = {**os.environ, "KHIPU_STORE_URL": job.store_url, "PYSPARK_PYTHON": cluster.python}
         with (work / f"cluster-{workers}.log").open("wb") as log:
             driver = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
@@ -787,8 +847,10 @@ def cluster_throughput(bootstrap: str, work: Path, args: argparse.Namespace) -> 
                 stop_process_group(driver.pid)
                 cluster.stop()
                 store.close()
-        print(f"cluster, {workers} worker(s) x 1 core, read only (second batch's start to the end of the batch that "
-              f"read the last trace, its verdicts not yet all decided): {rate_of(rate, per_batch)}, {total:,} traces "
+                shutil.rmtree(folder, ignore_errors=True)
+        print(f"cluster [{storage.label}, workers as another user], {workers} worker(s) x 1 core, read only "
+              f"(second batch's start to the end of the batch that read the last trace, its verdicts not yet all "
+              f"decided): {rate_of(rate, per_batch)}, {total:,} traces "
               f"backlog in {batches} batches; every verdict decided afterwards -> "
               f"{NO_TARGET}", flush=True)  # fmt: skip
 
@@ -827,6 +889,14 @@ def main() -> int:
     parser.add_argument("--in-flight", type=int, default=10_000, help="state: messages held in flight")
     parser.add_argument("--cluster-messages", type=int, default=200_000)
     parser.add_argument(
+        "--storage",
+        choices=("local", "object-store", "both"),
+        default="local",
+        help="live: the archives and checkpoint in local folders with an SQLite store, in an object store (s3proxy) "
+        "with a PostgreSQL store, or both one after the other in the same run (the cluster part always uses the "
+        "object store and PostgreSQL)",
+    )
+    parser.add_argument(
         "--progress", action="store_true", help="every batch's rows, time and state; the writer's steps"
     )
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, topics, stores) afterwards")
@@ -837,6 +907,9 @@ def main() -> int:
         logging.getLogger("khipu.detector.outputs").setLevel(logging.INFO)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = Path(tempfile.mkdtemp(prefix="khipu-bench-"))
+    object_store, remote = (
+        object_storage(work) if args.storage != "local" or "cluster" in parts else (None, None)
+    )  # before Spark starts: its JVM takes the environment as it is then
     broker = start_broker(BrokerSpec.scratch(work / "kafka", settings={"log.retention.check.interval.ms": "300000"}),
                           work / "broker.log")  # fmt: skip
     from pyspark.sql import SparkSession
@@ -850,6 +923,8 @@ def main() -> int:
         .config("spark.driver.memory", "4g")
         .config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
     )
+    for key, value in hadoop_settings(os.environ).items():  # S3A to the object store, when one was started
+        builder = builder.config(key, value)
     if any("=" not in setting for setting in args.spark_conf):
         parser.error(f"--spark-conf takes KEY=VALUE: {[s for s in args.spark_conf if '=' not in s]}")
     experiment = dict(setting.partition("=")[::2] for setting in args.spark_conf)  # the experiment's own settings
@@ -866,18 +941,25 @@ def main() -> int:
         if "backlog" in parts:
             backlog(spark, broker.bootstrap_servers, work, args)
         if "live" in parts:
-            live(spark, broker.bootstrap_servers, work, args, broker.pid)
+            if args.storage in ("local", "both"):
+                live(spark, broker.bootstrap_servers, work, args, broker.pid)
+            if args.storage in ("object-store", "both"):
+                assert remote is not None
+                live(spark, broker.bootstrap_servers, work, args, broker.pid, remote)
         if "latency" in parts:
             lost_latency(spark, broker.bootstrap_servers, work, args)
         if "state" in parts:
             state_per_message(spark, broker.bootstrap_servers, work, args)
         if "cluster" in parts:
             spark.stop()
-            cluster_throughput(broker.bootstrap_servers, work, args)
+            assert remote is not None
+            cluster_throughput(broker.bootstrap_servers, work, args, remote)
         return 0
     finally:
         spark.stop()
         stop_process_group(broker.pid)
+        if object_store is not None:
+            object_store.stop()
         if args.keep:
             print(f"work kept in {work}", flush=True)
         else:

@@ -42,6 +42,7 @@ class SparkCluster:
     master_port: int
     master_ui_port: int
     pids: list[int] = field(default_factory=list)
+    python: str = sys.executable  # what a driver hands its executors as PYSPARK_PYTHON
 
     @property
     def url(self) -> str:
@@ -96,6 +97,30 @@ def _spawn(
     return process.pid
 
 
+def worker_python(directory: Path) -> Path:
+    """A Python for workers running as another user: this machine's Python 3.11 with Khipu's packages (the
+    checkout's virtualenv's site-packages and ``include``) on its path, as a worker host has them installed. The
+    driver's own interpreter may sit where that user cannot reach (a home folder), so it is not handed over."""
+    import site
+
+    packages = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    include = Path(__file__).resolve().parents[2]  # the folder holding the khipu package
+    interpreter = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    if not interpreter.exists():
+        raise SparkClusterError(
+            f"{interpreter} is missing: workers running as another user need this machine's Python "
+            f"{sys.version_info.major}.{sys.version_info.minor} (Debian: apt-get install python3)"
+        )
+    path = directory / "python"
+    path.write_text(
+        "#!/bin/sh\n# a worker's Python: written by khipu.localstack.spark_cluster\n"
+        f"export PYTHONPATH={':'.join([*packages, str(include)])}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+        f'exec {interpreter} "$@"\n'
+    )
+    path.chmod(0o755)
+    return path
+
+
 def start_spark_cluster(
     directory: Path,
     workers: int = 2,
@@ -110,10 +135,13 @@ def start_spark_cluster(
 
     ``run_as``: the workers (and so their executors) run as that Unix user, each with a work folder and local
     folders of its own, as on hosts that share nothing with the driver: they cannot read the driver's state
-    (needs root; ``directory`` must be one that user can reach). ``worker_environment``: added to the workers'
-    environment, which their executors inherit (an object store's credentials: never a Spark setting)."""
+    (needs root; ``directory`` must be one that user can reach), with a Python of their own
+    (:attr:`SparkCluster.python`: hand it to the driver as PYSPARK_PYTHON). ``worker_environment``: added to the
+    workers' environment, which their executors inherit (an object store's credentials: never a Spark setting)."""
     directory.mkdir(parents=True, exist_ok=True)
     cluster = SparkCluster(directory, free_port(), free_port())
+    if run_as is not None:
+        cluster.python = str(worker_python(directory))
     try:
         _spawn(
             cluster,
