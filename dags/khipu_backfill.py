@@ -12,7 +12,11 @@ final verdicts would be.
 
 - `start`, `end`: the window (ISO times with a zone); messages first seen in `[start, end)`;
 - `streams`: stream names (empty: every stream);
-- `dry_run`: say what would change (in the task log and its return value), write nothing.
+- `dry_run`: say what would change (in the task log and its return value), write nothing;
+- `driver_memory`, `executor_memory` (`512m`, `4g`), `executor_cores`, `total_executor_cores` (standalone),
+  `num_executors` (YARN, Kubernetes): spark-submit's options of those names; null (the default): the Spark
+  connection's extra `khipu.reconcile`, else Spark's defaults. A window of days reads more archive: give it more
+  (sizing guidance: docs/reconciliation.md).
 
 Refused, with the reason and nothing written: an end not after the start, a window whose horizon
 has not passed yet, a window the archive does not cover (the missing hours are named), an
@@ -28,6 +32,7 @@ import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
 from khipu_airflow.reconcile import CONFIRMED_LOSSES
+from khipu_airflow.spark_submit import resource_params
 
 KAFKA = "khipu_kafka"
 STORE = "khipu_store"
@@ -52,6 +57,7 @@ SPARK = "spark_default"
         "end": Param("2026-11-23T01:00:00Z", type="string", format="date-time", description="window end, exclusive"),
         "streams": Param([], type="array", items={"type": "string"}, description="streams (empty: all)"),
         "dry_run": Param(False, type="boolean", description="say what would change, write nothing"),
+        **resource_params(),
     },
 )
 def khipu_backfill() -> None:
@@ -82,7 +88,8 @@ def khipu_backfill() -> None:
         from khipu_airflow import reconcile
 
         chosen = ReconcileWindow(window["start_ms"], window["end_ms"], window["horizon_ms"], tuple(window["streams"]))
-        return reconcile.run_reconciliation(chosen, window["dry_run"], KAFKA, STORE, SPARK)
+        params = get_current_context()["params"]
+        return reconcile.run_reconciliation(chosen, window["dry_run"], KAFKA, STORE, SPARK, params)
 
     @task(outlets=[CONFIRMED_LOSSES])
     def announce_confirmed_losses(summary: dict[str, Any], outlet_events: Any = None) -> dict[str, Any]:

@@ -32,6 +32,12 @@ horizon before) its logical date, and Airflow's own backfill works too:
 Running a window again changes nothing the second time. For a window of your choosing, with
 streams and a dry run, trigger `khipu_backfill`.
 
+**Params** (sizing, each null by default, so the scheduled runs take the Spark connection's extra
+`khipu.reconcile`, e.g. `{"khipu.reconcile": {"executor_memory": "4g"}}`, else Spark's defaults): `driver_memory`,
+`executor_memory` (`512m`, `4g`), `executor_cores`, `total_executor_cores` (standalone), `num_executors` (YARN,
+Kubernetes), spark-submit's options of those names. Its shuffle partitions are sized by the archive it reads
+(one per 64 MB, at least one per core), so there is no Param for them. Sizing guidance: docs/reconciliation.md.
+
 Connections: `khipu_kafka`, one per registry cluster, `khipu_store`, `spark_default`.
 """
 
@@ -41,10 +47,11 @@ from datetime import timedelta
 from typing import Any
 
 import pendulum
-from airflow.sdk import dag, task
+from airflow.sdk import dag, get_current_context, task
 
 from khipu_airflow.notifiers import notify_failure
 from khipu_airflow.reconcile import CONFIRMED_LOSSES, installed_ms
+from khipu_airflow.spark_submit import resource_params
 from khipu_airflow.timetables import HourlySinceInstall
 
 KAFKA = "khipu_kafka"
@@ -69,6 +76,7 @@ SPARK = "spark_default"
         "retry_delay": timedelta(minutes=5),
         "on_failure_callback": notify_failure,
     },
+    params=resource_params(),
 )
 def khipu_reconcile() -> None:
     @task
@@ -95,7 +103,7 @@ def khipu_reconcile() -> None:
         from khipu_airflow import reconcile
 
         chosen = ReconcileWindow(window["start_ms"], window["end_ms"], window["horizon_ms"])
-        return reconcile.run_reconciliation(chosen, False, KAFKA, STORE, SPARK)
+        return reconcile.run_reconciliation(chosen, False, KAFKA, STORE, SPARK, get_current_context()["params"])
 
     @task(outlets=[CONFIRMED_LOSSES])
     def announce_confirmed_losses(summary: dict[str, Any], outlet_events: Any = None) -> dict[str, Any]:

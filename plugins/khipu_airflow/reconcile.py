@@ -1,9 +1,11 @@
 """Airflow's side of reconciliation: check a window against the archive, submit ``spark/reconcile.py``, and
 say what it changed.
 
-The job runs through Spark's own submit hook (``spark_default``; ``local[*]`` here) and the task
-waits for it, its output in the task log. Connections go to an owner-only file, as for the
-detector; the job writes a JSON summary the task returns (and the confirmed-losses Asset carries).
+The job runs through Spark's own submit hook (``spark_default``; ``local[*]`` here; its public constructor
+only) and the task waits for it, its output in the task log. Its driver and executor memory and cores come
+from the run's Params, else the Spark connection's extra ``khipu.reconcile`` (:mod:`khipu.detector.sizing`).
+Connections go to an owner-only file, as for the detector; the job writes a JSON summary the task returns (and
+the confirmed-losses Asset carries).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,8 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from khipu.clock import iso_text
 from khipu.detector.launch import connector_jars, write_connections_file
 from khipu.detector.model import DETECTOR_QUERY
+from khipu.detector.sizing import SparkResources, spark_resources
+from khipu.errors import InvalidSetting
 from khipu.reconcile.window import (
     ArchiveCoverage,
     ReconcileWindow,
@@ -40,6 +44,7 @@ from khipu.store import Store
 from khipu.trace.archive import hour_of
 from khipu_airflow.detector import driver_log_config
 from khipu_airflow.hooks import KhipuKafkaHook, KhipuStoreHook, cluster_connections
+from khipu_airflow.spark_submit import sizing_values, spark_target
 
 log = logging.getLogger(__name__)
 
@@ -193,10 +198,31 @@ def job_args(window: ReconcileWindow, dry_run: bool) -> list[str]:
     return args
 
 
+def resources(spark_conn_id: str, params: Mapping[str, object]) -> SparkResources:
+    """The job's driver and executor memory and cores: the run's Params, else the connection's extra
+    ``khipu.reconcile`` (it sizes its shuffles by the archive it reads)."""
+    target = spark_target(spark_conn_id)
+    return spark_resources(
+        sizing_values(params, detector=False),
+        target.sizing_extra("reconcile"),
+        "the run's Params",
+        f"{spark_conn_id}'s extra khipu.reconcile",
+    )
+
+
 def run_reconciliation(
-    window: ReconcileWindow, dry_run: bool, kafka_conn_id: str, store_conn_id: str, spark_conn_id: str
+    window: ReconcileWindow,
+    dry_run: bool,
+    kafka_conn_id: str,
+    store_conn_id: str,
+    spark_conn_id: str,
+    params: Mapping[str, object] | None = None,
 ) -> dict[str, Any]:
-    """Submit the job, wait for it, return its summary."""
+    """Submit the job (sized by ``params``, the run's Params), wait for it, return its summary."""
+    try:
+        sized = resources(spark_conn_id, params or {})
+    except InvalidSetting as exc:  # no retry makes it right
+        raise AirflowFailException(f"the reconciliation is not submitted: {exc}") from None
     args = job_args(window, dry_run)
     connections, summary_file = Path(_after(args, "--connections-file")), Path(_after(args, "--summary-file"))
     hook = SparkSubmitHook(
@@ -211,6 +237,7 @@ def run_reconciliation(
         name="khipu-reconcile",
         application_args=args,
         env_vars={"PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)},
+        **sized.hook_arguments(),
     )
     try:
         write_job_connections(connections, kafka_conn_id, store_conn_id)  # after the hook: nothing left if it fails
