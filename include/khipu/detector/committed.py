@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,14 +81,21 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+THE_STORE = "(the store)"  # how an executor's unanswered ask of the store is counted beside the clusters'
+
+
 class StreamReadProgress:
     """``read_to(batch_ms)``: the time up to which every named query has read its whole input, read from the store
     once per micro-batch (``batch_ms``, the batch's time, keys the cache: the writer records the figure before
     the batch runs); 0 until known: a detector that does not know how far it has read decides nothing yet.
-    :meth:`running`: how far the batch now running will have read it when it ends, read with it."""
+    :meth:`running`: how far the batch now running will have read it when it ends, read with it.
+    ``not_answered`` (:meth:`ClusterClients.not_answered`) is told of each ask the store did not answer, so the
+    driver's log says so: executors that cannot reach the store decide nothing, and must not look healthy."""
 
-    def __init__(self, store_url: str, query_names: tuple[str, ...]) -> None:
-        self.store_url, self.query_names = store_url, query_names
+    def __init__(
+        self, store_url: str, query_names: tuple[str, ...], not_answered: Callable[[str], None] | None = None
+    ) -> None:
+        self.store_url, self.query_names, self.not_answered = store_url, query_names, not_answered
         self._store: Store | None = None
         self._cached: tuple[int | None, int, int | None] | None = None
 
@@ -114,6 +121,8 @@ class StreamReadProgress:
             except Exception as exc:  # unknown progress: decide on nothing yet rather than too early
                 log.warning("stream progress of %s unavailable: %s", ", ".join(self.query_names), exc)
                 found = 0
+                if self.not_answered is not None:
+                    self.not_answered(THE_STORE)
             try:
                 running = [heartbeat.running_read_to_ms(name) for name in self.query_names]
                 ahead = None if None in running else min(r for r in running if r is not None)
@@ -131,8 +140,8 @@ class PointedPositions:
     is asked about again, the store with a bounded back-off): answering "no" would turn a lost trace into a
     false LOST."""
 
-    def __init__(self, store_url: str) -> None:
-        self.store_url = store_url
+    def __init__(self, store_url: str, not_answered: Callable[[str], None] | None = None) -> None:
+        self.store_url, self.not_answered = store_url, not_answered
         self._store: Store | None = None
         self._backoff = Backoff("the store")
 
@@ -151,6 +160,8 @@ class PointedPositions:
         try:
             found = self._store.channel.pointed_at(location, cluster, topic, partition, offset)
         except STORE_UNAVAILABLE as exc:
+            if self.not_answered is not None:
+                self.not_answered(THE_STORE)
             self._backoff.failed("(pointers)", _now_ms(), _reason(exc))  # its delay runs from when the wait ended
             raise LookupUnavailable(f"the store did not answer: {_reason(exc)}") from exc
         self._backoff.answered("(pointers)", now)

@@ -261,12 +261,12 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
             store.close()
     earlier_routes = known_routes(job.checkpoint_dir / DETECTOR_QUERY, plans)
     committed = CommittedOffsets(clients)
-    read_progress = StreamReadProgress(job.store_url, (DETECTOR_QUERY,))
+    read_progress = StreamReadProgress(job.store_url, (DETECTOR_QUERY,), clients.not_answered)
     processor = VerdictProcessor(
         registry,
         committed,
         job.detector,
-        PointedPositions(job.store_url),
+        PointedPositions(job.store_url, clients.not_answered),
         read_progress,
         removals,
         removals.log_start,

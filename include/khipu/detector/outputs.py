@@ -260,7 +260,8 @@ class DetectorWriter:
         if unanswered:  # the executors' lookups log each failure where they run: this says it where one looks
             log.warning("batch %d: %d lookups got no answer (%s); what they decide waits, asked again after a back-off",
                         batch_id, sum(unanswered.values()),
-                        ", ".join(f"cluster {name}: {count}" for name, count in unanswered.items()))  # fmt: skip
+                        ", ".join(f"{name if name.startswith('(') else f'cluster {name}'}: {count}"
+                                  for name, count in unanswered.items()))  # fmt: skip
         # every output is keyed by the batch: while the store or the lost topic does not take them, written again
         write_with_retries(lambda: self._write(collected, batch_id, spent, lap), f"batch {batch_id}", self.reporter)
         if self.progress is not None:

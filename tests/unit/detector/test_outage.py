@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from khipu.detector.committed import ClusterClients, CommitHistories, CommittedOffsets, PointedPositions
+from khipu.detector.committed import (
+    THE_STORE,
+    ClusterClients,
+    CommitHistories,
+    CommittedOffsets,
+    PointedPositions,
+    StreamReadProgress,
+)
 from khipu.detector.decide import LookupUnavailable
 from khipu.detector.model import DETECTOR_QUERY
 from khipu.detector.outage import (
@@ -83,11 +90,31 @@ def test_a_committed_offset_lookup_that_times_out_is_not_known_and_asked_again_w
 
 
 def test_a_pointer_lookup_whose_store_does_not_answer_makes_the_message_wait_never_answers_no() -> None:
-    pointed = PointedPositions(f"postgresql+psycopg2://nobody@127.0.0.1:{free_port()}/none?connect_timeout=2")
+    clients = ClusterClients({})
+    pointed = PointedPositions(
+        f"postgresql+psycopg2://nobody@127.0.0.1:{free_port()}/none?connect_timeout=2", clients.not_answered
+    )
     with pytest.raises(LookupUnavailable, match="the store did not answer"):
         pointed("loc", "local", "orders", 0, 5)
     with pytest.raises(LookupUnavailable, match="tries; asked again soon"):  # within its back-off: not asked
         pointed("loc", "local", "orders", 0, 5)
+    assert clients.take_unanswered() == {THE_STORE: 1}  # the driver is told: asked once, no answer
+
+
+def test_an_executor_that_cannot_reach_the_store_decides_on_nothing_and_the_driver_is_told() -> None:
+    """On a cluster, executors ask the store how far the trace topic is read; one that cannot reach it must
+    not decide early, and must not look healthy either: each unanswered ask reaches the driver's log."""
+    clients = ClusterClients({})
+    progress = StreamReadProgress(
+        f"postgresql+psycopg2://nobody@127.0.0.1:{free_port()}/none?connect_timeout=2",
+        (DETECTOR_QUERY,),
+        clients.not_answered,
+    )
+    assert progress(1_000) == 0  # read to the start of time: nothing is decided on it
+    assert progress.running(1_000) is None  # the same batch: asked once
+    assert clients.take_unanswered() == {THE_STORE: 1}
+    assert progress(2_000) == 0  # the next batch asks again
+    assert clients.take_unanswered() == {THE_STORE: 1}
 
 
 def test_backoff_doubles_from_1_s_and_never_exceeds_30_s() -> None:
