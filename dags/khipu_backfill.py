@@ -16,7 +16,7 @@ final verdicts would be.
 - `driver_memory`, `executor_memory` (`512m`, `4g`), `executor_cores`, `total_executor_cores` (standalone),
   `num_executors` (YARN, Kubernetes): spark-submit's options of those names; null (the default): the Spark
   connection's extra `khipu.reconcile`, else Spark's defaults. A window of days reads more archive: give it more
-  (sizing guidance: docs/reconciliation.md).
+  (sizing guidance: docs/reconciliation.md, "Sizing").
 
 Refused, with the reason and nothing written: an end not after the start, a window whose horizon
 has not passed yet, a window the archive does not cover (the missing hours are named), an
