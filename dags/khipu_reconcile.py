@@ -36,7 +36,8 @@ streams and a dry run, trigger `khipu_backfill`.
 `khipu.reconcile`, e.g. `{"khipu.reconcile": {"executor_memory": "4g"}}`, else Spark's defaults): `driver_memory`,
 `executor_memory` (`512m`, `4g`), `executor_cores`, `total_executor_cores` (standalone), `num_executors` (YARN,
 Kubernetes), spark-submit's options of those names. Its shuffle partitions are sized by the archive it reads
-(one per 64 MiB, at least one per core), so there is no Param for them. Sizing guidance: docs/reconciliation.md, "Sizing".
+(one per 64 MiB, at least one per core), so there is no Param for them. Sizing guidance:
+docs/reconciliation.md, "Sizing".
 
 Connections: `khipu_kafka`, one per registry cluster, `khipu_store`, `spark_default`.
 """
