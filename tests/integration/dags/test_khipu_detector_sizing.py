@@ -95,8 +95,10 @@ def test_each_param_and_the_connections_extra_reach_the_spark_submit_command_and
             }
         ),
     )
-    # what the scheduled runs take: the extra's executor memory; the run's Params set the rest
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", spark_connection({"khipu.detector": {"executor_memory": "700m"}}))
+    # what the scheduled runs take: the extra's executor memory; the run's Params set the rest. The connection is in
+    # Airflow's database, as in production: a process outside the task gets it only from the launcher
+    monkeypatch.delenv("AIRFLOW_CONN_SPARK_DEFAULT", raising=False)
+    stored = json.loads(spark_connection({"khipu.detector": {"executor_memory": "700m"}}))
     params = {
         "buckets": 8,
         "shuffle_partitions": 3,
@@ -108,6 +110,7 @@ def test_each_param_and_the_connections_extra_reach_the_spark_submit_command_and
     table = ProcessTable(state)
     query = state / "detector" / "checkpoint" / DETECTOR_QUERY
     try:
+        airflow_connection("spark_default", stored)
         states = run_detector_dag(params)  # never ran: submitted, and the task returns once the driver is up
         assert (states["restart_detector"], states["detector_is_running"]) == ("success", "skipped"), states
         launcher = table.running("detector")
@@ -123,6 +126,7 @@ def test_each_param_and_the_connections_extra_reach_the_spark_submit_command_and
         kept = checkpoint_sizing(query)
     finally:
         table.stop("detector", timeout_s=30)
+        airflow_connection("spark_default", None)
 
     assert pairs_of(
         submitted,
@@ -147,11 +151,12 @@ def test_each_param_and_the_connections_extra_reach_the_spark_submit_command_and
     assert kept == CheckpointSizing(str(query), 8, 3)
     # the launcher is the hook's submit() in a process group of its own; the connection reached it by environment
     assert launcher_command[1:3] == ["-m", "khipu_airflow.spark_submit"]
-    assert SPARK_PASSWORD in launcher_env.get("AIRFLOW_CONN_SPARK_DEFAULT", "")
+    assert SPARK_PASSWORD in launcher_env["AIRFLOW_CONN_SPARK_DEFAULT"]  # from the launcher: the test set none
     assert len(group) >= 3  # the launcher, spark-submit's JVM, the Python driver
     assert all(SPARK_PASSWORD not in " ".join(p.info["cmdline"] or []) for p in group)
 
     # a restart asking for another bucket count than the checkpoint keeps is refused, and nothing is started
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", spark_connection({}))
     capfd.readouterr()
     states = run_detector_dag({"buckets": 16})
     out, err = capfd.readouterr()
@@ -160,6 +165,18 @@ def test_each_param_and_the_connections_extra_reach_the_spark_submit_command_and
     assert "Rescaling to another bucket count" in out + err
     assert table.running("detector") is None
     assert checkpoint_sizing(query) == kept
+
+
+def airflow_connection(conn_id: str, body: dict[str, Any] | None) -> None:
+    """Keep ``body`` as the connection ``conn_id`` in Airflow's database (None: remove it)."""
+    from airflow.models import Connection
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        session.query(Connection).filter(Connection.conn_id == conn_id).delete()
+        if body is not None:
+            extra = json.dumps(body.pop("extra", {}))
+            session.add(Connection(conn_id=conn_id, extra=extra, **body))
 
 
 def _group_of(pid: int) -> int | None:
