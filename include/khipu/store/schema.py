@@ -281,6 +281,35 @@ detector_progress = Table(  # the time up to which a query has read the trace to
     Column("running_read_to_ms", BigInteger),
 )
 
+detector_trail = Table(  # how far a query trails each trace-topic partition, as last asked of the broker
+    "detector_trail",
+    metadata,
+    Column("query_name", String(64), primary_key=True),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("read_end", BigInteger, nullable=False),  # where its newest finished batch ended: the next offset it reads
+    Column("batch_id", BigInteger, nullable=False),  # that batch
+    Column("log_start", BigInteger, nullable=False),
+    Column("log_end", BigInteger, nullable=False),
+    Column("asked_ms", BigInteger, nullable=False),  # when the log start and end were asked
+    # the oldest record still in the log it has not read (max(read_end, log_start)) and its broker timestamp;
+    # None: nothing unread when asked, or not fetched
+    Column("oldest_unread_offset", BigInteger),
+    Column("oldest_unread_ms", BigInteger),
+)
+
+detector_skips = Table(  # trace-topic offsets the broker removed before a query read them: it skipped them
+    "detector_skips",
+    metadata,
+    Column("query_name", String(64), primary_key=True),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("from_offset", BigInteger, primary_key=True, autoincrement=False),  # where its batch started
+    Column("to_offset", BigInteger, nullable=False),  # the first offset after the skip
+    Column("batch_id", BigInteger, nullable=False),  # the batch that skipped them
+    Column("detected_ms", BigInteger, nullable=False),
+    Column("alerted_ms", BigInteger),  # when an alert said so (None: not yet)
+    Index("ix_detector_skips_time", "query_name", "detected_ms"),
+)
+
 emitter_progress = Table(
     "emitter_progress",
     metadata,
