@@ -261,6 +261,56 @@ class KafkaAdmin:
                 )
         return found
 
+    def record_times(self, topic: str, offsets: Mapping[int, int]) -> Results[tuple[int, int]]:
+        """Per partition of ``topic``, the first record at or after the given offset: (its offset, its timestamp in
+        ms: the broker's append time on a LogAppendTime topic, the producer's on a CreateTime one). One fetch per
+        partition, as a read_uncommitted consumer of the group ``khipu-record-times`` that never joins it nor
+        commits; an offset the broker no longer has is read from the log start on. A partition with no record there
+        within ``timeout_s`` is among the errors."""
+        if not offsets:
+            return Results({})
+        config: dict[str, Any] = {
+            **self.connection.client_config(),
+            "group.id": "khipu-record-times",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_uncommitted",
+            "fetch.message.max.bytes": 1024,  # the broker still returns a whole record batch: the first is enough
+            "socket.connection.setup.timeout.ms": 5000,
+            "error_cb": lambda error: self._client_errors.append(error.str()),
+        }
+        wanted = dict(offsets)
+        found: dict[Any, tuple[int, int]] = {}
+        failed: dict[int, str] = {}
+        reader = Consumer(config)
+        try:
+            reader.assign([TopicPartition(topic, partition, offset) for partition, offset in sorted(wanted.items())])
+            deadline = time.monotonic() + self.timeout_s
+            while len(found) + len(failed) < len(wanted) and time.monotonic() < deadline:
+                message = reader.poll(0.2)
+                partition = None if message is None else message.partition()
+                if message is None or partition not in wanted or partition in found or partition in failed:
+                    continue
+                error = message.error()
+                if error is not None:
+                    eof = error.code() == KafkaError._PARTITION_EOF
+                    failed[partition] = "no record there" if eof else error.str()
+                elif (offset := message.offset()) is not None and offset >= wanted[partition]:
+                    found[partition] = (offset, message.timestamp()[1])
+                    reader.pause([TopicPartition(topic, partition)])
+        except KafkaException as exc:
+            raise self._unavailable(f"read records of {topic!r}", exc) from None
+        finally:
+            reader.close()
+        errors = [
+            f"{topic}[{partition}] at or after offset {offset}: "
+            + failed.get(partition, f"no record within {self.timeout_s:g} s{self._why()}")
+            for partition, offset in sorted(wanted.items())
+            if partition not in found
+        ]
+        return Results(found, tuple(errors))
+
     def delete_records(self, before: Mapping[Position, int]) -> dict[Position, int]:
         """Truncate each partition's log below the given offset (DeleteRecords); return the new log starts."""
         request = [TopicPartition(topic, partition, offset) for (topic, partition), offset in sorted(before.items())]
