@@ -29,6 +29,7 @@ from khipu.registry.model import Registry, ResendMode
 from khipu.retention.policy import REMOVABLE_VERDICTS, RetentionPlan
 from khipu.retention.usage import archive_hours, folder_bytes
 from khipu.storage.location import Location
+from khipu.storage.parquet import parquet_bytes
 from khipu.store import Store
 from khipu.store.verdicts import Summarize
 from khipu.trace import archive
@@ -209,7 +210,7 @@ def _kept_traces(folder: Location, message_ids: Collection[str], dry_run: bool) 
     table = dataset.to_table(filter=ds.field("message_id").isin(sorted(message_ids)))
     if not table.num_rows:
         return None
-    data = archive.parquet_bytes(table)
+    data = parquet_bytes(table)
     if dry_run:
         return len(data)
     if batches != [KEPT_BATCH]:

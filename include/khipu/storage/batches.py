@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from khipu.storage.location import Location
 
@@ -51,14 +53,42 @@ def write_batch_files(root: Location, batch_id: int, files: Mapping[str, bytes])
     return removed
 
 
+@dataclass(frozen=True, slots=True)
+class RecordedBatch:
+    """The batch an archive's commit record names: the newest written, the only one Spark may still replay."""
+
+    batch_id: int
+    files: tuple[str, ...]  # every file (relative name) it may have written, or its earlier attempt did
+
+    @property
+    def hour_folders(self) -> frozenset[str]:
+        """The hour folders (``hour=…``) it may have written in: a replay may rewrite or remove files there."""
+        return frozenset(name.split("/", 1)[0] for name in self.files if "/" in name)
+
+
+def last_batch(root: Location) -> RecordedBatch | None:
+    """What the archive's commit record names (None: no batch was committed by it yet)."""
+    recorded = _read_record(root / COMMIT_RECORD)
+    if recorded is None:
+        return None
+    return RecordedBatch(recorded["batch_id"], tuple(str(name) for name in recorded.get("files", [])))
+
+
 def _recorded(record: Location, batch_id: int) -> list[str]:
     """The files the commit record names for this batch (none when it records another batch, or nothing)."""
+    recorded = _read_record(record)
+    if recorded is None or recorded.get("batch_id") != batch_id:
+        return []
+    return [str(name) for name in recorded.get("files", [])]
+
+
+def _read_record(record: Location) -> dict[str, Any] | None:
     try:
         recorded = json.loads(record.read_text())
     except FileNotFoundError:
-        return []
+        return None
     except ValueError as exc:  # a record cut short cannot happen (written whole); say so if it does
         raise ValueError(f"{record.url}: not a commit record ({exc}); remove it to start again") from exc
-    if recorded.get("batch_id") != batch_id:
-        return []
-    return [str(name) for name in recorded.get("files", [])]
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("batch_id"), int):
+        raise ValueError(f"{record.url}: not a commit record (no batch_id in {recorded!r}); remove it to start again")
+    return recorded

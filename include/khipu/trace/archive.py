@@ -7,6 +7,10 @@ used the trace's own time), the
 columns of :data:`SCHEMA`; reconciliation reads it with Spark (partition discovery gives ``hour`` and
 ``batch_id``). The view, the API and ``khipu trace`` ask for the traces of a few messages; they know roughly
 when (from the verdicts' first-seen and decision times), so only those hours' folders are opened.
+
+Once an hour is closed, the retention DAG compacts it (:mod:`khipu.storage.compaction`): its micro-batch folders
+become ``hour=…/batch_id=-2/part-<generation>-<b>-of-<P>.parquet``, files of about ``KHIPU_ARCHIVE_FILE_MIB``
+bucketed by message id and sorted as :data:`COMPACTION` says; a read of a few messages opens only their buckets'.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
+from khipu.storage import compaction
 from khipu.storage.batches import write_batch_files
 from khipu.storage.location import Location
+from khipu.storage.parquet import parquet_bytes
 
 HOUR_MS = 3_600_000
 COLUMNS = (
@@ -76,6 +81,12 @@ SCHEMA = pa.schema(
 # When a trace arrived: the first of these columns that is set (the trace topic's timestamp; older archives: its own)
 ARRIVED = ("kafka_timestamp_ms", "timestamp_ms")
 
+# A compacted hour (khipu.storage.compaction): its traces by message id, then as they arrived, so that a few
+# messages' traces (read_traces) are a row group of each file that may hold them
+COMPACTION = compaction.CompactionSpec(
+    "trace archive", SCHEMA, ("message_id", *ARRIVED, "emitter_id", "emitter_seq"), row_group_rows=65_536
+)
+
 
 _SPARK_TYPES = {
     "string": "string",
@@ -118,13 +129,6 @@ def write_batch(archive: Location | Path, batch_id: int, traces: pa.Table) -> li
     return written
 
 
-def parquet_bytes(table: pa.Table, row_group_size: int | None = None) -> bytes:
-    """The table as a zstd-compressed Parquet file's bytes."""
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_size)
-    return bytes(sink.getvalue().to_pybytes())
-
-
 @dataclass(frozen=True, slots=True)
 class ArchivedTrace:
     message_id: str
@@ -145,6 +149,11 @@ class ArchivedTrace:
 def hour_of(ms: int) -> str:
     """The archive's hour partition of a time (UTC): ``2026-11-23-10``."""
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d-%H")
+
+
+def hour_start_ms(hour: str) -> int:
+    """When an archive hour (``2026-11-23-10``, UTC) starts, in ms since the epoch."""
+    return int(datetime.strptime(hour, "%Y-%m-%d-%H").replace(tzinfo=UTC).timestamp() * 1000)
 
 
 def hour_folder(at_ms: int) -> str:
@@ -173,12 +182,10 @@ def read_traces_in_hours(
         return []
     root = Location.of(archive, "archive")
     wanted = {hour_folder(hour * HOUR_MS) for hour in hours}
-    files = [
-        path
-        for folder in root.child_folders("hour=")
-        if folder in wanted
-        for path in (root / folder).files(recursive=True)
-    ]
+    files = compaction.select_parts(
+        (path for folder in root.child_folders("hour=") if folder in wanted for path in (root / folder).files(True)),
+        message_ids,
+    )  # of a compacted hour, only the files of these messages' buckets
     if not files:
         return []
     dataset = ds.dataset(files, schema=SCHEMA, format="parquet", filesystem=root.filesystem())

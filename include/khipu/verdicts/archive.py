@@ -11,6 +11,10 @@ Layout (the raw-trace archive's, in a directory of its own)::
     <root>/hour=YYYY-MM-DD-HH/batch_id=N/part-0.parquet   a micro-batch's verdicts decided in that UTC hour
 
 Which micro-batches decided each message is kept in the store (:class:`DecidedIndex`: table ``decided``).
+Once an hour is closed, the retention DAG compacts it (:mod:`khipu.storage.compaction`): its batch folders become
+``<root>/hour=…/batch_id=-2/part-<generation>-<b>-of-<P>.parquet``, sorted and in row groups as a batch's file,
+and a message the index names under (hour, batch) is found in the hour's compacted part of its bucket when the
+batch's folder is gone: :meth:`VerdictArchive.search` lists both, one file of each.
 
 A file holds exactly the SQL verdict columns (:data:`SCHEMA`), sorted by message id and hop, so a point
 lookup reads one row group of each file it opens. A replayed micro-batch replaces its files
@@ -27,7 +31,6 @@ import threading
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import closing
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +40,13 @@ import pyarrow.dataset as ds
 
 from khipu.clock import now_ms
 from khipu.errors import InvalidSetting
+from khipu.storage import compaction
 from khipu.storage.batches import write_batch_files
 from khipu.storage.location import Location
+from khipu.storage.parquet import parquet_bytes
 from khipu.store import Store
 from khipu.store.decided import Decision
-from khipu.trace.archive import HOUR_MS, hour_of, parquet_bytes
+from khipu.trace.archive import HOUR_MS, hour_of, hour_start_ms
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +82,8 @@ SCHEMA = pa.schema(
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
+# A compacted hour (khipu.storage.compaction) keeps a micro-batch's order and row groups
+COMPACTION = compaction.CompactionSpec("verdict archive", SCHEMA, ("message_id", "hop"), ROW_GROUP_ROWS)
 
 
 class VerdictArchiveError(InvalidSetting):
@@ -359,6 +366,8 @@ class VerdictArchive:
             for decision in decisions:
                 for hour in (decision.hour, _next_hour(decision.hour)):  # a batch deciding across an hour's end
                     folders.add(self.root / f"hour={hour}" / f"batch_id={decision.batch_id}")  # absent: no files
+                    # its batch's files merged into the hour's compacted ones (of which _read opens the ids' only)
+                    folders.add(self.root / f"hour={hour}" / compaction.COMPACTED_FOLDER)
         note = None
         unknown = [i for i in ids if i not in decided]
         if unknown:
@@ -393,11 +402,17 @@ class VerdictArchive:
         ids = sorted(set(message_ids))
         if not ids:
             return []
-        rows = _unique(self._table(folders, ds.field("message_id").isin(ids)).to_pylist())
+        rows = _unique(self._table(folders, ds.field("message_id").isin(ids), ids).to_pylist())
         return sorted(rows, key=lambda r: (r["message_id"], r["hop"]))
 
-    def _table(self, folders: Iterable[Location], condition: ds.Expression) -> pa.Table:
+    def _table(
+        self, folders: Iterable[Location], condition: ds.Expression, message_ids: Collection[str] | None = None
+    ) -> pa.Table:
+        """The rows of the folders' files that meet the condition; given ``message_ids``, of a compacted hour only
+        the files of their buckets are opened (:func:`khipu.storage.compaction.select_parts`)."""
         files = [path for folder in folders for path in folder.files() if path.endswith(".parquet")]
+        if message_ids is not None:
+            files = compaction.select_parts(files, message_ids)
         if not files:
             return SCHEMA.empty_table()
         return ds.dataset(files, schema=SCHEMA, format="parquet", filesystem=self.root.filesystem()).to_table(
@@ -406,8 +421,7 @@ class VerdictArchive:
 
 
 def _next_hour(hour: str) -> str:
-    start_ms = int(datetime.strptime(hour, "%Y-%m-%d-%H").replace(tzinfo=UTC).timestamp() * 1000)
-    return hour_of(start_ms + HOUR_MS)
+    return hour_of(hour_start_ms(hour) + HOUR_MS)
 
 
 def _unique(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
