@@ -404,6 +404,12 @@ class RetentionSection(Section):
     disk_free_min_percent: Annotated[float, Field(ge=0, lt=100), Expect("a percentage in [0, 100)")] = setting(
         "KHIPU_DISK_FREE_MIN_PERCENT", 10.0, "An alert fires when the state folder's disk has less free than this."
     )
+    archive_file_mib: Annotated[int, Field(ge=1, le=4096), Expect("a whole number of MiB in [1, 4096]")] = setting(
+        "KHIPU_ARCHIVE_FILE_MIB",
+        128,
+        "The size, in MiB of Parquet, that each closed archive hour is compacted into files of: an hour of N MiB "
+        "becomes N / this files (at least one).",
+    )
 
 
 def _exporter_host_expected() -> str:
