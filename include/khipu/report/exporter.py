@@ -46,9 +46,11 @@ from khipu.alerting.thresholds import (
     window_figures,
     window_start_ms,
 )
+from khipu.alerting.trail import TRAIL_ALERT_KIND
 from khipu.clock import now_ms
 from khipu.config import ExporterSection, default, load
 from khipu.detector.model import DETECTOR_QUERY
+from khipu.detector.trail import TrailFigures, trail_figures
 from khipu.errors import InvalidSetting
 from khipu.health.evaluate import time_lag_bound_ms
 from khipu.health.rules import PartitionStatus
@@ -69,11 +71,12 @@ DEFAULT_HOST: str = default(ExporterSection, "host")
 DEFAULT_PORT: int = default(ExporterSection, "port")
 METRICS_PATH = "/metrics"
 MINUTE_MS = 60_000
+SKIPPED_WINDOW_MS = 86_400_000
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 # Alert kinds that resolve, so that "firing" means something. offset_window and task_failure alerts are
 # one-off events, never resolved: every subject they ever named would count as firing forever.
 GROUP_STATUS_ALERT_KIND = "group_status"
-RESOLVING_ALERT_KINDS = (DETECTOR_ALERT_KIND, GROUP_STATUS_ALERT_KIND, VERDICT_ALERT_KIND)
+RESOLVING_ALERT_KINDS = (DETECTOR_ALERT_KIND, GROUP_STATUS_ALERT_KIND, TRAIL_ALERT_KIND, VERDICT_ALERT_KIND)
 CONSUMER_LABELS = ("cluster", "group", "topic", "partition")
 
 LatencyCounts = tuple[list[int], int, int]  # cumulative counts per bound, count, sum in ms (each latency as its bucket)
@@ -142,6 +145,8 @@ class StoreReading:
     quarantined: int
     gaps: Sequence[Mapping[str, Any]]  # store.channel.gap_summary
     alerts_firing: Mapping[str, int]  # alert kind -> subjects whose last alert fired
+    trails: Mapping[str, TrailFigures | None] = field(default_factory=dict)  # query -> how far it trails the topic
+    skipped: Mapping[str, int] = field(default_factory=dict)  # query -> offsets it skipped in the last day
 
 
 NOTHING_READ = StoreReading({}, {}, {}, {}, [], {}, 0, [], {})
@@ -176,6 +181,11 @@ def read_store(store: Store, cluster: str, now_ms: int, windows: ExportWindows, 
         quarantined=quarantined,
         gaps=store.channel.gap_summary(),
         alerts_firing={kind: len(store.alerts.firing_subjects(kind)) for kind in RESOLVING_ALERT_KINDS},
+        trails={query: trail_figures(store.heartbeat.trail(query)) for query in queries},
+        skipped={
+            query: sum(skip.offsets for skip in store.heartbeat.skips(query, since_ms=now_ms - SKIPPED_WINDOW_MS))
+            for query in queries
+        },
     )
 
 
@@ -188,6 +198,7 @@ def metric_families(reading: StoreReading, now_ms: int, windows: ExportWindows) 
         *skew_families(reading, windows),
         *consumer_families(reading),
         *detector_families(reading, now_ms),
+        *trail_families(reading, now_ms),
         *trace_channel_families(reading),
         alerts_family(reading),
     ]
@@ -338,6 +349,45 @@ def detector_families(reading: StoreReading, now_ms: int) -> list[Metric]:
         _add_known(duration, query, None if beat["batch_duration_ms"] is None else beat["batch_duration_ms"] / 1000)
         _add_known(state_rows, query, beat["state_rows"])
     return [age, input_rate, processed_rate, duration, state_rows]
+
+
+def trail_families(reading: StoreReading, now_ms: int) -> list[Metric]:
+    """How far each detector query trails the trace topic (:mod:`khipu.detector.trail`), as the broker last told: after
+    each of its batches, and at each check of the detector DAG (every 2 minutes, so a stopped query's figures stay
+    current); absent for a query that recorded none yet."""
+    records = _query_gauge(
+        "khipu_detector_trail_records",
+        "Trace-topic offsets the query has not read yet: from where its newest finished batch ended to the log end, "
+        "summed over the partitions, as the broker last told (after each batch, and at each detector DAG check); "
+        "those the broker removed before it read them count too (khipu_detector_trail_removed_offsets).",
+    )
+    seconds = _query_gauge(
+        "khipu_detector_trail_seconds",
+        "How old the oldest trace-topic record the query has not read yet is now: the broker's timestamp of the first "
+        "record still in the log after where its newest finished batch ended (the broker's append time on a "
+        "LogAppendTime topic), the oldest over the partitions, to this scrape; 0 when none waits. Absent when one "
+        "waits whose time is not known. Retention removes nothing younger than retention.ms: the trace_trail alert "
+        "compares the two.",
+    )
+    removed = _query_gauge(
+        "khipu_detector_trail_removed_offsets",
+        "Trace-topic offsets the broker removed before the query read them, as last told: it skips them when it reads "
+        "on (Spark's failOnDataLoss=false) and the messages they traced are never judged.",
+    )
+    skipped = _query_gauge(
+        "khipu_detector_skipped_offsets",
+        f"Trace-topic offsets the query's batches skipped in the last {_duration(SKIPPED_WINDOW_MS)} (a sliding "
+        "window, not a counter): the broker removed them before a batch read them.",
+    )
+    for query, figures in sorted(reading.trails.items()):
+        if figures is None:
+            continue
+        records.add_metric([query], figures.records_behind)
+        removed.add_metric([query], figures.removed_unread)
+        _add_known(seconds, query, figures.seconds_behind(now_ms))
+    for query, offsets in sorted(reading.skipped.items()):
+        skipped.add_metric([query], offsets)
+    return [records, seconds, removed, skipped]
 
 
 def _query_gauge(name: str, documentation: str) -> GaugeMetricFamily:

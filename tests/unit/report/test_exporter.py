@@ -36,6 +36,7 @@ from khipu.retention.policy import RetentionPolicy
 from khipu.settings import KhipuSettings
 from khipu.storage.location import Location
 from khipu.store import Store, schema
+from khipu.store.heartbeat import PartitionTrail, TraceSkip
 from khipu.verdicts.metrics import counts_by_minute, metrics_of
 from tests.unit.report.conftest import CLUSTER, NOW_MS, SeededStore, StartExporter
 from tests.unit.report.scraping import Labels, labels_of, scrape
@@ -202,6 +203,38 @@ def test_detector_metrics_are_the_newest_heartbeat(seeded: SeededStore, start_ex
     }
     for name, value in expected.items():
         assert scraped.series(name) == {query: pytest.approx(value)}, name
+
+
+def test_how_far_the_detector_trails_the_trace_topic_is_what_its_trail_holds(
+    seeded: SeededStore, start_exporter: StartExporter
+) -> None:
+    server = start_exporter(seeded.url)
+    for name in ("khipu_detector_trail_records", "khipu_detector_trail_seconds"):
+        assert scrape(server.url).series(name) == {}, name  # no trail recorded yet: no figure, not a 0
+    seeded.store.heartbeat.record_trail(
+        DETECTOR_QUERY,
+        [
+            PartitionTrail(0, 120, 9, 0, 150, NOW_MS - 4_000, 120, NOW_MS - 95_000),  # 30 behind, the oldest 95 s old
+            PartitionTrail(1, 300, 9, 0, 300, NOW_MS - 4_000),  # read to its end
+            PartitionTrail(2, 40, 9, 55, 70, NOW_MS - 4_000, 55, NOW_MS - 20_000),  # 15 removed unread, 15 waiting
+        ],
+    )
+    day_ago = NOW_MS - 86_400_000
+    skips = [TraceSkip(2, 10, 40, 8, NOW_MS - 60_000), TraceSkip(0, 5, 7, 3, day_ago - 1)]  # the second: too old
+    seeded.store.heartbeat.record_skips(DETECTOR_QUERY, skips)
+    scraped = scrape(server.url)
+    trails = seeded.store.heartbeat.trail(DETECTOR_QUERY)  # what the store holds, read back
+    waiting = [t for t in trails if max(t.read_end, t.log_start) < t.log_end]
+    query = labels_of({"query": DETECTOR_QUERY})
+    assert scraped.series("khipu_detector_trail_records") == {query: sum(t.log_end - t.read_end for t in trails)}
+    oldest = min(t.oldest_unread_ms for t in waiting if t.oldest_unread_ms is not None)
+    assert scraped.series("khipu_detector_trail_seconds") == {query: pytest.approx((NOW_MS - oldest) / 1000)}
+    assert scraped.series("khipu_detector_trail_removed_offsets") == {
+        query: sum(max(0, t.log_start - t.read_end) for t in trails)
+    }
+    in_day = [s for s in seeded.store.heartbeat.skips(DETECTOR_QUERY) if s.detected_ms >= day_ago]
+    assert scraped.series("khipu_detector_skipped_offsets") == {query: sum(s.to_offset - s.from_offset for s in in_day)}
+    assert len(in_day) < len(seeded.store.heartbeat.skips(DETECTOR_QUERY))  # the day-old skip is left out
 
 
 def test_quarantine_and_trace_gaps_are_what_the_trace_channel_holds(
