@@ -10,6 +10,13 @@ soon as the new driver is up. The job resumes from its checkpoint, so no trace i
 verdict is stored twice. A detector going down or hung raises one **detector-down alert** through
 the notifiers; it resolves when the detector is healthy again.
 
+Beside it, `check_trace_trail` asks the broker how far the detector trails the trace topic (where its newest batch
+ended on each partition, the log's bounds, the age of the oldest record it has not read) against the topic's
+`retention.ms` / `retention.bytes`, running or not: a **trace_trail alert** fires before retention can outrun it,
+again if the broker removed records before it read them, and resolves once it is back within them; a **trace_skip
+alert** names each partition and the offsets a batch skipped (the detector reads with `failOnDataLoss=false`, so
+Spark would skip them silently). See docs/consumer-health.md, "Alerts".
+
 Locally (`spark_default` = `local[*]`) spark-submit runs detached, recorded with its pid and start
 time in `<state>/run/detector.json` (so `khipu status` lists it and `khipu down` stops it); its
 log is `<state>/logs/detector.log`. **On a cluster**: point `spark_default` at the master
@@ -91,6 +98,12 @@ def khipu_detector() -> None:
 
         return detector.restart_detector(KAFKA, STORE, SPARK, get_current_context()["params"])
 
+    @task
+    def check_trace_trail() -> dict[str, Any]:
+        from khipu_airflow import detector
+
+        return detector.check_trace_trail(KAFKA, STORE)
+
     @task(trigger_rule="all_done")  # whatever happened, the alerts it raised go out
     def send_alerts() -> dict[str, Any]:
         from khipu_airflow import offsets
@@ -101,7 +114,7 @@ def khipu_detector() -> None:
     running = EmptyOperator(task_id="detector_is_running")
     restart = restart_detector()
     choose(health) >> [running, restart]
-    [running, restart] >> send_alerts()
+    [running, restart, check_trace_trail()] >> send_alerts()
 
 
 khipu_detector()

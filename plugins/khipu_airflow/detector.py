@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from khipu.alerting.decide import DETECTOR_ALERT_KIND, detector_alert
 from khipu.alerting.model import AlertState, alert_from
+from khipu.alerting.trail import check_trail
 from khipu.detector.checkpoint import checkpoint_sizing
 from khipu.detector.driver import read_driver_record, stop_driver
 from khipu.detector.launch import connector_jars, throughput_settings, write_connections_file
@@ -40,6 +42,8 @@ from khipu.detector.model import DETECTOR_QUERY
 from khipu.detector.sizing import DetectorSizing, SparkResources, detector_sizing
 from khipu.detector.supervise import DetectorObservation, DetectorState, SupervisionConfig, judge_detector
 from khipu.errors import InvalidSetting
+from khipu.health.evaluate import health_config_from_env
+from khipu.kafka import KafkaAdmin
 from khipu.process_group import ProcessTable, Started
 from khipu.registry.loader import load_registry
 from khipu.settings import KhipuSettings, project_root
@@ -151,6 +155,24 @@ def check_detector(store_conn_id: str) -> dict[str, Any]:
             "manager: submitting a second one on the same checkpoint is not safe"
         )
     return {"state": health.state.value, "reason": health.reason, "restart": restart}
+
+
+def check_trace_trail(kafka_conn_id: str, store_conn_id: str) -> dict[str, Any]:
+    """How far the detector trails the trace topic against the topic's retention, asked of the broker now
+    (:func:`khipu.alerting.trail.check_trail`): the trace_trail alert before retention can outrun it (or its
+    resolve), and a trace_skip alert for what a batch skipped. Judged whether the detector runs or not."""
+    kafka = KhipuKafkaHook(kafka_conn_id)
+    admin = KafkaAdmin(kafka.connection(), timeout_s=10)
+    store = KhipuStoreHook(store_conn_id).store()
+    try:
+        checked = check_trail(
+            store, admin, DETECTOR_QUERY, kafka.trace_topic, health_config_from_env().expiry_margin_ms, _now_ms()
+        )
+    finally:
+        store.close()
+    log.info("detector trails %s: %s, %s records behind, %s s behind; %d alerts raised", kafka.trace_topic,
+             checked.status, checked.records_behind, checked.seconds_behind, checked.alerts)  # fmt: skip
+    return asdict(checked)
 
 
 # -- restarting ------------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ from khipu.alerting.model import Alert, AlertState, Severity, StoredAlert
 from khipu.clock import elapsed_ms
 from khipu.detector.trail import TrailFigures, trail_figures, waiting_from, with_oldest_unread
 from khipu.health.evaluate import at_expiry_risk
-from khipu.kafka import KafkaAdmin
+from khipu.kafka import KafkaAdmin, KafkaUnavailable
 from khipu.kafka.admin import TopicRetention
 from khipu.store import Store
 from khipu.store.heartbeat import PartitionTrail, TraceSkip
@@ -308,21 +308,11 @@ def check_trail(
     alerts = 0
     judgement = None
     if stored:
-        marks = admin.watermarks([(topic, trail.partition) for trail in stored])
-        for error in marks.errors:
-            log.warning("trail of %s: %s", topic, error)
-        bounds = {partition: bound for (_, partition), bound in marks.found.items()}
-        fresh = [
-            PartitionTrail(t.partition, t.read_end, t.batch_id, *bounds[t.partition], now_ms)
-            for t in stored
-            if t.partition in bounds
-        ]
-        fresh = with_oldest_unread(admin, topic, fresh, stored)
-        store.heartbeat.refresh_trail(query, fresh)
-        retention = admin.retention([topic])
-        for error in retention.errors:
-            log.warning("retention of %s not known (%s): only records already removed are judged", topic, error)
-        judgement = judge_trail(fresh, retention.found.get(topic), expiry_margin_ms, now_ms)
+        try:
+            judgement = _judge_now(store, admin, query, topic, stored, expiry_margin_ms, now_ms)
+        except KafkaUnavailable as exc:  # an outage of the trace cluster: the detector waits it out and says so
+            log.warning("how far the detector trails %s not judged: %s", topic, exc)
+    if judgement is not None:
         subject = trail_subject(query, topic)
         firing = next((a for a in store.alerts.firing(TRAIL_ALERT_KIND) if a.subject == subject), None)
         alert = trail_alert(query, topic, judgement, firing, now_ms)
@@ -337,11 +327,36 @@ def check_trail(
         log.error("skip alert: %s", told.title)
     figures = judgement.figures if judgement is not None else None
     return TrailCheck(
-        status=judgement.status.name if judgement is not None else "NOT_RECORDED",
+        status=judgement.status.name if judgement is not None else "NOT_JUDGED" if stored else "NOT_RECORDED",
         records_behind=None if figures is None else figures.records_behind,
         seconds_behind=None if figures is None else figures.seconds_behind(now_ms),
         alerts=alerts,
     )
+
+
+def _judge_now(
+    store: Store,
+    admin: KafkaAdmin,
+    query: str,
+    topic: str,
+    stored: Sequence[PartitionTrail],
+    expiry_margin_ms: int,
+    now_ms: int,
+) -> TrailJudgement:
+    """The stored read ends against the log's bounds, oldest records not read and retention asked now; the fresh trail
+    recorded for the exporter. A broker that does not tell every partition's bounds and the topic's retention raises
+    :class:`KafkaUnavailable`: nothing is judged, so nothing resolves for want of an answer."""
+    marks = admin.watermarks([(topic, trail.partition) for trail in stored])
+    bounds = {partition: bound for (_, partition), bound in marks.found.items()}
+    if len(bounds) < len(stored):
+        raise KafkaUnavailable("; ".join(marks.errors) or f"no log bounds of some partitions of {topic}")
+    retention = admin.retention([topic])
+    if topic not in retention.found:
+        raise KafkaUnavailable("; ".join(retention.errors) or f"no retention of {topic}")
+    fresh = [PartitionTrail(t.partition, t.read_end, t.batch_id, *bounds[t.partition], now_ms) for t in stored]
+    fresh = with_oldest_unread(admin, topic, fresh, stored)
+    store.heartbeat.refresh_trail(query, fresh)
+    return judge_trail(fresh, retention.found[topic], expiry_margin_ms, now_ms)
 
 
 def _duration(ms: int | None) -> str:
