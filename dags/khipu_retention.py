@@ -1,7 +1,7 @@
 """
-### Khipu retention: remove what is older than its kind's age limit
+### Khipu retention: remove what is older than its kind's age limit, and compact the archives' closed hours
 
-Once a day, removes by age, each kind with its own limit: the `KHIPU_RETENTION_*` settings
+Every hour, removes by age, each kind with its own limit: the `KHIPU_RETENTION_*` settings
 (`khipu settings` shows them; defaults in [docs/retention.md](docs/retention.md)), or a Param of a
 manual run:
 
@@ -18,6 +18,12 @@ reconciliation reach (2 x horizon + 1 h) plus `backfill_hours`, the archived and
 as long as the traces, and a confirmed loss still waiting for its resend keeps its verdicts and traces
 whatever their age. Limits that would break this are refused, with the reason, before anything is touched.
 Offset snapshots have their own retention (`khipu_snapshot_offsets`, `keep_days`).
+
+Then it **compacts** each archive hour the detector will not write again (read past its end by 10 min, and not
+holding the newest micro-batch, which Spark may replay): the hour's micro-batch files (~1,800 an hour at a 2 s
+trigger) become files of about `KHIPU_ARCHIVE_FILE_MIB` (128 MiB), one line in the log per hour. An hour
+compacted before is left alone; a dry run says which hours it would compact. The removal goes first, so that no
+hour about to go is compacted; a run whose removal fails (a limit refused) compacts nothing.
 
 **Trigger by hand**, e.g. to see what a shorter limit would remove:
 
@@ -47,7 +53,7 @@ def _limit(unit: str, description: str) -> Param:
 
 @dag(
     dag_id="khipu_retention",
-    schedule="@daily",
+    schedule="@hourly",
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -69,7 +75,7 @@ def _limit(unit: str, description: str) -> Param:
         "minute_metrics_days": _limit("days", "metrics kept per minute (KHIPU_RETENTION_MINUTE_METRICS_DAYS)"),
         "metrics_days": _limit("days", "hourly metrics kept (KHIPU_RETENTION_METRICS_DAYS)"),
         "backfill_hours": _limit("hours", "backfill reach beyond the horizon (KHIPU_RETENTION_BACKFILL_HOURS)"),
-        "dry_run": Param(False, type="boolean", description="say what would be removed, remove nothing"),
+        "dry_run": Param(False, type="boolean", description="say what would be removed and compacted, change nothing"),
     },
 )
 def khipu_retention() -> None:
@@ -85,7 +91,13 @@ def khipu_retention() -> None:
         except RetentionError as exc:  # limits that would remove what is still needed: no retry will help
             raise AirflowFailException(str(exc)) from None
 
-    apply_retention()
+    @task
+    def compact_archives() -> dict[str, Any]:
+        from khipu_airflow import retention
+
+        return retention.compact_archives(STORE, get_current_context()["params"])
+
+    apply_retention() >> compact_archives()
 
 
 khipu_retention()

@@ -1,4 +1,5 @@
-"""The retention DAG's task: the store connection, the registry and the archives -> a retention run's summary."""
+"""The retention DAG's tasks: the store connection, the registry and the archives -> a retention run's summary, and
+the archives' closed hours compacted."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from khipu.config import RetentionSection, load
+from khipu.detector.model import DETECTOR_QUERY
 from khipu.reconcile.window import horizon_from_env
 from khipu.registry.loader import load_registry
-from khipu.retention.policy import RetentionPolicy, plan_retention
+from khipu.retention import compaction
+from khipu.retention.policy import RetentionError, RetentionPolicy, plan_retention
 from khipu.retention.run import run_retention
 from khipu.settings import KhipuSettings
 from khipu.verdicts.metrics import metrics_of
@@ -59,3 +63,25 @@ def apply_retention(store_conn_id: str, params: Mapping[str, Any], now_ms: int |
     finally:
         store.close()
     return report.as_dict()
+
+
+def compact_archives(store_conn_id: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Compact both archives' closed hours into files of about ``KHIPU_ARCHIVE_FILE_MIB``
+    (:mod:`khipu.retention.compaction`: closed by how far the detector has read, as its heartbeat in the store
+    says); with ``dry_run``, say which hours would be and change nothing. Returns each archive's summary."""
+    settings = KhipuSettings.from_env()
+    target_mib = load(RetentionSection, error=RetentionError).archive_file_mib
+    store = KhipuStoreHook(store_conn_id).store()
+    try:
+        read_to = store.heartbeat.read_to_ms(DETECTOR_QUERY)
+    finally:
+        store.close()
+    done = compaction.compact_archives(
+        settings.archive_dir,
+        settings.verdict_archive_dir,
+        read_to,
+        target_mib,
+        dry_run=bool(params.get("dry_run")),
+        progress=log.info,
+    )
+    return {name: report.as_dict() for name, report in done.items()}

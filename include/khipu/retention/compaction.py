@@ -85,13 +85,25 @@ class ArchiveCompaction:
     already: int = 0  # hours found compacted
 
     def as_dict(self) -> dict[str, Any]:
-        done = [hour.compaction for hour in self.hours if hour.compaction is not None]
+        """Per hour compacted (or, in a dry run, to compact): files and bytes before and after, seconds; then the
+        totals, how many hours were compacted before and why the others wait."""
+        by_hour = {
+            hour.hour: {
+                "files_before": len(hour.listing.files),
+                "files_after": hour.compaction.files_after if hour.compaction else None,
+                "bytes_before": hour.listing.bytes,
+                "bytes_after": hour.compaction.bytes_after if hour.compaction else None,
+                "seconds": round(hour.seconds, 3),
+            }
+            for hour in self.hours
+        }
         return {
-            "hours": [hour.hour for hour in self.hours],
-            "files_before": sum(len(hour.listing.files) for hour in self.hours),
-            "files_after": sum(compaction.files_after for compaction in done),
-            "bytes_before": sum(hour.listing.bytes for hour in self.hours),
-            "bytes_after": sum(compaction.bytes_after for compaction in done),
+            "hours": sorted(by_hour),
+            "by_hour": by_hour,
+            "files_before": sum(figures["files_before"] or 0 for figures in by_hour.values()),
+            "files_after": sum(figures["files_after"] or 0 for figures in by_hour.values()),
+            "bytes_before": sum(figures["bytes_before"] or 0 for figures in by_hour.values()),
+            "bytes_after": sum(figures["bytes_after"] or 0 for figures in by_hour.values()),
             "already_compacted": self.already,
             "waiting": dict(self.waiting),
         }

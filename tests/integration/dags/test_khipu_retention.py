@@ -181,3 +181,64 @@ def test_limits_that_would_starve_reconciliation_are_refused_and_nothing_removed
     out, err = capfd.readouterr()
     assert "retention setting 'trace_archive_hours': got 20; expected >= 27" in out + err
     assert files(aged["state"]) == before
+
+
+def test_the_run_compacts_each_closed_hour_once_and_a_second_run_finds_nothing(aged: dict[str, Any]) -> None:
+    """Two closed hours of 30 micro-batches each, and the current hour, which the detector is still reading: the run
+    leaves each closed hour one file holding the same traces and verdicts, the current hour as it was; a dry run
+    before it changed nothing, and a run after it finds nothing to do."""
+    from airflow.utils.state import DagRunState
+
+    from khipu.detector.model import DETECTOR_QUERY
+    from khipu.storage.compaction import COMPACTED_FOLDER
+
+    store, state, hour = aged["store"], aged["state"], aged["hour"]
+    closed = (hour - 3 * HOUR_MS, hour - 2 * HOUR_MS)
+    ids = [f"c{n}-{batch}" for n in range(3) for batch in range(30)]
+    with VerdictArchive(state / "verdicts", store) as verdicts:
+        for batch in range(30):
+            for n, at in enumerate((*closed, hour)):
+                key = 1_000 + batch * 3 + n
+                archive.write_batch(
+                    state / "archive", key, pa.Table.from_pylist([trace(f"c{n}-{batch}", at + batch)], archive.SCHEMA)
+                )
+                verdicts.write_batch(key, verdict_table([delivered(f"c{n}-{batch}", at + batch + 10)]))
+                verdicts.index.record(key, [(f"c{n}-{batch}", at + batch - 1_000, hour_of(at + batch + 10))])
+        verdicts.write_batch(2_000, verdict_table([]))  # the batches after: none of those is the replayable one
+        archive.write_batch(state / "archive", 2_000, pa.Table.from_pylist([], archive.SCHEMA))
+        found_before = verdicts.search(ids).rows
+    traces_before = archive.read_traces(state / "archive", ids, hour - 3 * HOUR_MS, hour + HOUR_MS)
+    store.heartbeat.record_read_to(DETECTOR_QUERY, hour + 15 * 60_000, hour + 15 * 60_000)  # the hour is unread
+
+    def batch_folders(root: Path, at: int) -> list[str]:
+        return sorted(p.name for p in (root / f"hour={hour_of(at)}").iterdir())
+
+    before = files(state)
+    dry = run_retention({**LIMITS, "dry_run": True})
+    assert dry.state == DagRunState.SUCCESS and files(state) == before
+    real = run_retention(LIMITS)
+    assert real.state == DagRunState.SUCCESS
+    summary = real.get_task_instance("compact_archives").xcom_pull(task_ids="compact_archives")
+    for name, root, limit in (
+        ("trace archive", state / "archive", LIMITS["trace_archive_hours"]),
+        ("verdict archive", state / "verdicts", LIMITS["verdict_archive_hours"]),
+    ):
+        # the hours the removal kept (one micro-batch each: the fixture's; the pinned one reduced is not one) and ours
+        kept = {hour_of(hour - age * HOUR_MS) for age in AGES_H if age <= limit}
+        assert summary[name]["hours"] == sorted(kept | {hour_of(at) for at in closed})
+        assert (summary[name]["files_before"], summary[name]["files_after"]) == (len(kept) + 60, len(kept) + 2)
+        for at in closed:
+            figures = summary[name]["by_hour"][hour_of(at)]
+            assert (figures["files_before"], figures["files_after"]) == (30, 1)
+            assert batch_folders(root, at) == [COMPACTED_FOLDER]
+            assert len(list((root / f"hour={hour_of(at)}" / COMPACTED_FOLDER).iterdir())) == 1
+        assert len(batch_folders(root, hour)) == 30  # the hour being read: left as it is
+    assert archive.read_traces(state / "archive", ids, hour - 3 * HOUR_MS, hour + HOUR_MS) == traces_before
+    with VerdictArchive(state / "verdicts", store) as verdicts:
+        assert verdicts.search(ids).rows == found_before and len(found_before) == 90
+
+    compacted = files(state)
+    again = run_retention(LIMITS)
+    second = again.get_task_instance("compact_archives").xcom_pull(task_ids="compact_archives")
+    assert files(state) == compacted
+    assert [second[name]["hours"] for name in second] == [[], []]
