@@ -46,9 +46,11 @@ from khipu.detector.outage import WaitingReporter, write_with_retries
 from khipu.detector.packed import JUDGED, PACKED_FIELDS, RECORD_FIELDS, RECORDS, unanswered_asks, unpack
 from khipu.detector.parse import quarantine_reason
 from khipu.detector.records import TRACE
+from khipu.detector.trail import first_read_offsets, partition_trails, skipped_offsets, with_oldest_unread
 from khipu.kafka import KafkaAdmin, KafkaConnection, KafkaUnavailable
 from khipu.storage.location import Location
 from khipu.store import Store
+from khipu.store.heartbeat import PartitionTrail
 from khipu.trace import archive
 from khipu.trace.archive import HOUR_MS, hour_of
 from khipu.verdicts.archive import COLUMNS as ARCHIVE_COLUMNS
@@ -99,7 +101,8 @@ class ReadProgress:
     """After each batch, how far the trace topic is read (:func:`khipu.detector.clock.read_to_ms`), recorded in
     the store before the next batch runs: that batch decides with it. A partition is read to its end when its
     latest offset, asked now, is where this batch ended (its offsets from the query's offset log); otherwise to
-    the newest record time read from it."""
+    the newest record time read from it. Beside it, how far the detector trails the topic and what the batch skipped
+    (:mod:`khipu.detector.trail`), from the same ask of the broker."""
 
     def __init__(
         self,
@@ -113,6 +116,8 @@ class ReadProgress:
         self.max_offsets_per_trigger = max_offsets_per_trigger
         self._admin: KafkaAdmin | None = None
         self._ended: tuple[int, int] | None = None  # (batch id, when its writer returned), in this process
+        self._trails: list[PartitionTrail] = []  # the trail last recorded (its oldest unread records' times reused)
+        self._recorded_batch: int | None = None  # the newest batch whose trail is recorded (None: not read yet)
 
     def ended(self, batch_id: int) -> None:
         """The writer of ``batch_id`` returns now: Spark plans the next batch after this."""
@@ -137,7 +142,17 @@ class ReadProgress:
             return None
         return running
 
-    def advance(self, batch_id: int, newest_read_ms: Mapping[int, int], store: Store) -> int | None:
+    def advance(
+        self,
+        batch_id: int,
+        newest_read_ms: Mapping[int, int],
+        store: Store,
+        first_read: Mapping[int, int] | None = None,
+    ) -> int | None:
+        """After batch ``batch_id``: how far the trace topic is read, recorded; and how far the detector trails it, with
+        what the batch skipped (``first_read``: the lowest offset it read per partition,
+        :func:`khipu.detector.trail.first_read_offsets`; None: not judged), recorded beside
+        (:meth:`_record_trail`)."""
         ends = self._batch_ends(batch_id)
         if not ends:
             return None
@@ -153,7 +168,51 @@ class ReadProgress:
         read_to = read_to_ms(asked, ends, latest, newest_read_ms)
         if read_to is not None:
             store.heartbeat.record_read_to(self.query, read_to, asked)
+        bounds = {partition: bound for (_, partition), bound in marks.items()}
+        try:
+            self._record_trail(batch_id, ends, bounds, asked, first_read, store)
+        except (*STORE_UNAVAILABLE, SQLAlchemyError) as exc:  # a store not migrated to 0016 too: never fail a batch
+            log.warning("batch %d: how far the detector trails %s not recorded (%s)", batch_id, self.topic, exc)
         return read_to
+
+    def _record_trail(
+        self,
+        batch_id: int,
+        ends: Mapping[int, int],
+        bounds: Mapping[int, tuple[int, int]],
+        asked_ms: int,
+        first_read: Mapping[int, int] | None,
+        store: Store,
+    ) -> None:
+        """How far the detector trails each partition after ``batch_id`` (:mod:`khipu.detector.trail`: where it ended,
+        the log's bounds, the oldest record not read yet and its time), and the offsets the batch skipped, logged as
+        an error and recorded for the trail alert. A batch that recorded its trail before, run again after a restart,
+        judges no skip: it read those offsets the first time."""
+        assert self._admin is not None  # advance made it
+        if self._recorded_batch is None:  # after a start: the newest batch a run of this checkpoint recorded
+            self._trails = store.heartbeat.trail(self.query)
+            self._recorded_batch = max((trail.batch_id for trail in self._trails), default=-1)
+        replayed = batch_id <= self._recorded_batch
+        trails = with_oldest_unread(
+            self._admin, self.topic, partition_trails(batch_id, ends, bounds, asked_ms), self._trails
+        )
+        starts = self._batch_ends(batch_id - 1) if batch_id > 0 and first_read is not None and not replayed else None
+        skips = []
+        if starts is not None and first_read is not None:
+            log_starts = {partition: start for partition, (start, _) in bounds.items()}
+            skips = skipped_offsets(batch_id, starts, ends, first_read, log_starts, asked_ms)
+        store.heartbeat.record_trail(self.query, trails)
+        if skips:
+            store.heartbeat.record_skips(self.query, skips)
+            log.error(
+                "batch %d skipped %d offsets of %s the broker removed before it read them (%s): the messages they "
+                "traced are never judged",
+                batch_id,
+                sum(skip.offsets for skip in skips),
+                self.topic,
+                ", ".join(f"partition {s.partition} offsets {s.from_offset}..{s.to_offset - 1}" for s in skips),
+            )
+        self._trails, self._recorded_batch = trails, max(batch_id, self._recorded_batch)
 
     def _batch_ends(self, batch_id: int) -> dict[int, int] | None:
         """Where the batch ended on each partition, from the query's offset log (its last line: the source's)."""
@@ -293,7 +352,9 @@ class DetectorWriter:
         archived, stored, lost = self._verdicts(verdicts, key)
         lap("verdicts")
         if self.progress is not None:  # after the pointers are stored: the next batch may decide on them
-            read_to = self.progress.advance(batch_id, self.figures.newest_read_ms, self.store)
+            read_to = self.progress.advance(
+                batch_id, self.figures.newest_read_ms, self.store, first_read_offsets(passed)
+            )
             if read_to is not None:
                 self.figures.read_to_ms = read_to
         numbered = self._sequences(passed, batch_id)
