@@ -25,6 +25,7 @@ from khipu.health.windows import OffsetWindow, WindowKind
 from khipu.offsets.model import PartitionKey, PartitionSnapshot, SnapshotRun
 from khipu.registry.model import Registry
 from khipu.store import Store, schema
+from khipu.store.heartbeat import PartitionTrail, TraceSkip
 from khipu.trace.archive import hour_folder
 from khipu.verdicts.metrics import counts_by_minute, metrics_of
 
@@ -178,6 +179,15 @@ def seed(store: Store, archive_dir: Path, registry: Registry, now_ms: int) -> Se
                 "caught_up": True,
             }
         )
+    # how far the detector trails the trace topic: partition 0 60 offsets behind, its oldest 42 s old; and a skip
+    store.heartbeat.record_trail(
+        DETECTOR_QUERY,
+        [
+            PartitionTrail(0, 1_200, 105, 0, 1_260, now_ms - 5_000, 1_200, now_ms - 42_000),
+            PartitionTrail(1, 900, 105, 0, 900, now_ms - 5_000),
+        ],
+    )
+    store.heartbeat.record_skips(DETECTOR_QUERY, [TraceSkip(1, 850, 870, 90, now_ms - 3_600_000)])
     seeded.quarantined = store.channel.add_quarantine(
         [
             {

@@ -209,8 +209,9 @@ def test_how_far_the_detector_trails_the_trace_topic_is_what_its_trail_holds(
     seeded: SeededStore, start_exporter: StartExporter
 ) -> None:
     server = start_exporter(seeded.url)
+    seeded.store.heartbeat.start_over(DETECTOR_QUERY, NOW_MS - 10_000)  # a new checkpoint: no trail recorded yet
     for name in ("khipu_detector_trail_records", "khipu_detector_trail_seconds"):
-        assert scrape(server.url).series(name) == {}, name  # no trail recorded yet: no figure, not a 0
+        assert scrape(server.url).series(name) == {}, name  # no figure, not a 0
     seeded.store.heartbeat.record_trail(
         DETECTOR_QUERY,
         [
