@@ -311,7 +311,8 @@ class HealthSection(Section):
     expiry_margin_s: Annotated[int, Field(ge=0), Expect("an integer of seconds >= 0")] = setting(
         "KHIPU_EXPIRY_MARGIN_S",
         600,
-        "EXPIRY_RISK when the oldest unconsumed record is this close to its topic's retention.ms.",
+        "EXPIRY_RISK when the oldest unconsumed record is this close to its topic's retention.ms; also the least "
+        "margin of the detector's trace_trail alert (else half the trace topic's retention.ms).",
     )
 
 
