@@ -1,0 +1,177 @@
+"""Khipu off one host, as a platform team runs it: launched by the shipped DAGs, on executors that share nothing
+with the driver, scored against what the applications really did.
+
+- **the cluster**: a Spark standalone master and two workers on 127.0.0.1, the workers (so every executor) running
+  as another Unix user (``nobody``) with their own work and local folders and a Python of their own: they cannot read
+  the driver's state folder, as on hosts that share no disk with it;
+- **the store**: PostgreSQL over TCP; **the data**: ``KHIPU_DATA_URL`` in a real S3 API (s3proxy) — the trace
+  archive, the verdict archive, the detector's checkpoint and its driver record, reconciliation's working data;
+- **the DAGs**: ``khipu_detector`` submits the detector with ``spark_default`` = ``spark://…`` (client mode, as Spark
+  standalone runs Python); the demo pipeline runs with every fault, messages delayed past the detector's maximum wait
+  and lost traces; ``khipu_backfill`` then reconciles the demo's window on the same cluster (the connection's master
+  wins over ``KHIPU_SPARK_MASTER``).
+
+The final verdicts equal the demo's ground truth (its ledger of what each application did), exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from khipu.clock import iso_text
+from khipu.demo.faults import FaultRates
+from khipu.demo.score import observable_messages, score
+from khipu.detector.driver import read_driver_record
+from khipu.detector.model import DETECTOR_QUERY
+from khipu.localstack.broker import BrokerProcess
+from khipu.localstack.object_store import ObjectStoreProcess
+from khipu.localstack.spark_cluster import start_spark_cluster
+from khipu.process_group import ProcessTable
+from khipu.storage.location import Location
+from khipu.store import Store
+from tests.integration.detector.conftest import REGISTRY, demo_traces, stored_verdicts, wait_until_settled
+from tests.integration.store.conftest import _postgres_database
+
+pytestmark = pytest.mark.integration
+DAGS = Path(__file__).resolve().parents[3] / "dags"
+WORKER_USER = "nobody"
+HORIZON_MS = 60_000
+DELAY_MS = 40_000  # past the detector's maximum wait below: LOST first, then reconciled
+FAULTS = FaultRates(
+    consumer_skip=0.03, processor_drop=0.03, rebalance_drop=0.01, offset_rewind=0.03, producer_retry=0.03,
+    delay=0.02, trace_loss=0.005,
+)  # fmt: skip
+
+
+def run_dag(dag_id: str, conf: dict[str, Any] | None = None) -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(DAGS)).get_dag(dag_id).test(run_conf=conf)
+
+
+def task_states(run: Any) -> dict[str, str | None]:
+    return {ti.task_id: ti.state for ti in run.get_task_instances()}
+
+
+def applications(master_ui_port: int) -> dict[str, list[str]]:
+    """The cluster master's applications by state, as its own JSON page lists them."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{master_ui_port}/json/", timeout=5) as answer:
+        page = json.load(answer)
+    return {state: sorted(app["name"] for app in page.get(state, [])) for state in ("activeapps", "completedapps")}
+
+
+def test_the_detector_and_a_backfill_from_their_dags_on_workers_that_share_nothing_are_exact(
+    broker: BrokerProcess,
+    object_store: ObjectStoreProcess,
+    airflow_db: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    data = Location.of(f"s3a://{object_store.bucket}/off-one-host-{uuid.uuid4().hex[:8]}")
+    trace_topic = f"traces-mh-{secrets.token_hex(3)}"
+    broker.admin().ensure_topics({trace_topic: 3})
+    cluster_dir = Path(tempfile.mkdtemp(prefix="khipu-cluster-"))  # outside the driver's 0700 folders
+    cluster_dir.chmod(0o755)
+    table = ProcessTable(state)
+    with _postgres_database() as store_url:
+        store = Store(store_url)
+        store.migrate()
+        cluster = start_spark_cluster(
+            cluster_dir, workers=2, cores_per_worker=1, worker_memory_mb=1024, run_as=WORKER_USER,
+            worker_environment=object_store.environment(),
+        )  # fmt: skip
+        try:
+            for name, value in {
+                **object_store.environment(),
+                "KHIPU_STATE_DIR": str(state),
+                "KHIPU_REGISTRY": str(REGISTRY),
+                "KHIPU_DATA_URL": data.url,
+                "KHIPU_SPARK_MASTER": "local[1]",  # what a job started by hand would take: the DAGs must not
+                "PYSPARK_PYTHON": cluster.python,  # the workers' own Python, handed to their executors
+                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # spark-submit
+                "KHIPU_DETECTOR_TRIGGER_S": "1",
+                "KHIPU_DETECTOR_GRACE_MS": "4000",
+                "KHIPU_DETECTOR_MAX_WAIT_MS": "25000",
+                "KHIPU_DETECTOR_RECHECK_MS": "1000",
+                "KHIPU_RECONCILE_HORIZON_MS": str(HORIZON_MS),
+                "AIRFLOW_CONN_KHIPU_KAFKA": json.dumps({"conn_type": "kafka", "extra": {
+                    "bootstrap.servers": broker.bootstrap_servers, "khipu.cluster": "local",
+                    "khipu.trace_topic": trace_topic}}),
+                "AIRFLOW_CONN_KHIPU_STORE": json.dumps({"conn_type": "postgres", "extra": {"url": store_url}}),
+                # the detector runs for good: capped at one of the two cores, reconciliation gets the other
+                "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({
+                    "conn_type": "spark", "host": "spark://127.0.0.1", "port": cluster.master_port,
+                    "extra": {"deploy-mode": "client", "spark-binary": "spark-submit",
+                              "khipu.detector": {"total_executor_cores": 1}}}),
+            }.items():  # fmt: skip
+                monkeypatch.setenv(name, value)
+
+            detector_run = run_dag("khipu_detector")
+            assert task_states(detector_run)["restart_detector"] == "success", task_states(detector_run)
+            driver = read_driver_record(data / "detector" / "checkpoint")  # in the object store
+            assert driver is not None and driver.alive()
+
+            started_ms = int(time.time() * 1000)
+            demo = demo_traces(
+                broker, tmp_path, "mh", count=300, seed=11, trace_topic=trace_topic, faults=FAULTS, delay_ms=DELAY_MS
+            )
+            demo_done_ms = int(time.time() * 1000)
+            assert demo.fault_counts.get("delay", 0) > 0 and demo.fault_counts.get("trace_loss", 0) > 0
+            streaming = wait_until_settled(
+                store_url, len(observable_messages(demo.truth)), timeout_s=300, verdicts_dir=data / "verdicts"
+            )
+            deadline = time.monotonic() + 120
+            while (store.heartbeat.read_to_ms(DETECTOR_QUERY) or 0) < demo_done_ms and time.monotonic() < deadline:
+                time.sleep(1)  # the detector has read past the demo's end: every trace is archived
+            executors = [
+                p for p in psutil.process_iter(["cmdline", "uids"])
+                if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in (p.info["cmdline"] or [])
+            ]  # fmt: skip
+            executor_users = {pwd.getpwuid(p.info["uids"].real).pw_name for p in executors}
+            assert any(r["verdict"] == "LOST" for r in streaming)  # provisional: reconciliation makes them final
+
+            window = {"start": iso_text(started_ms - 60_000), "end": iso_text(demo_done_ms + 1_000)}
+            time.sleep(max(0.0, (demo_done_ms + 1_000 + HORIZON_MS - time.time() * 1000) / 1000))  # the horizon
+            backfill = run_dag("khipu_backfill", {**window, "dry_run": False})
+            assert task_states(backfill)["reconcile_window"] == "success", task_states(backfill)
+            final = stored_verdicts(store, data / "verdicts")
+            apps = applications(cluster.master_ui_port)
+        finally:
+            table.stop("detector", timeout_s=60)
+            cluster.stop()
+            store.close()
+            shutil.rmtree(cluster_dir, ignore_errors=True)
+
+    # the executors ran as the other user; the detector and the reconciliation both ran on the cluster
+    assert executor_users == {WORKER_USER}
+    assert "khipu-detector" in apps["activeapps"] + apps["completedapps"]
+    assert "khipu-reconcile" in apps["completedapps"]
+    # everything the detector and reconciliation keep is in the object store, nothing on the Airflow host's disk
+    assert {"archive", "verdicts", "detector"} <= set(data.child_folders())
+    assert not (state / "archive").exists() and not (state / "verdicts").exists()
+    assert not (state / "detector" / "checkpoint").exists()
+    # exact against what the applications did
+    after = score(demo.truth, final)
+    assert after.exact, (
+        f"{after.matched}/{after.expected} matched; wrong {list(after.wrong.items())[:5]}; "
+        f"missing {list(after.missing.items())[:5]}; extra {list(after.extra.items())[:5]}"
+    )
+    assert not any(r["verdict"] in ("LOST", "PENDING") for r in final)
+    confirmed = [r for r in final if r["verdict"] == "CONFIRMED_LOST"]
+    assert confirmed and all(r["decided_by"] == "reconciliation" for r in confirmed)
