@@ -39,7 +39,7 @@ class KhipuSettings:
     @property
     def data(self) -> Location:
         """Where the archives and the detector's checkpoint live: a local folder or an object-store prefix."""
-        return Location.of(self.data_url or self.state_dir, "KHIPU_DATA_URL")
+        return Location.of(self.data_url or self.state_dir.absolute(), "KHIPU_DATA_URL")
 
     @property
     def archive_dir(self) -> Location:

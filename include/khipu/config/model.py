@@ -207,7 +207,7 @@ class KhipuSection(Section):
         except StoreUrlError as exc:
             raise SettingConflict("KHIPU_STORE_URL", exc.shown, f"{STORE_URLS}; {exc.problem}") from None
         if self.data_url is None:
-            self.data_url = str(self.state_dir)
+            self.data_url = str(self.state_dir.absolute())  # a relative state folder: from where Khipu runs
         try:
             self.data_url = Location.of(self.data_url, "KHIPU_DATA_URL").url
         except StorageError as exc:
