@@ -152,21 +152,25 @@ class ObjectStoreProcess:
         return self.credentials.secret_key
 
     def environment(self) -> dict[str, str]:
-        """The variables a Khipu process (pyarrow's S3 file system, Spark's S3A) reaches this store with: the
-        endpoint, the credentials, the region, and the AWS SDKs' checksums only where S3 requires them (what
-        :mod:`khipu.storage.location` sets for any S3 API other than AWS's). Hand it to a child's environment,
-        never its argv."""
-        return {
-            ENDPOINT_VARIABLE: self.endpoint,
-            "AWS_ACCESS_KEY_ID": self.access_key,
-            "AWS_SECRET_ACCESS_KEY": self.secret_key,
-            REGION_VARIABLE: DEFAULT_REGION,
-            **AWS_SDK_DEFAULTS,
-        }
+        """The variables a Khipu process (pyarrow's S3 file system, Spark's S3A) reaches this store with
+        (:func:`client_environment`). Hand it to a child's environment, never its argv."""
+        return client_environment(self.spec, self.credentials)
 
     def stop(self) -> bool:
         """Stop its process group; True if it was running."""
         return stop_process_group(self.pid)
+
+
+def client_environment(spec: ObjectStoreSpec, credentials: Credentials) -> dict[str, str]:
+    """What reaches the store: the endpoint, the credentials, the region, and the AWS SDKs' checksums only where
+    S3 requires them (what :mod:`khipu.storage.location` sets for any S3 API other than AWS's)."""
+    return {
+        ENDPOINT_VARIABLE: spec.endpoint,
+        "AWS_ACCESS_KEY_ID": credentials.access_key,
+        "AWS_SECRET_ACCESS_KEY": credentials.secret_key,
+        REGION_VARIABLE: DEFAULT_REGION,
+        **AWS_SDK_DEFAULTS,
+    }
 
 
 _LOGBACK = """\

@@ -32,7 +32,13 @@ from khipu.localstack.airflow import (
 )
 from khipu.localstack.broker import BrokerError, BrokerSpec, start_broker
 from khipu.localstack.keeper import read_exits
-from khipu.localstack.object_store import ObjectStoreError, ObjectStoreSpec, start_object_store
+from khipu.localstack.object_store import (
+    ObjectStoreError,
+    ObjectStoreSpec,
+    client_environment,
+    ensure_credentials,
+    start_object_store,
+)
 from khipu.localstack.processes import ProcessTable, child_env, port_open
 from khipu.registry.loader import load_registry
 from khipu.report.exporter import ExporterConfig
@@ -81,6 +87,16 @@ def object_store_spec(settings: KhipuSettings) -> ObjectStoreSpec:
     """The local stack's object store: S3Proxy on 127.0.0.1:<KHIPU_OBJECT_STORE_PORT>, bucket ``khipu``, under the
     state folder."""
     return ObjectStoreSpec(_paths(settings)["s3proxy"], port=settings.object_store_port)
+
+
+def data_environment(settings: KhipuSettings, spec: ObjectStoreSpec) -> dict[str, str]:
+    """What the stack's processes need to reach Khipu's data: nothing for local folders (the default); for an
+    object-store ``KHIPU_DATA_URL`` without an endpoint of its own (``KHIPU_S3_ENDPOINT``), the stack's S3Proxy and
+    its credentials (kept owner-only in its folder), so ``KHIPU_DATA_URL=s3a://khipu/<prefix>`` is the one setting
+    that moves the local stack's data into it."""
+    if settings.data.is_local or settings.s3_endpoint:
+        return {}
+    return client_environment(spec, ensure_credentials(spec.credentials_path))
 
 
 def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
@@ -155,7 +171,10 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
     store.close()
     say(f"store: {store.safe_url} at the newest schema")
 
-    env = child_env(airflow_env(settings, paths["airflow_home"]))
+    data_env = data_environment(settings, object_store_spec(settings))
+    if data_env:
+        say(f"data: {settings.data.url}, in the stack's object store ({data_env['KHIPU_S3_ENDPOINT']})")
+    env = child_env({**airflow_env(settings, paths["airflow_home"]), **data_env})
     if (airflow := table.running(AIRFLOW)) is not None:
         say(f"airflow: already running (pid {airflow.pid})")
     else:
@@ -205,7 +224,7 @@ def up(settings: KhipuSettings, say: Callable[[str], None] = print) -> None:
         started = table.spawn(
             EXPORTER,
             [str(Path(sys.executable).parent / "khipu"), "exporter"],
-            child_env({**settings.as_env(), "KHIPU_EXPORTER_TOKEN": exporter_token}),  # its environment, never argv
+            child_env({**settings.as_env(), **data_env, "KHIPU_EXPORTER_TOKEN": exporter_token}),  # never argv
             paths["logs"] / "exporter.log",
             f"Prometheus metrics on {_metrics_url(exporter_config, paths['exporter_token'])}",
             cwd=project_root(),
