@@ -25,6 +25,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from functools import partial
 from pathlib import Path
 from subprocess import STDOUT
@@ -272,7 +273,7 @@ def _head(migrations: Path) -> str:
 
 
 def _schema_version(store_url: str) -> str:
-    with _sqlite(store_url) as db:
+    with closing(_sqlite(store_url)) as db:
         return str(db.execute("SELECT version_num FROM alembic_version").fetchone()[0])
 
 
@@ -282,7 +283,7 @@ def _sqlite(store_url: str) -> sqlite3.Connection:
 
 
 def _latest_beat(store_url: str) -> dict[str, Any]:
-    with _sqlite(store_url) as db:
+    with closing(_sqlite(store_url)) as db:
         db.row_factory = sqlite3.Row
         row = db.execute("SELECT * FROM detector_heartbeat WHERE query_name = ? ORDER BY at_ms DESC, id DESC LIMIT 1",
                          (DETECTOR_QUERY,)).fetchone()  # fmt: skip
@@ -290,7 +291,7 @@ def _latest_beat(store_url: str) -> dict[str, Any]:
 
 
 def _stored_messages(store_url: str) -> set[str]:
-    with _sqlite(store_url) as db:
+    with closing(_sqlite(store_url)) as db:
         return {message_id for (message_id,) in db.execute("SELECT message_id FROM verdicts")}
 
 
@@ -298,13 +299,16 @@ def _old_index_rows(path: Path) -> set[tuple[str, int]]:
     """(message id, batch key) of the previous release's decided index (an SQLite file); none before it exists."""
     if not path.exists():
         return set()
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30) as db:
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)) as db:
         return {(m, int(b)) for m, b in db.execute("SELECT message_id, batch_id FROM decided")}
 
 
 def _old_in_flight(store_url: str, index: Path) -> bool:
     """Whether the previous release's detector holds messages in flight and has decided some of their hops."""
-    return bool(_latest_beat(store_url).get("state_rows")) and bool(_old_index_rows(index))
+    try:
+        return bool(_latest_beat(store_url).get("state_rows")) and bool(_old_index_rows(index))
+    except sqlite3.OperationalError:  # the index file made, its tables not yet
+        return False
 
 
 def _decided_imports(store: Store) -> list[tuple[str, int]]:
