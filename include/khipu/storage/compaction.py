@@ -8,9 +8,10 @@ hour rewrites it as
 
 P files of about ``target_bytes`` each (P = the hour's bytes / target, rounded up; at least 1, at most
 :data:`MAX_PARTS`). File ``b`` holds every row whose message id hashes to bucket ``b`` (:func:`key_buckets`), each
-row once (a row written twice is kept once: :func:`distinct_rows`), sorted as the archive sorts (its
-:class:`CompactionSpec`), in row groups of the archive's size. What an hour's rows are does not change; how many
-files hold them does.
+row once (a row written twice is kept once: :func:`distinct_rows`), in the order and row groups the archive's
+:class:`CompactionSpec` says (the verdict archive: sorted by message id and hop in row groups of 8,192, as a
+micro-batch's file; the trace archive: batch after batch, as the detector wrote them). What an hour's rows are does
+not change; how many files hold them does.
 
 **The names.** ``batch_id=-2`` is an integer partition value like a micro-batch's, so Spark's partition discovery
 (reconciliation reads an archive with ``basePath``: ``hour`` and ``batch_id`` columns) reads a compacted hour as it
@@ -48,7 +49,7 @@ import math
 import re
 import tempfile
 import uuid
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +71,7 @@ READ_ROWS = 65_536  # rows read at a time from the inputs
 _BASE = np.uint64(0x100000001B3)  # the polynomial hash's base (FNV's prime)
 _MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))  # splitmix64's finaliser
 _SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31))
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # combines the probe columns' hashes of a row
 
 
 class CompactionError(ValueError):
@@ -82,9 +84,10 @@ class CompactionSpec:
 
     name: str  # "trace archive", "verdict archive": in messages
     schema: pa.Schema  # the archive's columns: every input is read as this (a column an older file lacks: null)
-    sort_by: tuple[str, ...]  # the rows' order in a file
+    sort_by: tuple[str, ...]  # the rows' order in a file (none: as the inputs held them, batch after batch)
     row_group_rows: int  # a point lookup decodes a row group of this many rows per file
     key: str = "message_id"  # what a reader looks rows up by: files are bucketed by it
+    probe: tuple[str, ...] = ("message_id",)  # columns that seldom repeat together: rows equal in all are compared
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,12 +155,15 @@ def list_hour(root: Location, hour_folder: str) -> HourListing:
     """The hour's batch folders and data files (two listings of the hour folder)."""
     folder = root / hour_folder
     base = folder.path.rstrip("/") + "/"
-    files = tuple(
-        ArchivedFile(info.path.removeprefix(base), int(info.size or 0))
-        for info in folder.file_infos(recursive=True)
-        if info.path.endswith(".parquet") and info.path.removeprefix(base).startswith(BATCH_PREFIX)
-    )
-    return HourListing(hour_folder, tuple(folder.child_folders(BATCH_PREFIX)), files)
+    files = sorted(
+        (
+            ArchivedFile(info.path.removeprefix(base), int(info.size or 0))
+            for info in folder.file_infos(recursive=True)
+            if info.path.endswith(".parquet") and info.path.removeprefix(base).startswith(BATCH_PREFIX)
+        ),
+        key=lambda file: (_batch_id(file.folder) or 0, file.name),
+    )  # in batch order (a compaction's parts first): the rows of an archive that keeps them as written stay in order
+    return HourListing(hour_folder, tuple(folder.child_folders(BATCH_PREFIX)), tuple(files))
 
 
 def parts_for(total_bytes: int, target_bytes: int) -> int:
@@ -204,7 +210,9 @@ def compact_hour(
                 if not table.num_rows:
                     continue
                 rows_before += table.num_rows
-                table = distinct_rows(table).sort_by([(name, "ascending") for name in spec.sort_by])
+                table = distinct_rows(table, spec.probe)
+                if spec.sort_by:
+                    table = table.sort_by([(name, "ascending") for name in spec.sort_by])
                 rows_after += table.num_rows
                 name = f"{COMPACTED_FOLDER}/part-{generation}-{bucket:05d}-of-{parts:05d}.parquet"
                 data = parquet_bytes(table, row_group_size=spec.row_group_rows)
@@ -255,17 +263,53 @@ def _spill(inputs: ds.Dataset, spec: CompactionSpec, parts: int, work: Path) -> 
     return paths
 
 
-def distinct_rows(table: pa.Table) -> pa.Table:
-    """The table with each row once (equal in every column: a row written twice), in its first place."""
+def distinct_rows(table: pa.Table, probe: Sequence[str] = ()) -> pa.Table:
+    """The table with each row once (equal in every column: a row written twice), in its first place. ``probe``:
+    columns whose values seldom repeat together (the message id, a time): rows are hashed by them and only those
+    sharing a hash are compared in every column, which is cheap when few do (equal rows always share it)."""
     if not table.num_rows:
         return table
+    if not probe:
+        first = _first_of_equal(table)
+    else:
+        hashes = np.zeros(table.num_rows, dtype=np.uint64)
+        for name in probe:
+            hashes = _mixed(hashes * _GOLDEN + _column_hashes(table.column(name)))
+        _, inverse, counts = np.unique(hashes, return_inverse=True, return_counts=True)
+        shared = counts[inverse] > 1
+        if not shared.any():
+            return table
+        table = table.combine_chunks()  # Arrow's take from many chunks is slow
+        compared = np.flatnonzero(shared)
+        kept = compared[_first_of_equal(table.take(pa.array(compared)))]
+        first = np.sort(np.concatenate([np.flatnonzero(~shared), kept]))
+    return table if len(first) == table.num_rows else table.combine_chunks().take(pa.array(first))
+
+
+def _first_of_equal(table: pa.Table) -> np.ndarray:
+    """The positions (ascending) of each distinct row's first occurrence."""
     keys = {name: _comparable(table.column(name)) for name in table.column_names}
     row = "__row__"
     numbered = pa.table({**keys, row: pa.array(np.arange(table.num_rows, dtype=np.int64))})
     first = numbered.group_by(table.column_names, use_threads=False).aggregate([(row, "min")])
-    if first.num_rows == table.num_rows:
-        return table
-    return table.take(pa.array(np.sort(first.column(f"{row}_min").to_numpy())))
+    positions: np.ndarray = np.sort(first.column(f"{row}_min").to_numpy())
+    return positions
+
+
+def _column_hashes(column: pa.ChunkedArray) -> np.ndarray:
+    """A 64-bit hash of each value: text by :func:`key_hashes`, a whole number by its value (a null: apart from every
+    value); read a chunk of :data:`READ_ROWS` at a time (the hash of text takes 24 bytes per byte of it)."""
+    pieces = []
+    for chunk in column.chunks:
+        for start in range(0, len(chunk), READ_ROWS):
+            piece = chunk.slice(start, READ_ROWS)
+            if pa.types.is_integer(piece.type) or pa.types.is_boolean(piece.type):
+                values = pc.fill_null(piece.cast(pa.int64()), 0).to_numpy().astype(np.uint64)
+                valid = np.asarray(piece.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+                pieces.append(np.where(valid, _mixed(values + _GOLDEN), np.uint64(0)))
+            else:
+                pieces.append(key_hashes(_comparable(pa.chunked_array([piece])).cast(pa.string())))
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint64)
 
 
 def _comparable(column: pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
@@ -296,8 +340,12 @@ def key_hashes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     weights = np.cumprod(np.concatenate([[np.uint64(1)], np.full(max(longest - 1, 0), _BASE)]), dtype=np.uint64)
     terms = (data[start:end].astype(np.uint64) + np.uint64(1)) * weights[position]
     sums = np.concatenate([np.zeros(1, dtype=np.uint64), np.cumsum(terms, dtype=np.uint64)])
-    mixed: np.ndarray = sums[offsets[1:] - start] - sums[offsets[:-1] - start] + lengths.astype(np.uint64)
-    mixed ^= mixed >> _SHIFTS[0]
+    return _mixed(sums[offsets[1:] - start] - sums[offsets[:-1] - start] + lengths.astype(np.uint64))
+
+
+def _mixed(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser of each value (a new array): every input bit moves every output bit."""
+    mixed: np.ndarray = values ^ (values >> _SHIFTS[0])
     mixed *= _MIX[0]
     mixed ^= mixed >> _SHIFTS[1]
     mixed *= _MIX[1]

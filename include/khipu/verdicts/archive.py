@@ -83,7 +83,9 @@ SCHEMA = pa.schema(
 )
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 # A compacted hour (khipu.storage.compaction) keeps a micro-batch's order and row groups
-COMPACTION = compaction.CompactionSpec("verdict archive", SCHEMA, ("message_id", "hop"), ROW_GROUP_ROWS)
+COMPACTION = compaction.CompactionSpec(
+    "verdict archive", SCHEMA, sort_by=("message_id", "hop"), row_group_rows=ROW_GROUP_ROWS, probe=("message_id", "hop")
+)
 
 
 class VerdictArchiveError(InvalidSetting):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from khipu.retention.compaction import CLOSED_MARGIN_MS, compact_archive, compact_archives, why_open
@@ -18,7 +19,7 @@ from khipu.storage.location import Location
 from khipu.store import Store
 from khipu.trace import archive
 from khipu.trace.archive import HOUR_MS, hour_of
-from khipu.verdicts.archive import COMPACTION, VerdictArchive, verdict_table
+from khipu.verdicts.archive import COMPACTION, ROW_GROUP_ROWS, VerdictArchive, verdict_table
 
 T0 = 1_795_000_000_000 // HOUR_MS * HOUR_MS  # an hour's start
 H0, H1, H2 = hour_of(T0), hour_of(T0 + HOUR_MS), hour_of(T0 + 2 * HOUR_MS)
@@ -171,3 +172,22 @@ def test_the_verdict_search_finds_after_compaction_everything_the_index_names(tm
         verdicts.index.prune(T0 + 3 * HOUR_MS)  # the detector keeps the index 2.5 h: older messages are scanned
         assert verdicts.index.find(ids) == {}
         assert verdicts.search(ids).rows == before.rows
+
+
+def test_a_compacted_verdict_hour_keeps_a_batchs_sort_and_row_groups(tmp_path: Path, store: Store) -> None:
+    """Five batches of 4,000 verdicts (written each sorted by message id and hop) become one file sorted the same,
+    in row groups of 8,192: a point lookup decodes one of them."""
+    root = tmp_path / "verdicts"
+    with VerdictArchive(root, store) as verdicts:
+        for batch in range(5):
+            rows = [
+                delivered(f"m-{(i * 7919 + batch) % 20_000:05d}", T0 + batch * 1_000 + i % 500) for i in range(4_000)
+            ]
+            verdicts.write_batch(batch, verdict_table(rows))
+        verdicts.write_batch(5, verdict_table([]))
+    compact_archive(Location.of(root), COMPACTION, END + MARGIN, 1 << 30)
+    [part] = root.glob(f"hour={H0}/{COMPACTED_FOLDER}/*.parquet")
+    keys = pq.read_table(part, columns=["message_id", "hop"]).to_pylist()
+    assert len(keys) == 20_000 and keys == sorted(keys, key=lambda k: (k["message_id"], k["hop"]))
+    metadata = pq.ParquetFile(part).metadata
+    assert [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)] == [ROW_GROUP_ROWS] * 2 + [3_616]
