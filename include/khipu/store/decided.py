@@ -7,8 +7,8 @@ file beside the archive, so that every host reaching the store reaches it, where
 
 A micro-batch is 25,000 messages at 25,000 traces/s, so each call is one statement whatever its size: a batch's
 rows go in by ``COPY`` on PostgreSQL (a CSV stream through psycopg2) and by one ``executemany`` on SQLite, in key
-order; the ids looked for go as one JSON array joined on the key (``json_array_elements_text`` on PostgreSQL,
-``json_each`` on SQLite).
+order; the ids looked for go as one JSON array, each looked up by the key (``json_array_elements_text`` on
+PostgreSQL, ``json_each`` on SQLite).
 """
 
 from __future__ import annotations
@@ -37,10 +37,12 @@ _COLUMNS = ("message_id", "batch_id", "first_seen_ms", "hour")
 _COPY = f"COPY {schema.decided.name} ({', '.join(_COLUMNS)}) FROM STDIN WITH (FORMAT csv, FORCE_NULL (first_seen_ms))"
 _INSERT = f"INSERT INTO {schema.decided.name} ({', '.join(_COLUMNS)}) VALUES (?, ?, ?, ?)"
 _FIND = {  # the ids as one JSON array (:ids), joined on the key
+    # PostgreSQL: each id looked up by the key's index (OFFSET 0 keeps the planner from turning the lateral lookup
+    # into a join, which it may run as a scan of the whole table when its statistics are missing or old)
     "postgresql": text(
         "SELECT d.message_id, d.batch_id, d.first_seen_ms, d.hour "
-        f"FROM json_array_elements_text(CAST(:ids AS json)) AS j(id) JOIN {schema.decided.name} AS d "
-        "ON d.message_id = j.id"
+        "FROM json_array_elements_text(CAST(:ids AS json)) AS j(id) CROSS JOIN LATERAL "
+        f"(SELECT * FROM {schema.decided.name} WHERE message_id = j.id OFFSET 0) AS d"
     ),
     "sqlite": text(
         "SELECT d.message_id, d.batch_id, d.first_seen_ms, d.hour "
