@@ -230,16 +230,23 @@ class ReadProgress:
 class BatchKeys:
     """Micro-batch ids made unique across checkpoints: a new checkpoint starts again at batch 0, and its outputs
     (archive folders, the decided index, metric parts) must not replace an earlier checkpoint's. A batch's key
-    is ``epoch_s * SPAN + batch_id``, ``epoch_s`` the second its checkpoint was first started."""
+    is ``epoch_s * SPAN + first_batch + batch_id``, ``epoch_s`` the second its checkpoint was first started.
+
+    A checkpoint a rescale wrote (:mod:`khipu.detector.rescale`) continues the one it rescaled: the same
+    ``epoch_s``, and ``first_batch`` the key after that one's last committed batch, so its batch 0 replaces what an
+    unfinished batch of the other wrote, as Spark's own replay of that batch would."""
 
     epoch_s: int = 0
+    first_batch: int = 0
 
     SPAN: ClassVar[int] = 10**8  # batch ids per checkpoint: six years of 2-second batches
 
     def key(self, batch_id: int) -> int:
-        if not 0 <= batch_id < self.SPAN:
-            raise ValueError(f"micro-batch id {batch_id} out of 0..{self.SPAN - 1}: start a new checkpoint")
-        return self.epoch_s * self.SPAN + batch_id
+        if batch_id < 0 or not self.first_batch + batch_id < self.SPAN:
+            raise ValueError(
+                f"micro-batch id {batch_id} out of 0..{self.SPAN - 1 - self.first_batch}: start a new checkpoint"
+            )
+        return self.epoch_s * self.SPAN + self.first_batch + batch_id
 
 
 class DetectorWriter:
