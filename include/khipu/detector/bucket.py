@@ -380,6 +380,13 @@ class BucketJudge:
             changed=changed,
         )
 
+    def restated(self, state: BucketState) -> BucketState:
+        """The state under the current routes: as it is when kept under them (or before routes were recorded),
+        else restated as :meth:`evaluate` would at its next evaluation (:meth:`_under_current_routes`)."""
+        if state.routes is None or state.routes == self.fingerprint or not state.messages.num_rows:
+            return state
+        return self._under_current_routes(state)
+
     # -- pieces ---------------------------------------------------------------------------------------------
 
     def _under_current_routes(self, state: BucketState) -> BucketState:

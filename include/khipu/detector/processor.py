@@ -7,6 +7,9 @@ traces; it yields one row per bucket evaluated: its verdicts packed, its message
 the heartbeat, and the asks of its lookups that a cluster did not answer (for the driver's log). The records
 themselves (traces for the archive, emitter marks, malformed records) reach the writer beside it, from the same
 shuffle (:func:`khipu.detector.job.judged_and_records`).
+
+In the first batch of a checkpoint a rescale wrote, Spark hands it each bucket's share of the old checkpoint's
+messages in flight as initial state (:meth:`VerdictProcessor.handleInitialState`, :mod:`khipu.detector.handover`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from khipu.detector.bucket import (
     Lookups,
     RouteIds,
 )
+from khipu.detector.handover import merge_states, wake_ms
 from khipu.detector.model import (
     CommitHistoryLookup,
     CommittedLookup,
@@ -50,6 +54,7 @@ from khipu.detector.records import TRACE
 from khipu.detector.routes import RoutePlans
 from khipu.registry.model import Registry
 
+STATE_VAR = "bucket"  # the value state of a bucket's messages in flight: what a rescale reads (khipu.detector.rescale)
 STATE_SCHEMA = "blob binary"  # the bucket's messages in flight (BucketState.encode)
 TIMER_SCHEMA = "timer_ms long"  # apart: a timer moved without anything new does not rewrite the blob
 
@@ -86,7 +91,7 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.state = handle.getValueState("bucket", STATE_SCHEMA)
+        self.state = handle.getValueState(STATE_VAR, STATE_SCHEMA)
         self.timer = handle.getValueState("timer", TIMER_SCHEMA)
 
     def handleInputRows(
@@ -97,6 +102,27 @@ class VerdictProcessor(StatefulProcessor):  # type: ignore[misc]
             records.filter(pc.equal(records.column("kind"), TRACE)).select(list(TRACE_STATE.names)).combine_chunks()
         )
         yield from self._evaluate(int(key[0]), traces, timerValues.getCurrentProcessingTimeInMs(), fired=False)
+
+    def handleInitialState(self, key: Any, initialState: pd.DataFrame, timerValues: TimerValues) -> None:
+        """The first batch of a rescaled checkpoint: this bucket's slices of the old buckets' states (Spark may hand
+        a bucket's rows over in several calls), merged into its state, and its timer set to when the first of its
+        messages wants looking at, as the old buckets' timers were (in the past: this batch evaluates it)."""
+        stored = self.state.get()
+        parts = [BucketState.decode(bytes(stored[0]))] if stored else []
+        parts += [BucketState.decode(bytes(blob)) for blob in initialState["blob"] if blob is not None]
+        state = merge_states(parts, self.judge.restated)
+        wake = wake_ms(state)
+        if wake is None:
+            return
+        wake = max(wake, 1)  # a timer of 0 would read as none (_evaluate)
+        self.state.update((state.encode(),))
+        registered = self.timer.get()
+        if registered and int(registered[0]) == wake:
+            return
+        if registered:  # an earlier slice of this bucket's set it later
+            self.handle.deleteTimer(int(registered[0]))
+        self.handle.registerTimer(wake)
+        self.timer.update((wake,))
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
