@@ -35,7 +35,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from khipu.alerting.decide import DETECTOR_ALERT_KIND, detector_alert
 from khipu.alerting.model import AlertState, alert_from
 from khipu.alerting.trail import check_trail
-from khipu.detector.checkpoint import checkpoint_sizing
+from khipu.detector.checkpoint import checkpoint_sizing, query_checkpoint
 from khipu.detector.driver import read_driver_record, stop_driver
 from khipu.detector.launch import connector_jars, throughput_settings, write_connections_file
 from khipu.detector.model import DETECTOR_QUERY
@@ -259,7 +259,7 @@ def restart_detector(
     target = spark_target(spark_conn_id)
     try:
         asked = sizing(target, params or {})
-        buckets, partitions = asked.settled(checkpoint_sizing(checkpoint_dir() / DETECTOR_QUERY))
+        buckets, partitions = asked.settled(checkpoint_sizing(query_checkpoint(checkpoint_dir())))
     except InvalidSetting as exc:  # no retry makes it right
         raise AirflowFailException(f"the detector is not restarted: {exc}") from None
     stopped = stop_detector()

@@ -22,11 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, GroupedData, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from khipu.detector.bucket import route_ids, routes_fingerprint
-from khipu.detector.checkpoint import EPOCH_FILE, Epoch, read_epoch, write_epoch
+from khipu.detector.checkpoint import EPOCH_FILE, Epoch, query_checkpoint, read_epoch, write_epoch
 from khipu.detector.clock import source_offsets
 from khipu.detector.committed import (
     ClusterClients,
@@ -36,6 +36,7 @@ from khipu.detector.committed import (
     RecordRemovals,
     StreamReadProgress,
 )
+from khipu.detector.handover import HANDOVER_DDL, HANDOVER_STATE, pending_handover
 from khipu.detector.launch import DetectorJobError, check_deployment
 from khipu.detector.model import DETECTOR_QUERY, DetectorConfig
 from khipu.detector.outage import SOURCE_OPTIONS, OutageWatch, WaitingReporter
@@ -192,7 +193,11 @@ def read_traces(spark: SparkSession, job: DetectorJob) -> DataFrame:
 
 
 def judged_and_records(
-    kafka_rows: DataFrame, decoder: RecordDecoder, processor: VerdictProcessor, partitions: int
+    kafka_rows: DataFrame,
+    decoder: RecordDecoder,
+    processor: VerdictProcessor,
+    partitions: int,
+    initial_state: GroupedData | None = None,
 ) -> DataFrame:
     """The trace topic's records, decoded and packed by bucket in Python (:class:`khipu.detector.parse.RecordDecoder`)
     and shuffled once, and what the processor decides from them, in one frame of
@@ -200,11 +205,16 @@ def judged_and_records(
     evaluated (kind ``judged``). Both sides read the same shuffle, which Spark runs once (``ReusedExchange`` in the
     plan; ``test_detector.py`` checks it). The processor's side comes first in the union, as it had to before the
     records were packed (as the union's first child the records' side then kept an alias the other side's copy
-    dropped, and the two shuffles were no longer equal)."""
+    dropped, and the two shuffles were no longer equal). ``initial_state``: a rescale's hand-over by bucket, which the
+    processor takes in the checkpoint's first batch (:mod:`khipu.detector.handover`)."""
     packed = kafka_columns(kafka_rows).mapInArrow(decoder, PACKED_SCHEMA)
     shuffled = packed.repartition(partitions, "bucket")
     judged = shuffled.groupBy("bucket").transformWithStateInPandas(
-        statefulProcessor=processor, outputStructType=PACKED_SCHEMA, outputMode="Update", timeMode="ProcessingTime"
+        statefulProcessor=processor,
+        outputStructType=PACKED_SCHEMA,
+        outputMode="Update",
+        timeMode="ProcessingTime",
+        initialState=initial_state,
     )
     return judged.unionByName(shuffled)
 
@@ -247,7 +257,8 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
     clients = ClusterClients(job.connections_by_cluster(sorted(registry.clusters)), job.store_url)
     removals = RecordRemovals(clients)
     plans = RoutePlans.of(registry)
-    epoch_s, first_start = checkpoint_epoch(job.checkpoint_dir / DETECTOR_QUERY, int(time.time()), job.buckets)
+    query_dir = query_checkpoint(job.checkpoint_dir)  # khipu_detector, or the folder a rescale wrote
+    epoch_s, first_start = checkpoint_epoch(query_dir, int(time.time()), job.buckets)
     carried = carried_over_offsets(job.checkpoint_dir, job.trace_topic) if first_start else None
     if carried is not None and job.starting_offsets == "earliest":
         log.info("upgraded from the two-query detector: reading %s from where its archive query stopped: %s",
@@ -259,7 +270,15 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
             store.heartbeat.start_over(DETECTOR_QUERY, int(time.time() * 1000))
         finally:
             store.close()
-    earlier_routes = known_routes(job.checkpoint_dir / DETECTOR_QUERY, plans)
+    handover, initial_state = pending_handover(query_dir), None
+    if handover is not None:  # a rescale's: read on from where the old checkpoint stopped, with its messages in flight
+        log.info("rescaled from %s (%d buckets, batch %d) to %d buckets: %d messages in flight taken over",
+                 handover.source, handover.from_buckets, handover.batch, handover.buckets,
+                 handover.messages)  # fmt: skip
+        job = dataclasses.replace(job, starting_offsets=handover.starting_offsets(job.trace_topic))
+        slices = spark.read.schema(HANDOVER_DDL).parquet((query_dir / HANDOVER_STATE).spark_url)
+        initial_state = slices.select("bucket", "blob").groupBy("bucket")
+    earlier_routes = known_routes(query_dir, plans)
     committed = CommittedOffsets(clients)
     read_progress = StreamReadProgress(job.store_url, (DETECTOR_QUERY,), clients.not_answered)
     processor = VerdictProcessor(
@@ -277,7 +296,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         clients.take_unanswered,
     )
     decoder = RecordDecoder(tuple(registry.streams), plans.hop_keys(), job.buckets)
-    judged = judged_and_records(read_traces(spark, job), decoder, processor, job.shuffle_partitions)
+    judged = judged_and_records(read_traces(spark, job), decoder, processor, job.shuffle_partitions, initial_state)
     writer = DetectorWriter(
         job.store_url,
         job.archive_dir.url,
@@ -288,11 +307,11 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
         known_streams=tuple(registry.streams),
         hops=plans.described(),
         feeders=plans.feeders(),
-        batch_keys=BatchKeys(epoch_s),
+        batch_keys=BatchKeys(epoch_s, (read_epoch(query_dir) or Epoch(epoch_s, None)).first_batch),
         figures=figures,
         reporter=reporter,
         progress=ReadProgress(
-            job.checkpoint_dir / DETECTOR_QUERY,
+            query_dir,
             DETECTOR_QUERY,
             job.trace_topic,
             job.trace_connection,
@@ -303,7 +322,7 @@ def start_detector(spark: SparkSession, job: DetectorJob) -> list[StreamingQuery
     query = (
         judged.writeStream.queryName(DETECTOR_QUERY)
         .foreachBatch(writer)
-        .option("checkpointLocation", (job.checkpoint_dir / DETECTOR_QUERY).spark_url)
+        .option("checkpointLocation", query_dir.spark_url)
         .trigger(processingTime=f"{job.trigger_seconds} seconds")
         .start()
     )
