@@ -1,6 +1,6 @@
 """The decided-messages index's two calls per detector micro-batch, timed (not a test).
 
-    .venv/bin/python bench/decided_index.py [--held 1000000] [--batch 25000] [--runs 7]
+    .venv/bin/python bench/decided_index.py [--held 1000000] [--batch 25000] [--runs 7] [--only sqlite|postgresql]
 
 The detector's verdict writer, every micro-batch (25,000 messages at 25,000 traces/s), asks the verdict
 archive's index which earlier batches decided the messages it judged (``find``) and records the batch's own
@@ -8,29 +8,42 @@ archive's index which earlier batches decided the messages it judged (``find``) 
 ``--batch`` random 32-hex message ids, as the writer records them), then times, ``--runs`` times after one
 untimed warm-up of each: ``find`` of ``--batch`` ids, half of them held (random ones, from every batch) and half
 never recorded; ``record`` of a new ``--batch``-message batch; ``record`` of that batch again (a replay, which
-replaces its rows). Each clock covers the one call, as the writer makes it, commit included, on a kept index (the
-writer keeps its own). Prints the median and the range of the runs; none has a target.
+replaces its rows). Each clock covers the one call, as the writer makes it, commit included, on an index and store
+kept open (the writer keeps its own, with the store's pooled connection). Prints the median and the range of the
+runs; none has a target.
 
-Backend: the index as this release keeps it, an SQLite file beside the verdict archive (``DecidedIndex(path)``).
+Backends: the index as this release keeps it, in the store (``store.decided`` through ``DecidedIndex(store)``): a
+fresh SQLite store file, and a fresh database on the PostgreSQL server ``KHIPU_BENCH_POSTGRES_DSN`` names (an admin
+DSN; default the local one ``make test`` starts), dropped afterwards. The release before kept it in an SQLite file
+beside the verdict archive: this script at commit 1e96a77 times that file the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psycopg2
+
 from figures import NO_TARGET
+from khipu.store import Store
 from khipu.trace.archive import HOUR_MS, hour_of
 from khipu.verdicts.archive import DecidedIndex
 
 T = TypeVar("T")
+BENCH_POSTGRES_DSN = os.environ.get(
+    "KHIPU_BENCH_POSTGRES_DSN", "host=127.0.0.1 port=5432 dbname=postgres user=khipu_test connect_timeout=5"
+)
+BACKENDS = {"sqlite": "SQLite store", "postgresql": "PostgreSQL store"}
 
 
 def random_ids(count: int) -> list[str]:
@@ -46,8 +59,12 @@ def timed(call: Callable[..., T], *args: Any) -> tuple[T, float]:
     return result, time.perf_counter() - start
 
 
-def measure(index: DecidedIndex, held: int, batch: int, runs: int) -> dict[str, list[float]]:
-    """Fill the index with ``held`` rows, then time ``runs`` finds, records and replays (after a warm-up)."""
+def measure(
+    index: DecidedIndex, held: int, batch: int, runs: int, size_bytes: Callable[[], int]
+) -> tuple[dict[str, list[float]], float]:
+    """Fill the index with ``held`` rows, then time ``runs`` finds, records and replays (after a warm-up). Returns
+    the seconds of each, and the bytes a row took once filled (``size_bytes``: the store's, before and after)."""
+    empty = size_bytes()
     now_ms = int(time.time() * 1000)
     batches = held // batch
     recorded: list[list[str]] = []
@@ -56,7 +73,9 @@ def measure(index: DecidedIndex, held: int, batch: int, runs: int) -> dict[str, 
         ids = random_ids(batch)
         index.record(number, [(m, now_ms, hour_of(now_ms - (batches - number) * 2_000)) for m in ids])
         recorded.append(ids)
-    print(f"  filled: {index.count():,} rows in {time.perf_counter() - started:.1f} s", flush=True)
+    filled = index.count()
+    per_row = (size_bytes() - empty) / filled
+    print(f"  filled: {filled:,} rows in {time.perf_counter() - started:.1f} s, {per_row:.0f} bytes a row", flush=True)
     spent: dict[str, list[float]] = {"find": [], "record": [], "replay": []}
     for run in range(runs + 1):  # the first: a warm-up, not counted
         known = [recorded[(run * 7 + n) % batches][(run * 13 + n) % batch] for n in range(batch // 2)]
@@ -72,7 +91,49 @@ def measure(index: DecidedIndex, held: int, batch: int, runs: int) -> dict[str, 
             spent["find"].append(took)
             spent["record"].append(wrote)
             spent["replay"].append(again)
-    return spent
+    return spent, per_row
+
+
+def size_of(store: Store) -> int:
+    """The bytes the store takes: SQLite's file, its write-ahead log folded in first; on PostgreSQL the index's
+    tables with their indexes (nothing else of a fresh database grows)."""
+    with store.engine.begin() as tx:
+        if tx.dialect.name == "postgresql":
+            sizes = " + ".join(f"pg_total_relation_size('{table}')" for table in ("decided", "decided_batches"))
+            return int(tx.exec_driver_sql(f"SELECT {sizes}").scalar_one())
+        tx.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    return store.engine.size_bytes() or 0
+
+
+@contextmanager
+def store_of(backend: str, work: Path) -> Iterator[Store]:
+    """A fresh, migrated store: an SQLite file in ``work``, or a database of its own on the PostgreSQL server
+    (dropped afterwards)."""
+    if backend == "sqlite":
+        store = Store(f"sqlite:///{work / 'khipu.db'}")
+        store.migrate()
+        try:
+            yield store
+        finally:
+            store.close()
+        return
+    admin = psycopg2.connect(BENCH_POSTGRES_DSN)
+    admin.autocommit = True
+    database = f"khipu_bench_decided_{secrets.token_hex(4)}"
+    with admin.cursor() as cursor:
+        cursor.execute(f'CREATE DATABASE "{database}"')
+    try:
+        params = admin.get_dsn_parameters()
+        store = Store(f"postgresql+psycopg2://{params['user']}@{params['host']}:{params['port']}/{database}")
+        store.migrate()
+        try:
+            yield store
+        finally:
+            store.close()
+    finally:
+        with admin.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        admin.close()
 
 
 def figure(seconds: list[float]) -> str:
@@ -85,20 +146,25 @@ def main() -> None:
     parser.add_argument("--held", type=int, default=1_000_000, help="rows the index holds before the timed calls")
     parser.add_argument("--batch", type=int, default=25_000, help="messages a micro-batch judges (25,000 traces/s)")
     parser.add_argument("--runs", type=int, default=7, help="timed calls of each kind (after one warm-up)")
+    parser.add_argument("--only", choices=sorted(BACKENDS), help="one backend (default: both, one after the other)")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="khipu-decided-"))
-    try:
-        backend = "SQLite file (the verdict archive's _index/decided.sqlite)"
-        print(f"{backend}: filling {args.held:,} rows", flush=True)
-        index = DecidedIndex(work / "_index" / "decided.sqlite")
+    measured: list[tuple[str, dict[str, list[float]], float]] = []
+    for backend in [args.only] if args.only else list(BACKENDS):
+        work = Path(tempfile.mkdtemp(prefix="khipu-decided-"))
         try:
-            spent = measure(index, args.held, args.batch, args.runs)
+            print(f"{BACKENDS[backend]}: filling {args.held:,} rows", flush=True)
+            with store_of(backend, work) as store:
+                spent, per_row = measure(DecidedIndex(store), args.held, args.batch, args.runs, lambda: size_of(store))
+                measured.append((BACKENDS[backend], spent, per_row))
         finally:
-            index.close()
-        held = f"{args.held:,} rows held, random 32-hex ids"
-        print()
-        print(f"| measure ({held}; median (range) of {args.runs} runs after a warm-up) | figure | target |")
-        print("|---|---|---|")
+            shutil.rmtree(work, ignore_errors=True)
+    held = f"{args.held:,} rows held, random 32-hex ids"
+    print()
+    print(f"| measure ({held}; median (range) of {args.runs} runs after a warm-up) | figure | target |")
+    print("|---|---|---|")
+    for backend, spent, per_row in measured:
+        print(f"| {backend}: bytes a row takes, {args.held:,} rows held (the store's growth from empty) | "
+              f"{per_row:.0f} B | {NO_TARGET} |")  # fmt: skip
         lines = [
             (f"{backend}: find of {args.batch:,} ids, half held (clock: the call, to its dict of decisions)",
              spent["find"]),
@@ -109,8 +175,6 @@ def main() -> None:
         ]  # fmt: skip
         for label, seconds in lines:
             print(f"| {label} | {figure(seconds)} | {NO_TARGET} |")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
