@@ -4,13 +4,14 @@
 
 Writes synthetic traffic through Khipu's own writers, as the detector does at ``--rate`` traces/s with a 2 s
 trigger (``--batch`` traces a micro-batch): the trace archive (:func:`khipu.trace.archive.write_batch`), the
-verdict archive (:meth:`khipu.verdicts.archive.VerdictArchive.write_batch`, one plain DELIVERED per read hop,
-with its index rows in the store), and the SQL store's verdict rows with their history
-(:class:`khipu.verdicts.book.VerdictBook`, SQLite: the exceptions, a LOST or DUPLICATE, that the store keeps as
-rows). The traffic: messages of one stream on a
-three-hop route (a producer, a processor, a sink), each hop's SENT and RECEIVED trace: six traces and three
-verdicts a message. Prints bytes per trace and per verdict and, from them, the disk per day at ``--rate``; none
-of these figures has a target (each says "(no target)"): they are what disk and retention are planned by.
+verdict archive (:meth:`khipu.verdicts.archive.VerdictArchive.write_batch`, one plain DELIVERED per read hop)
+with its index (a row per message and micro-batch, in the SQL store), and the SQL store's verdict rows with their
+history (:class:`khipu.verdicts.book.VerdictBook`, SQLite: the exceptions, a LOST or DUPLICATE, that the store
+keeps as rows). The traffic: messages of one stream on a three-hop route (a producer, a processor, a sink), each
+hop's SENT and RECEIVED trace: six traces and three verdicts a message. Prints bytes per trace, per verdict and per
+index row and, from them, the disk per day at ``--rate`` (the index: its size at any time, the detector keeping
+``--index-keep-h`` of it); none of these figures has a target (each says "(no target)"): they are what disk and
+retention are planned by.
 """
 
 from __future__ import annotations
@@ -112,12 +113,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50_000, help="traces per micro-batch (25,000/s x 2 s)")
     parser.add_argument("--rate", type=int, default=25_000, help="traces/s the disk per day is given for")
     parser.add_argument("--store-verdicts", type=int, default=50_000, help="verdict rows written to the SQL store")
+    parser.add_argument(
+        "--index-keep-h",
+        type=float,
+        default=2.5,
+        help="hours the detector keeps the verdict archive's index (twice its max wait + 1 h: 2.5 by default)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="khipu-storage-"))
     try:
         at = int(time.time() * 1000) // 3_600_000 * 3_600_000
         per_batch = max(1, args.batch // 6)
-        written = verdicts = 0
+        written = verdicts = indexed_rows = 0
         store = Store(f"sqlite:///{work / 'khipu.db'}")
         store.migrate()
         empty = sqlite_bytes(store)
@@ -129,7 +136,9 @@ def main() -> None:
                 rows = delivered_of(table)
                 verdict_archive.write_batch(batch, verdict_table(rows))
                 hour = archive.hour_of(at + batch * 2_000)
-                verdict_archive.index.record(batch, {(r["message_id"], r["first_seen_ms"], hour) for r in rows})
+                indexed_rows += verdict_archive.index.record(
+                    batch, {(r["message_id"], r["first_seen_ms"], hour) for r in rows}
+                )
                 written, verdicts, batch = written + table.num_rows, verdicts + len(rows), batch + 1
                 print(f"  batch {batch}: {written:,} traces, {verdicts:,} archived verdicts", flush=True)
         trace_bytes = folder_bytes(work / "archive")
@@ -147,20 +156,24 @@ def main() -> None:
         sql_bytes = sqlite_bytes(store) - indexed
         store.close()
 
-        per_trace, per_verdict = trace_bytes / written, (verdict_files + index_bytes) / verdicts
-        per_row = sql_bytes / len(exceptions)
+        per_trace, per_verdict = trace_bytes / written, verdict_files / verdicts
+        per_index_row, per_row = index_bytes / indexed_rows, sql_bytes / len(exceptions)
         day = args.rate * DAY_S
+        index_rows = args.rate / 6 * args.index_keep_h * 3_600  # one row per message (six traces) and batch
         print()
         rows_label = f"SQL store (SQLite): bytes per verdict row with its history entry ({len(exceptions):,})"
         figures = [
             (f"trace archive: bytes per trace (zstd Parquet, {written:,} traces)", f"{per_trace:.1f} B"),
-            (f"verdict archive: bytes per archived DELIVERED verdict, files + index rows in the SQLite store "
-             f"({verdicts:,})",
-             f"{per_verdict:.1f} B ({verdict_files / verdicts:.1f} + {index_bytes / verdicts:.1f})"),
+            (f"verdict archive: bytes per archived DELIVERED verdict (zstd Parquet, {verdicts:,})",
+             f"{per_verdict:.1f} B"),
+            (f"the verdict archive's index in the SQL store (SQLite): bytes per row, one per message and micro-batch "
+             f"({indexed_rows:,})", f"{per_index_row:.0f} B"),
             (rows_label, f"{per_row:.0f} B"),
             (f"trace archive per day at {args.rate:,} traces/s", f"{per_trace * day / 1e9:,.0f} GB"),
             (f"verdict archive per day at {args.rate:,} traces/s (one verdict per two traces)",
              f"{per_verdict * day / 2 / 1e9:,.0f} GB"),
+            (f"the verdict archive's index at {args.rate:,} traces/s, held {args.index_keep_h:g} h (the detector "
+             "prunes it to that): its size at any time, not per day", f"{per_index_row * index_rows / 1e9:,.1f} GB"),
             ("SQL store per day per 1 % of messages kept as rows (3 hops a message)",
              f"{per_row * day / 6 * 3 * 0.01 / 1e9:,.1f} GB"),
         ]  # fmt: skip
