@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import shutil
 import statistics
 import tempfile
@@ -32,17 +31,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psycopg2
-
 from figures import NO_TARGET
 from khipu.store import Store
 from khipu.trace.archive import HOUR_MS, hour_of
 from khipu.verdicts.archive import DecidedIndex
+from postgres import postgres_database
 
 T = TypeVar("T")
-BENCH_POSTGRES_DSN = os.environ.get(
-    "KHIPU_BENCH_POSTGRES_DSN", "host=127.0.0.1 port=5432 dbname=postgres user=khipu_test connect_timeout=5"
-)
 BACKENDS = {"sqlite": "SQLite store", "postgresql": "PostgreSQL store"}
 
 
@@ -117,23 +112,13 @@ def store_of(backend: str, work: Path) -> Iterator[Store]:
         finally:
             store.close()
         return
-    admin = psycopg2.connect(BENCH_POSTGRES_DSN)
-    admin.autocommit = True
-    database = f"khipu_bench_decided_{secrets.token_hex(4)}"
-    with admin.cursor() as cursor:
-        cursor.execute(f'CREATE DATABASE "{database}"')
-    try:
-        params = admin.get_dsn_parameters()
-        store = Store(f"postgresql+psycopg2://{params['user']}@{params['host']}:{params['port']}/{database}")
+    with postgres_database("khipu_bench_decided") as url:
+        store = Store(url)
         store.migrate()
         try:
             yield store
         finally:
             store.close()
-    finally:
-        with admin.cursor() as cursor:
-            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        admin.close()
 
 
 def figure(seconds: list[float]) -> str:

@@ -42,6 +42,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ from khipu.storage.spark import hadoop_settings
 from khipu.store import Store
 from khipu.trace import Trace, TraceType, encode_trace
 from khipu.trace.codec import BATCH_MAX_BYTES, BATCH_MAX_TRACES, encode_batch
+from postgres import postgres_database
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = ROOT / "config" / "registry.yaml"
@@ -203,28 +205,15 @@ class Storage:
 
     label: str
     data: Location | None = None  # None: folders in the bench's work folder
-    postgres_dsn: str | None = None  # an admin DSN a new database per run is made with; None: SQLite
+    databases: ExitStack | None = None  # PostgreSQL databases made for its runs, dropped when closed; None: SQLite
 
     def store_url(self, work: Path, name: str) -> str:
-        if self.postgres_dsn is None:
+        if self.databases is None:
             return f"sqlite:///{work / f'{name}.db'}"
-        import psycopg2
-
-        admin = psycopg2.connect(self.postgres_dsn)
-        admin.autocommit = True
-        database = f"khipu_bench_{name.replace('-', '_')}_{os.getpid()}"
-        with admin.cursor() as cursor:
-            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-            cursor.execute(f'CREATE DATABASE "{database}"')
-        params = admin.get_dsn_parameters()
-        admin.close()
-        return f"postgresql+psycopg2://{params['user']}@{params['host']}:{params['port']}/{database}"
+        return self.databases.enter_context(postgres_database(f"khipu_bench_{name.replace('-', '_')}"))
 
 
 LOCAL_FILES = Storage("local files, SQLite store")
-BENCH_POSTGRES_DSN = os.environ.get(
-    "KHIPU_BENCH_POSTGRES_DSN", "host=127.0.0.1 port=5432 dbname=postgres user=khipu_test connect_timeout=5"
-)
 
 
 def object_storage(work: Path) -> tuple[ObjectStoreProcess, Storage]:
@@ -233,7 +222,7 @@ def object_storage(work: Path) -> tuple[ObjectStoreProcess, Storage]:
     store = start_object_store(ObjectStoreSpec.scratch(work / "s3"), work / "s3proxy.log")
     os.environ.update(store.environment())
     data = Location.of(f"s3a://{store.bucket}/bench")
-    return store, Storage("object store (s3proxy), PostgreSQL store", data, BENCH_POSTGRES_DSN)
+    return store, Storage("object store (s3proxy), PostgreSQL store", data, ExitStack())
 
 
 def s3_environment() -> dict[str, str]:
@@ -960,6 +949,8 @@ def main() -> int:
         stop_process_group(broker.pid)
         if object_store is not None:
             object_store.stop()
+        if remote is not None and remote.databases is not None:
+            remote.databases.close()  # the runs' PostgreSQL databases
         if args.keep:
             print(f"work kept in {work}", flush=True)
         else:
