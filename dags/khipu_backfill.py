@@ -65,6 +65,7 @@ def khipu_backfill() -> None:
     def check_window() -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
+        from khipu.clock import now_ms
         from khipu.errors import InvalidSetting
         from khipu.reconcile.window import ReconcileWindow, horizon_from_env, parse_time
         from khipu_airflow import reconcile
@@ -79,7 +80,7 @@ def khipu_backfill() -> None:
             )
         except InvalidSetting as exc:
             raise AirflowFailException(str(exc)) from None
-        checked = reconcile.check_window(window, STORE, pendulum.now("UTC").int_timestamp * 1000, scheduled=False)
+        checked = reconcile.check_window(window, STORE, now_ms(), scheduled=False)
         return {**checked, "dry_run": bool(params.get("dry_run"))}
 
     @task
@@ -93,10 +94,10 @@ def khipu_backfill() -> None:
 
     @task(outlets=[CONFIRMED_LOSSES])
     def announce_confirmed_losses(summary: dict[str, Any], outlet_events: Any = None) -> dict[str, Any]:
+        from khipu.clock import now_ms
         from khipu_airflow import reconcile
 
-        now_ms = pendulum.now("UTC").int_timestamp * 1000
-        return reconcile.announce_confirmed_losses(STORE, bool(summary.get("dry_run")), outlet_events, now_ms)
+        return reconcile.announce_confirmed_losses(STORE, bool(summary.get("dry_run")), outlet_events, now_ms())
 
     announce_confirmed_losses(reconcile_window(check_window()))
 

@@ -84,6 +84,7 @@ def khipu_reconcile() -> None:
     def check_window(data_interval_start: Any = None, data_interval_end: Any = None) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
+        from khipu.clock import now_ms
         from khipu.errors import InvalidSetting
         from khipu.reconcile.window import horizon_from_env, hourly_window
         from khipu_airflow import reconcile
@@ -96,7 +97,7 @@ def khipu_reconcile() -> None:
             )
         except InvalidSetting as exc:
             raise AirflowFailException(str(exc)) from None
-        return reconcile.check_window(window, STORE, pendulum.now("UTC").int_timestamp * 1000, scheduled=True)
+        return reconcile.check_window(window, STORE, now_ms(), scheduled=True)
 
     @task
     def reconcile_window(window: dict[str, Any]) -> dict[str, Any]:
@@ -108,10 +109,10 @@ def khipu_reconcile() -> None:
 
     @task(outlets=[CONFIRMED_LOSSES])
     def announce_confirmed_losses(summary: dict[str, Any], outlet_events: Any = None) -> dict[str, Any]:
+        from khipu.clock import now_ms
         from khipu_airflow import reconcile
 
-        now_ms = pendulum.now("UTC").int_timestamp * 1000
-        return reconcile.announce_confirmed_losses(STORE, bool(summary.get("dry_run")), outlet_events, now_ms)
+        return reconcile.announce_confirmed_losses(STORE, bool(summary.get("dry_run")), outlet_events, now_ms())
 
     announce_confirmed_losses(reconcile_window(check_window()))
 

@@ -8,10 +8,14 @@ with the driver, scored against what the applications really did.
   archive, the verdict archive, the detector's checkpoint and its driver record, reconciliation's working data;
 - **the DAGs**: ``khipu_detector`` submits the detector with ``spark_default`` = ``spark://…`` (client mode, as Spark
   standalone runs Python); the demo pipeline runs with every fault, messages delayed past the detector's maximum wait
-  and lost traces; ``khipu_backfill`` then reconciles the demo's window on the same cluster (the connection's master
-  wins over ``KHIPU_SPARK_MASTER``).
+  and lost traces; ``khipu_backfill`` (a dry run) and then ``khipu_reconcile`` (the hourly reconciliation, triggered
+  as by hand: the hour ending one horizon ago) reconcile the demo's window on the same cluster (the connection's master
+  wins over ``KHIPU_SPARK_MASTER``); ``khipu_resend``, scheduled on the confirmed losses the hourly run announced,
+  resends them from what the detector stored in the object store, and the demo's consumers take the resent records.
 
-The final verdicts equal the demo's ground truth (its ledger of what each application did), exactly.
+The backfill's and the hourly run's confirmed losses are the truth's losses, and the final verdicts equal the demo's
+ground truth (its ledger of what each application did), exactly; every loss ends RESENT, delivered once to exactly
+the groups that missed it.
 """
 
 from __future__ import annotations
@@ -32,18 +36,27 @@ from typing import Any
 import psutil
 import pytest
 
+import pendulum
+
 from khipu.clock import iso_text
 from khipu.demo.faults import FaultRates
-from khipu.demo.score import observable_messages, score
+from khipu.demo.ledger import build_truth, read_ledger
+from khipu.demo.pipeline import DemoConfig, run_demo
+from khipu.demo.recovery import recovery_report
+from khipu.demo.score import expected_verdicts, observable_messages, score
+from khipu.demo.topology import DEMO_STREAM, DemoTopology
 from khipu.detector.driver import read_driver_record
 from khipu.detector.model import DETECTOR_QUERY
 from khipu.localstack.broker import BrokerProcess
 from khipu.localstack.object_store import ObjectStoreProcess
 from khipu.localstack.spark_cluster import start_spark_cluster
 from khipu.process_group import ProcessTable
+from khipu.registry import load_registry
+from khipu.resend.copies import count_resent
 from khipu.storage.location import Location
 from khipu.store import Store
 from tests.integration.detector.conftest import REGISTRY, demo_traces, stored_verdicts, wait_until_settled
+from tests.integration.helpers import TEST_SESSION_TIMEOUT_MS
 from tests.integration.store.conftest import _postgres_database
 
 pytestmark = pytest.mark.integration
@@ -63,8 +76,23 @@ def run_dag(dag_id: str, conf: dict[str, Any] | None = None) -> Any:
     return DagBag(dag_folder=str(DAGS)).get_dag(dag_id).test(run_conf=conf)
 
 
+def run_dag_at(dag_id: str, logical_date: Any) -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(DAGS)).get_dag(dag_id).test(logical_date=logical_date)
+
+
 def task_states(run: Any) -> dict[str, str | None]:
     return {ti.task_id: ti.state for ti in run.get_task_instances()}
+
+
+def returned(run: Any, task_id: str) -> Any:
+    """What a task of the run returned (its XCom)."""
+    return run.get_task_instance(task_id).xcom_pull(task_ids=task_id)
+
+
+def named(changes: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(c["message_id"], c["hop"]) for c in changes}
 
 
 def applications(master_ui_port: int) -> dict[str, list[str]]:
@@ -74,7 +102,7 @@ def applications(master_ui_port: int) -> dict[str, list[str]]:
     return {state: sorted(app["name"] for app in page.get(state, [])) for state in ("activeapps", "completedapps")}
 
 
-def test_the_detector_and_a_backfill_from_their_dags_on_workers_that_share_nothing_are_exact(
+def test_the_detector_reconciliation_backfill_and_resend_from_their_dags_on_workers_that_share_nothing_are_exact(
     broker: BrokerProcess,
     object_store: ObjectStoreProcess,
     airflow_db: Path,
@@ -89,6 +117,8 @@ def test_the_detector_and_a_backfill_from_their_dags_on_workers_that_share_nothi
     cluster_dir = Path(tempfile.mkdtemp(prefix="khipu-cluster-"))  # outside the driver's 0700 folders
     cluster_dir.chmod(0o755)
     table = ProcessTable(state)
+    stream = load_registry(REGISTRY).stream(DEMO_STREAM)
+    topology = DemoTopology.from_stream(stream)
     with _postgres_database() as store_url:
         store = Store(store_url)
         store.migrate()
@@ -147,11 +177,37 @@ def test_the_detector_and_a_backfill_from_their_dags_on_workers_that_share_nothi
             assert any(r["verdict"] == "LOST" for r in streaming)  # provisional: reconciliation makes them final
 
             window = {"start": iso_text(started_ms - 60_000), "end": iso_text(demo_done_ms + 1_000)}
-            # the horizon passes (and 2 s more: the DAG's check reads the clock to the whole second)
-            time.sleep(max(0.0, (demo_done_ms + 1_000 + HORIZON_MS + 2_000 - time.time() * 1000) / 1000))
-            backfill = run_dag("khipu_backfill", {**window, "dry_run": False})
+            time.sleep(max(0.0, (demo_done_ms + 1_000 + HORIZON_MS - time.time() * 1000) / 1000))  # the horizon passes
+            before = stored_verdicts(store, data / "verdicts")
+            backfill = run_dag("khipu_backfill", {**window, "dry_run": True})
             assert task_states(backfill)["reconcile_window"] == "success", task_states(backfill)
+            predicted = returned(backfill, "reconcile_window")
+            assert stored_verdicts(store, data / "verdicts") == before  # a dry run writes nothing
+
+            # the hourly reconciliation as triggered by hand now: the hour ending one horizon ago
+            hourly = run_dag_at("khipu_reconcile", pendulum.now("UTC"))
+            assert task_states(hourly)["announce_confirmed_losses"] == "success", task_states(hourly)
+            checked, reconciled = returned(hourly, "check_window"), returned(hourly, "reconcile_window")
+            announced = returned(hourly, "announce_confirmed_losses")
             final = stored_verdicts(store, data / "verdicts")
+            confirmed = {(r["message_id"], r["hop"]) for r in final if r["verdict"] == "CONFIRMED_LOST"}
+
+            resend = run_dag("khipu_resend")  # as the confirmed losses' Asset event schedules it
+            assert task_states(resend)["resend_confirmed_losses"] == "success", task_states(resend)
+            resent_run = returned(resend, "resend_confirmed_losses")
+            # the demo's groups run on (nothing new produced) and take the resent records
+            again = DemoConfig(
+                bootstrap_servers=broker.bootstrap_servers, ledger_path=tmp_path / "mh-again.jsonl",
+                trace_topic=trace_topic, count=0, faults=FAULTS, seed=11, run_id="mh-again",
+                session_timeout_ms=TEST_SESSION_TIMEOUT_MS, progress_interval_s=60,
+            )  # fmt: skip
+            run_demo(again, topology, progress=lambda line: None)
+            deadline = time.monotonic() + 120
+            resent: set[tuple[str, str]] = set()
+            while time.monotonic() < deadline and resent != confirmed:
+                time.sleep(2)
+                resent = {(r["message_id"], r["hop"]) for r in store.verdicts.rows() if r["verdict"] == "RESENT"}
+            recovered = stored_verdicts(store, data / "verdicts")
             apps = applications(cluster.master_ui_port)
         finally:
             table.stop("detector", timeout_s=60)
@@ -167,12 +223,30 @@ def test_the_detector_and_a_backfill_from_their_dags_on_workers_that_share_nothi
     assert {"archive", "verdicts", "detector"} <= set(data.child_folders())
     assert not (state / "archive").exists() and not (state / "verdicts").exists()
     assert not (state / "detector" / "checkpoint").exists()
-    # exact against what the applications did
-    after = score(demo.truth, final)
+    truth = demo.truth
+    losses = {key for key, (verdict, _) in expected_verdicts(truth).items() if verdict == "LOST"}
+    assert losses and confirmed == losses  # the hourly run confirmed exactly the truth's losses ...
+    assert predicted["dry_run"] and named(predicted["confirmed_losses"]) == losses  # ... as the backfill foresaw
+    assert named(reconciled["confirmed_losses"]) == losses and named(reconciled["retracted"]) == named(
+        predicted["retracted"]
+    )
+    assert announced == {"count": len(losses)}
+    assert checked["end_ms"] >= demo_done_ms + 1_000  # the hour ending one horizon before the trigger holds the demo
+    after = score(truth, final)
     assert after.exact, (
         f"{after.matched}/{after.expected} matched; wrong {list(after.wrong.items())[:5]}; "
         f"missing {list(after.missing.items())[:5]}; extra {list(after.extra.items())[:5]}"
     )
     assert not any(r["verdict"] in ("LOST", "PENDING") for r in final)
-    confirmed = [r for r in final if r["verdict"] == "CONFIRMED_LOST"]
-    assert confirmed and all(r["decided_by"] == "reconciliation" for r in confirmed)
+    assert all(r["decided_by"] == "reconciliation" for r in final if r["verdict"] == "CONFIRMED_LOST")
+
+    # every loss resent once from what the detector stored, delivered to exactly the groups that missed it
+    assert resent_run["counts"] == {"produced": len(losses)}, resent_run
+    assert resent == confirmed
+    both = build_truth([*read_ledger(tmp_path / "mh.jsonl", run_id="mh"), *read_ledger(again.ledger_path)])
+    topics = [topology.source_topic.topic, topology.output_topic.topic]
+    copies = {m: n for m, n in count_resent(broker.connection(), topics).items() if m in both.messages}
+    report = recovery_report(both, recovered, stream, copies)
+    assert report.exact and report.losses == len(losses), report.lines()
+    recovered_score = score(both, recovered)
+    assert recovered_score.exact, (list(recovered_score.wrong.items())[:5], list(recovered_score.missing.items())[:5])
