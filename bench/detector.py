@@ -64,6 +64,7 @@ from khipu.detector.model import DetectorConfig
 from khipu.detector.packed import PACKED_SCHEMA, RECORD_FIELDS, unpack
 from khipu.detector.parse import RecordDecoder, kafka_columns
 from khipu.detector.routes import RoutePlans
+from khipu.detector.serial import serial_part
 from khipu.kafka import KafkaAdmin, KafkaConnection
 from khipu.localstack.broker import BrokerSpec, start_broker
 from khipu.localstack.object_store import ObjectStoreProcess, ObjectStoreSpec, start_object_store
@@ -91,6 +92,9 @@ TARGET_TRACES_S = 25_000  # from a backlog to every decidable verdict stored; li
 LOST_P95_TARGET_S = 15.0
 STATE_TARGET_BYTES = 1024  # per message in flight
 ONE_BATCH = "not measured: the first batch, the warm-up, read it all"
+CEILING_CORES = 40  # 20 executors of 2 cores
+CEILING_TARGET_TRACES_S = 500_000  # on CEILING_CORES: 20 times Inca's average
+SERIAL_TARGET_US = 0.6  # serial seconds per trace the ceiling target allows when the driver's work is not overlapped
 STATE_FLAT_PERCENT = 10.0  # "flat in traffic": the high level's bytes per message at most this much above the low's
 
 
@@ -434,6 +438,8 @@ def backlog(spark: Any, bootstrap: str, work: Path, args: argparse.Namespace) ->
         f"{NO_TARGET}",
         flush=True,
     )
+    for line in serial_lines("backlog", beats, spark.sparkContext.defaultParallelism):
+        print(line, flush=True)
     return rate
 
 
@@ -634,6 +640,9 @@ def live(
     )
     for line in live_targets(offered, args.live_rate, behind, largest):
         print(line, flush=True)
+    in_window = [b for b in beats if window[0][0] * 1000 <= b["at_ms"] <= window[-1][0] * 1000]
+    for line in serial_lines(f"live [{storage.label}]", in_window, spark.sparkContext.defaultParallelism):
+        print(line, flush=True)
     if len(cpu) == 2:
         print(f"live: cores used over the same {cpu[1].at - cpu[0].at:.0f} s: {cpu[1].since(cpu[0])} -> {NO_TARGET}",
               flush=True)  # fmt: skip
@@ -645,6 +654,31 @@ def live(
         print(f"live: {len(full)} batches read the limit of {args.max_per_batch:,} records (the first left out), in "
               f"{pace:.2f} s each on average (Spark's batch duration): {rate:,.0f} traces/s while behind -> "
               f"{NO_TARGET}", flush=True)  # fmt: skip
+
+
+def serial_lines(label: str, beats: list[dict[str, Any]], job_cores: int) -> list[str]:
+    """The batches' serial part and the ceiling it caps (:mod:`khipu.detector.serial`), from their heartbeats."""
+    part = serial_part(beats)
+    if not part.traces:
+        return [f"{label}: serial part not measured (no batch with the writer's figures after the first)"]
+    serial, writer = part.per_trace_us(part.serial_s), part.per_trace_us(part.driver_s)
+    rate = part.per_core_rate(job_cores)
+    alone = part.ceiling(CEILING_CORES, job_cores, overlapped=False)
+    overlapped = part.ceiling(CEILING_CORES, job_cores, overlapped=True)
+    return [
+        f"{label}: serial part {serial:.2f} us a trace: the wall time in which no task of the query ran (Spark's batch "
+        f"duration less the batch's Spark job, from its start to its results decoded on the driver), over "
+        f"{part.batches} batches of {part.traces:,} traces (the first left out); of it the writer after the job "
+        f"{writer:.2f} us, Spark's own bookkeeping {serial - writer:.2f} us; the writer thread's CPU "
+        f"{part.per_trace_us(part.driver_cpu_s):.2f} us a trace (the JVM's driver threads not in it) -> "
+        f"{against(f'<= {SERIAL_TARGET_US} us (not overlapped, as the detector runs)', serial <= SERIAL_TARGET_US)}",
+        f"{label}: per-core rate {rate:,.0f} traces/s (traces per second of the Spark jobs' wall time, per core of "
+        f"the job's {job_cores}) -> {NO_TARGET}",
+        f"{label}: projected ceiling on {CEILING_CORES} cores: {alone:,.0f} traces/s with the driver's work not "
+        f"overlapped, 1 / (1 / ({CEILING_CORES} x {rate:,.0f}) + {serial:.2f} us), as the detector runs; "
+        f"{overlapped:,.0f} if it overlapped the next batch, min({CEILING_CORES} x {rate:,.0f}, 1 / {serial:.2f} us) "
+        f"-> {against(f'>= {CEILING_TARGET_TRACES_S:,} traces/s', alone >= CEILING_TARGET_TRACES_S)}",
+    ]
 
 
 def live_targets(offered: float, asked: int, behind: list[int], largest: int) -> list[str]:

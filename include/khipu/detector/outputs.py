@@ -34,6 +34,7 @@ from confluent_kafka import Producer
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming.listener import StreamingQueryListener
+from sqlalchemy import event
 from sqlalchemy.exc import SQLAlchemyError
 
 from khipu.detector import records
@@ -80,6 +81,8 @@ class BatchFigures:
         # traces (and marks, and malformed lines) the last batch's trace records held: a record holds a batch of
         # traces, so Spark's numInputRows counts records, not what the detector read
         self.lines: int | None = None
+        # the last batch's serial part (SerialTime; None: the writer did not finish it)
+        self.serial: SerialTime | None = None
         self.last_progress_ms = _now_ms()  # the query's newest sign of progress (a batch, an idle trigger, its start)
 
     def report(self, bucket: int, messages: int, state_bytes: int) -> None:
@@ -95,6 +98,27 @@ class BatchFigures:
     @property
     def state_bytes(self) -> int:
         return sum(b for _, b in self._buckets.values())
+
+
+@dataclass(frozen=True, slots=True)
+class SerialTime:
+    """Where a batch's writer (foreachBatch, on the driver) spent its time: ``collect_ms``, the wall time of the
+    batch's one Spark job, from its start to its results decoded on the driver (the executors work); ``driver_ms``,
+    the writer's wall time besides it (no task of the query runs: the executors wait for the driver); ``driver_cpu_ms``,
+    the writer thread's CPU in the whole call (the results' Arrow decoding included; the JVM's own driver threads
+    are not in it)."""
+
+    collect_ms: int
+    driver_ms: int
+    driver_cpu_ms: int
+
+    @classmethod
+    def measured(cls, started_s: float, collect_s: float, ended_s: float, cpu_s: float) -> SerialTime:
+        """From perf_counter readings (the call's start, the collect's wall time, its end) and thread CPU seconds."""
+        return cls(round(collect_s * 1000), round((ended_s - started_s - collect_s) * 1000), round(cpu_s * 1000))
+
+    def as_columns(self) -> dict[str, int]:
+        return {"collect_ms": self.collect_ms, "driver_ms": self.driver_ms, "driver_cpu_ms": self.driver_cpu_ms}
 
 
 class ReadProgress:
@@ -284,12 +308,18 @@ class DetectorWriter:
         self._pruned_ms = 0
         self.grace_ms = grace_ms  # a sequence gap is settled once the topic is read this long past it
         self._open_emitters: set[str] | None = None  # with sequence gaps not settled yet (None: ask the store)
+        self.statements = 0  # SQL statements sent by the writer's store since it started
 
     @property
     def store(self) -> Store:
         if self._store is None:
             self._store = Store(self.store_url)
+            event.listen(self._store.engine.sql, "before_cursor_execute", self._count_statement)
         return self._store
+
+    def _count_statement(self, *_: Any) -> None:
+        """Every SQL statement the writer's store sends (an executemany once): a batch's are logged with it."""
+        self.statements += 1
 
     @property
     def verdict_archive(self) -> VerdictArchive:
@@ -300,7 +330,9 @@ class DetectorWriter:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spent: dict[str, float] = {}
-        clock = time.perf_counter()
+        clock = started = time.perf_counter()
+        cpu = time.thread_time()
+        self.figures.serial = None
 
         def lap(step: str) -> None:
             nonlocal clock
@@ -311,6 +343,7 @@ class DetectorWriter:
         if self.progress is not None:  # before the job: its processor may decide on it
             self.progress.run_ahead(batch_id, self.store)
         # one Spark job per batch: the one collected table feeds every output, so nothing is cached
+        collect_started = time.perf_counter()
         try:
             collected = batch.select(*PACKED_FIELDS.names).toArrow()
         except Py4JJavaError as exc:  # told short: Spark's check of a stop cannot read the whole Java stack
@@ -320,6 +353,7 @@ class DetectorWriter:
             else:
                 log.error("batch %d: the JVM failed: %s", batch_id, text)
             raise JvmCallFailed(compact_jvm_error(text)) from None
+        collect_s = time.perf_counter() - collect_started
         lap("judge")
         judged = collected.filter(pc.equal(collected.column("kind"), JUDGED))
         unanswered = unanswered_asks(judged.column("unanswered").to_pylist())
@@ -330,10 +364,12 @@ class DetectorWriter:
                                   for name, count in unanswered.items()))  # fmt: skip
         # every output is keyed by the batch: while the store or the lost topic does not take them, written again
         write_with_retries(lambda: self._write(collected, batch_id, spent, lap), f"batch {batch_id}", self.reporter)
+        self.figures.serial = SerialTime.measured(started, collect_s, time.perf_counter(), time.thread_time() - cpu)
         if self.progress is not None:
             self.progress.ended(batch_id)
 
     def _write(self, collected: pa.Table, batch_id: int, spent: dict[str, float], lap: Any) -> None:
+        statements = self.statements
         kinds = collected.column("kind")
         passed = unpack(collected.filter(pc.equal(kinds, RECORDS)).column("blob"), RECORD_FIELDS)
         judged = collected.filter(pc.equal(kinds, JUDGED))
@@ -368,7 +404,7 @@ class DetectorWriter:
         lap("sequences")
         log.info(
             "batch %d: %d traces, %d verdicts (%d LOST), %d archived, %d stored; %d pointers, %d sequence "
-            "numbers; %d messages in flight; %s",
+            "numbers; %d messages in flight; %d SQL statements; %s",
             batch_id,
             traces,
             verdicts.num_rows,
@@ -378,6 +414,7 @@ class DetectorWriter:
             found,
             numbered,
             self.figures.messages,
+            self.statements - statements,
             ", ".join(f"{step} {seconds * 1000:.0f} ms" for step, seconds in spent.items()),
         )
 
@@ -634,8 +671,10 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
         records = int(progress.numInputRows)
         lines = self.figures.lines if self.figures is not None and self.figures.lines is not None else records
         per_record = lines / records if records else 1.0  # Spark's rates are of records: the same clocks, in traces
+        serial = self.figures.serial if self.figures is not None else None
         if self.figures is not None:
             self.figures.lines = None  # a batch the writer did not see (it failed) reports its records
+            self.figures.serial = None
         self._record(
             {
                 "query_name": progress.name or "detector",
@@ -654,6 +693,7 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
                 else sum(int(op.memoryUsedBytes) for op in operators),
                 "read_to_ms": self.figures.read_to_ms if self.figures is not None else None,
                 "caught_up": caught_up,
+                **(serial.as_columns() if serial is not None else {}),
             }
         )
         log.info(  # after the heartbeat: what only explains a batch's time never holds it up

@@ -265,6 +265,12 @@ detector_heartbeat = Table(
     Column("waiting", Text),
     Column("waiting_since_ms", BigInteger),
     Column("retries", Integer),
+    # the batch's serial part (its writer, foreachBatch, on the driver): the wall time of the Spark job that judged
+    # it (collected to the driver), the writer's wall time besides (no task of the query runs then), and the
+    # writer thread's CPU (None: a heartbeat of a batch the writer did not finish, or of an earlier release)
+    Column("collect_ms", BigInteger),
+    Column("driver_ms", BigInteger),
+    Column("driver_cpu_ms", BigInteger),
     Index("ix_detector_heartbeat_time", "query_name", "at_ms"),
 )
 

@@ -112,6 +112,14 @@ def test_verdicts_equal_the_ground_truth_with_every_fault_and_malformed_traces_a
     records = _records_on(broker, demo.trace_topic)
     assert records < len(lines) / 5  # the emitters batch their traces: counting records would say far less
     assert sum(b["input_rows"] for b in beats if b["batch_id"] >= 0) == len(lines)
+    # each batch's serial part: its Spark job and its writer besides, both inside Spark's batch duration (their
+    # clocks differ: 2 ms of rounding), the writer's CPU no more than its wall time
+    timed = [b for b in beats if b["batch_id"] >= 0 and b["collect_ms"] is not None]
+    assert len(timed) >= len([b for b in beats if b["batch_id"] >= 0 and b["input_rows"]]) - 1
+    for b in timed:
+        assert 0 < b["collect_ms"] and 0 <= b["driver_ms"], b
+        assert b["collect_ms"] + b["driver_ms"] <= b["batch_duration_ms"] + 2, b
+        assert b["driver_cpu_ms"] <= b["collect_ms"] + b["driver_ms"] + 2, b
 
 
 def test_verdicts_are_exact_with_sampling_below_100_percent_and_traces_read_out_of_order(
