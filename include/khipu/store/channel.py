@@ -12,10 +12,10 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, func, insert, select
 
 from khipu.store import schema
-from khipu.store.engine import StoreEngine, insert_ignoring_duplicate
+from khipu.store.engine import ROWS_PER_STATEMENT, StoreEngine, insert_many_ignoring_duplicates, update_many
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,24 +114,21 @@ class TraceChannelRepository:
     def add_quarantine(self, rows: Sequence[Mapping[str, Any]], at_ms: int) -> int:
         """Record malformed trace records (once each, by their position on the trace topic: topic, partition, offset
         and ``source_line``, the line of a batch record; a row without one is a record of one trace, line 0)."""
-        added = 0
+        values = [
+            dict(
+                source_topic=row["source_topic"],
+                source_partition=row["source_partition"],
+                source_offset=row["source_offset"],
+                source_line=row.get("source_line", 0),
+                reason=row["quarantine_reason"],
+                raw_value=row["raw_value"],
+                kafka_timestamp_ms=row.get("kafka_timestamp_ms"),
+                quarantined_ms=at_ms,
+            )
+            for row in rows
+        ]
         with self._engine.begin() as tx:
-            for row in rows:
-                added += insert_ignoring_duplicate(
-                    tx,
-                    schema.quarantine,
-                    dict(
-                        source_topic=row["source_topic"],
-                        source_partition=row["source_partition"],
-                        source_offset=row["source_offset"],
-                        source_line=row.get("source_line", 0),
-                        reason=row["quarantine_reason"],
-                        raw_value=row["raw_value"],
-                        kafka_timestamp_ms=row.get("kafka_timestamp_ms"),
-                        quarantined_ms=at_ms,
-                    ),
-                )
-        return added
+            return insert_many_ignoring_duplicates(tx, schema.quarantine, values)
 
     def quarantined(self) -> list[dict[str, Any]]:
         table = schema.quarantine
@@ -184,41 +181,56 @@ class TraceChannelRepository:
         ``plan`` (the domain's, :func:`khipu.detector.gaps.plan_sequence_updates`) gets them by emitter id.
         """
         progress, gaps = schema.emitter_progress, schema.trace_gaps
+        emitters = sorted(lowest_seen)
         with self._engine.begin() as tx:
-            stored: dict[str, StoredEmitter] = {}
-            for emitter_id, lowest in sorted(lowest_seen.items()):
-                row = tx.execute(select(progress).where(progress.c.emitter_id == emitter_id)).first()
-                base_seq = -1 if row is None else int(row.base_seq)
-                loaded = tx.execute(
-                    select(gaps).where(gaps.c.emitter_id == emitter_id, gaps.c.to_seq > min(int(lowest), base_seq))
+            rows: dict[str, Any] = {}
+            for start in range(0, len(emitters), ROWS_PER_STATEMENT):
+                chunk = emitters[start : start + ROWS_PER_STATEMENT]
+                rows.update(
+                    (row.emitter_id, row)
+                    for row in tx.execute(select(progress).where(progress.c.emitter_id.in_(chunk)))
                 )
-                stored[emitter_id] = StoredEmitter(
-                    emitter_id, None if row is None else _progress(row), {int(g.id): _gap(g) for g in loaded}
-                )
-            for change in sorted(plan(stored), key=lambda change: change.emitter_id):
-                emitter_id = change.emitter_id
-                if change.deleted:
-                    tx.execute(delete(gaps).where(gaps.c.id.in_(list(change.deleted))))
-                for gap_id, gap in sorted(change.updated.items()):
-                    tx.execute(update(gaps).where(gaps.c.id == gap_id).values(**_gap_values(gap)))
-                for gap in change.inserted:
-                    tx.execute(insert(gaps).values(emitter_id=emitter_id, **_gap_values(gap)))
+            # of each emitter's gaps, those ending above its lowest number in the batch or above its base
+            above = {e: min(int(lowest_seen[e]), -1 if e not in rows else int(rows[e].base_seq)) for e in emitters}
+            loaded: dict[str, dict[int, StoredGap]] = {e: {} for e in emitters}
+            for start in range(0, len(emitters), ROWS_PER_STATEMENT):
+                chunk = emitters[start : start + ROWS_PER_STATEMENT]
+                floor = min(above[e] for e in chunk)
+                query = select(gaps).where(gaps.c.emitter_id.in_(chunk), gaps.c.to_seq > floor)
+                for g in tx.execute(query):
+                    if int(g.to_seq) > above[g.emitter_id]:
+                        loaded[g.emitter_id][int(g.id)] = _gap(g)
+            stored = {e: StoredEmitter(e, None if e not in rows else _progress(rows[e]), loaded[e]) for e in emitters}
+            changes = sorted(plan(stored), key=lambda change: change.emitter_id)
+            deleted = sorted(gap_id for change in changes for gap_id in change.deleted)
+            for start in range(0, len(deleted), ROWS_PER_STATEMENT):
+                tx.execute(delete(gaps).where(gaps.c.id.in_(deleted[start : start + ROWS_PER_STATEMENT])))
+            updated = [{"id": gap_id, **_gap_values(gap)} for c in changes for gap_id, gap in sorted(c.updated.items())]
+            update_many(tx, gaps, updated, ("id",))
+            inserted = [{"emitter_id": c.emitter_id, **_gap_values(gap)} for c in changes for gap in c.inserted]
+            if inserted:
+                tx.execute(insert(gaps), inserted)
+            histories: list[dict[str, Any]] = []
+            for change in changes:
                 history = change.history
                 if history is None:
                     continue
-                values = dict(
-                    location=change.location,
-                    max_seq=history.max_seq,
-                    base_seq=history.base_seq,
-                    base_ms=history.base_ms,
-                    runs=json.dumps([[r.first_seq, r.first_ms, r.last_seq, r.last_ms] for r in history.runs]),
-                    updated_ms=change.updated_ms,
+                histories.append(
+                    dict(
+                        emitter_id=change.emitter_id,
+                        location=change.location,
+                        max_seq=history.max_seq,
+                        base_seq=history.base_seq,
+                        base_ms=history.base_ms,
+                        runs=json.dumps([[r.first_seq, r.first_ms, r.last_seq, r.last_ms] for r in history.runs]),
+                        updated_ms=change.updated_ms,
+                    )
                 )
-                known = stored.get(emitter_id)
-                if known is not None and known.progress is not None:
-                    tx.execute(update(progress).where(progress.c.emitter_id == emitter_id).values(**values))
-                else:
-                    tx.execute(insert(progress).values(emitter_id=emitter_id, **values))
+            kept = {e for e, emitter in stored.items() if emitter.progress is not None}
+            update_many(tx, progress, [h for h in histories if h["emitter_id"] in kept], ("emitter_id",))
+            new = [h for h in histories if h["emitter_id"] not in kept]
+            if new:
+                tx.execute(insert(progress), new)
 
     def emitters_with_runs(self) -> list[str]:
         """Emitters whose numbers above their base are more than one run (a gap between them, stored or not
@@ -235,24 +247,14 @@ class TraceChannelRepository:
         marks whose own trace was not in the same batch. A position stored twice keeps its first
         time. Returns how many were new.
         """
-        table = schema.trace_pointers
-        rows = sorted({(str(loc), str(c), str(t), int(p), int(o)) for loc, c, t, p, o in pointers})
-        added = 0
+        rows = [
+            dict(location=location, cluster=cluster, topic=topic, partition=partition, offset=offset, seen_ms=seen_ms)
+            for location, cluster, topic, partition, offset in sorted(
+                {(str(loc), str(c), str(t), int(p), int(o)) for loc, c, t, p, o in pointers}
+            )
+        ]
         with self._engine.begin() as tx:
-            for location, cluster, topic, partition, offset in rows:
-                added += insert_ignoring_duplicate(
-                    tx,
-                    table,
-                    dict(
-                        location=location,
-                        cluster=cluster,
-                        topic=topic,
-                        partition=partition,
-                        offset=offset,
-                        seen_ms=seen_ms,
-                    ),
-                )
-        return added
+            return insert_many_ignoring_duplicates(tx, schema.trace_pointers, rows)
 
     def pointed_at(self, location: str, cluster: str, topic: str, partition: int, offset: int) -> bool:
         """Whether an emitter of the location said it received the record at this position."""

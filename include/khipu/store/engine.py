@@ -14,7 +14,8 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, Table, create_engine, event, text
+from sqlalchemy import Connection, Engine, Table, cast, create_engine, event, text, update, values
+from sqlalchemy import column as sql_column
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
@@ -25,6 +26,7 @@ from khipu.files import create_owner_only
 from khipu.offsets.model import PartitionKey
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+ROWS_PER_STATEMENT = 500  # rows a batched statement carries (25 columns: 12,500 parameters, under SQLite's 32,766)
 
 
 class StoreError(RuntimeError):
@@ -131,6 +133,65 @@ def upsert(tx: Connection, table: Table, rows: Sequence[Mapping[str, Any]], key:
         ),
         [dict(row) for row in rows],
     )
+
+
+def insert_many_ignoring_duplicates(tx: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> int:
+    """Insert the rows a unique constraint does not say exist, one statement per ROWS_PER_STATEMENT rows; returns
+    how many were new."""
+    added = 0
+    for start in range(0, len(rows), ROWS_PER_STATEMENT):
+        chunk = [dict(row) for row in rows[start : start + ROWS_PER_STATEMENT]]
+        added += int(tx.execute(insert_of(tx)(table).values(chunk).on_conflict_do_nothing()).rowcount or 0)
+    return added
+
+
+def update_many(
+    tx: Connection,
+    table: Table,
+    rows: Sequence[Mapping[str, Any]],
+    key: Sequence[str],
+    guard: Sequence[str] = (),
+) -> set[tuple[Any, ...]]:
+    """Set the other columns of each row whose ``key`` columns match and, for each name in ``guard``, whose column
+    still holds the row's ``was_<name>`` (a row changed meanwhile is left alone); returns the keys updated. One
+    statement per ROWS_PER_STATEMENT rows, whatever their number: ``WITH changed(...) AS (VALUES ...) UPDATE ...
+    FROM changed`` (SQLite 3.33+ and PostgreSQL alike; each value cast to its column's type, as a VALUES list leaves
+    a NULL untyped). A key given twice is updated in order, a statement for each time. Every row names the same
+    columns."""
+    if not rows:
+        return set()
+    names = list(rows[0])
+    guarded = {f"was_{name}": table.c[name].type for name in guard}
+    set_names = [name for name in names if name not in key and name not in guarded]
+    rounds: list[list[Mapping[str, Any]]] = []  # the n-th row of a key goes in round n: no statement has it twice
+    seen: dict[tuple[Any, ...], int] = {}
+    for row in rows:
+        k = tuple(row[name] for name in key)
+        n = seen[k] = seen.get(k, -1) + 1
+        if n == len(rounds):
+            rounds.append([])
+        rounds[n].append(row)
+    done: set[tuple[Any, ...]] = set()
+    for batch in rounds:
+        for start in range(0, len(batch), ROWS_PER_STATEMENT):
+            chunk = batch[start : start + ROWS_PER_STATEMENT]
+            types = {name: guarded.get(name, table.c[name].type if name in table.c else None) for name in names}
+            changed = (
+                values(*(sql_column(name, types[name]) for name in names), name="changed")
+                .data([tuple(row[name] for name in names) for row in chunk])
+                .cte("changed")
+            )
+            statement = (
+                update(table)
+                .where(
+                    *(table.c[name] == cast(changed.c[name], table.c[name].type) for name in key),
+                    *(table.c[name] == cast(changed.c[f"was_{name}"], table.c[name].type) for name in guard),
+                )
+                .values({name: cast(changed.c[name], table.c[name].type) for name in set_names})
+                .returning(*(table.c[name] for name in key))
+            )
+            done.update(tuple(found) for found in tx.execute(statement))
+    return done
 
 
 def partition_key_is(table: Table, key: PartitionKey) -> tuple[Any, ...]:

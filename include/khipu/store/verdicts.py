@@ -21,10 +21,19 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import Connection, case, delete, func, insert, select, tuple_, update
+from sqlalchemy import (
+    Connection,
+    case,
+    delete,
+    func,
+    insert,
+    select,
+    tuple_,
+    update,
+)
 
 from khipu.store import schema
-from khipu.store.engine import StoreEngine, insert_of, upsert
+from khipu.store.engine import StoreEngine, insert_of, update_many, upsert
 
 VERDICT_COLUMNS = (
     "stream",
@@ -55,6 +64,8 @@ MINUTE_COLUMNS = ("stream", "hop", "minute_ms")
 CHANGES_PART = "changes"  # the part store_changes adds every change of a stored verdict to
 ROLLUP_PART = "rollup"  # the part holding the sum of a whole span of old minutes, at the span's first minute
 CHUNK = 500  # ids (or minutes) per IN (...) query
+VERDICT_KEY = ("message_id", "hop")
+GUARDED = ("verdict", "decided_ms")  # with late_evidence: what a stored verdict must still be for a change to apply
 UNSUMMED = {**dict.fromkeys(COUNT_COLUMNS, 0), "loss_rate": 0.0, "duplicate_rate": 0.0}  # a new minute's row, held
 
 Minute = tuple[str, str, int]  # (stream, hop, minute_ms)
@@ -263,21 +274,7 @@ class VerdictRepository:
                 conflicts.update(
                     (v["message_id"], v["hop"]) for v in chunk if (v["message_id"], v["hop"]) not in added_keys
                 )
-            for row, guard, _ in updates:
-                values = _verdict_values(row)
-                done = tx.execute(
-                    update(table)
-                    .where(
-                        table.c.message_id == values["message_id"],
-                        table.c.hop == values["hop"],
-                        table.c.verdict == guard["verdict"],
-                        table.c.decided_ms == guard["decided_ms"],
-                        table.c.late_evidence.is_(bool(guard["late_evidence"])),
-                    )
-                    .values({k: v for k, v in values.items() if k not in ("message_id", "hop")})
-                )
-                if not done.rowcount:
-                    conflicts.add((values["message_id"], values["hop"]))
+            conflicts.update(_update_guarded(tx, [(_verdict_values(row), guard) for row, guard, _ in updates]))
             applied = [i for i, row in enumerate(rows) if (row["message_id"], row["hop"]) not in conflicts]
             entries = [dict(entry) for i in applied for entry in _entries(history[i])]
             if entries:
@@ -680,6 +677,20 @@ def _verdict_values(r: Mapping[str, Any]) -> dict[str, Any]:
         "decided_by": r.get("decided_by") or "detector",
         "late_evidence": bool(r.get("late_evidence")),
     }
+
+
+def _update_guarded(
+    tx: Connection, changed: Sequence[tuple[dict[str, Any], Mapping[str, Any]]]
+) -> set[tuple[str, str]]:
+    """Replace stored verdicts each only if its row is still what its guard says (``verdict``, ``decided_ms``,
+    ``late_evidence``), a statement per ROWS_PER_STATEMENT of them (:func:`khipu.store.engine.update_many`);
+    returns the keys not replaced (the row changed meanwhile, or is gone)."""
+    rows = [
+        {**v, **{f"was_{name}": g[name] for name in GUARDED}, "was_late_evidence": bool(g["late_evidence"])}
+        for v, g in changed
+    ]
+    done = update_many(tx, schema.verdicts, rows, VERDICT_KEY, (*GUARDED, "late_evidence"))
+    return {(v["message_id"], v["hop"]) for v, _ in changed} - done
 
 
 def _upsert_verdicts(tx: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
