@@ -33,10 +33,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pendulum
 import psutil
 import pytest
-
-import pendulum
 
 from khipu.clock import iso_text
 from khipu.demo.faults import FaultRates
@@ -177,7 +176,11 @@ def test_the_detector_reconciliation_backfill_and_resend_from_their_dags_on_work
             assert any(r["verdict"] == "LOST" for r in streaming)  # provisional: reconciliation makes them final
 
             window = {"start": iso_text(started_ms - 60_000), "end": iso_text(demo_done_ms + 1_000)}
-            time.sleep(max(0.0, (demo_done_ms + 1_000 + HORIZON_MS - time.time() * 1000) / 1000))  # the horizon passes
+            needed_ms = demo_done_ms + 1_000 + HORIZON_MS  # the window's traces, up to its horizon
+            time.sleep(max(0.0, (needed_ms - time.time() * 1000) / 1000))  # the horizon passes
+            deadline = time.monotonic() + 60
+            while (store.heartbeat.read_to_ms(DETECTOR_QUERY) or 0) < needed_ms and time.monotonic() < deadline:
+                time.sleep(0.5)  # and the detector archives it (a backfill does not wait for that: it refuses)
             before = stored_verdicts(store, data / "verdicts")
             backfill = run_dag("khipu_backfill", {**window, "dry_run": True})
             assert task_states(backfill)["reconcile_window"] == "success", task_states(backfill)

@@ -56,7 +56,11 @@ def test_changed_verdicts_take_the_same_statements_however_many_and_a_stale_guar
         guards[0] = {**guards[0], "decided_ms": 999}  # decided against a row that has changed since
         with counted(store) as statements:
             refused = store.verdicts.store_changes(
-                second, guards, [None] * n, [change_counts([v], [p]) for v, p in zip(second, first)], metrics_of
+                second,
+                guards,
+                [None] * n,
+                [change_counts([v], [p]) for v, p in zip(second, first, strict=True)],
+                metrics_of,
             )
         changes.append(statements)
         assert refused == {(ids[0], "h")}
