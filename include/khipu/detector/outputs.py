@@ -63,6 +63,7 @@ from khipu.verdicts.settle import Change
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY_MS = 60_000
+KEPT_BATCHES = 10  # a batch's figures wait this many batches for its progress event
 
 
 def _now_ms() -> int:
@@ -80,10 +81,25 @@ class BatchFigures:
         self.read_to_ms: int | None = None  # the writer's newest figure of how far the topic is read
         # traces (and marks, and malformed lines) the last batch's trace records held: a record holds a batch of
         # traces, so Spark's numInputRows counts records, not what the detector read
-        self.lines: int | None = None
-        # the last batch's serial part (SerialTime; None: the writer did not finish it)
-        self.serial: SerialTime | None = None
+        # by batch id, until the batch's progress event takes them (it may come after the next batch's writer started)
+        self.lines: dict[int, int] = {}
+        self.serial: dict[int, SerialTime] = {}  # the batch's serial part (none: the writer did not finish it)
         self.last_progress_ms = _now_ms()  # the query's newest sign of progress (a batch, an idle trigger, its start)
+
+    def batch_done(self, batch_id: int, *, lines: int | None = None, serial: SerialTime | None = None) -> None:
+        """What the writer learnt of ``batch_id`` (its lines, then its serial part), for that batch's heartbeat; a
+        batch's figures not taken within KEPT_BATCHES batches (its progress event never came) are dropped."""
+        if lines is not None:
+            self.lines[batch_id] = lines
+        if serial is not None:
+            self.serial[batch_id] = serial
+        for kept in (self.lines, self.serial):
+            for old in [b for b in kept if b <= batch_id - KEPT_BATCHES]:
+                del kept[old]
+
+    def take(self, batch_id: int) -> tuple[int | None, SerialTime | None]:
+        """The writer's lines and serial part of ``batch_id`` (None: it did not see or finish it), once."""
+        return self.lines.pop(batch_id, None), self.serial.pop(batch_id, None)
 
     def report(self, bucket: int, messages: int, state_bytes: int) -> None:
         self._buckets[bucket] = (messages, state_bytes)
@@ -332,7 +348,6 @@ class DetectorWriter:
         spent: dict[str, float] = {}
         clock = started = time.perf_counter()
         cpu = time.thread_time()
-        self.figures.serial = None
 
         def lap(step: str) -> None:
             nonlocal clock
@@ -364,7 +379,8 @@ class DetectorWriter:
                                   for name, count in unanswered.items()))  # fmt: skip
         # every output is keyed by the batch: while the store or the lost topic does not take them, written again
         write_with_retries(lambda: self._write(collected, batch_id, spent, lap), f"batch {batch_id}", self.reporter)
-        self.figures.serial = SerialTime.measured(started, collect_s, time.perf_counter(), time.thread_time() - cpu)
+        serial = SerialTime.measured(started, collect_s, time.perf_counter(), time.thread_time() - cpu)
+        self.figures.batch_done(batch_id, serial=serial)
         if self.progress is not None:
             self.progress.ended(batch_id)
 
@@ -374,7 +390,7 @@ class DetectorWriter:
         passed = unpack(collected.filter(pc.equal(kinds, RECORDS)).column("blob"), RECORD_FIELDS)
         judged = collected.filter(pc.equal(kinds, JUDGED))
         traces = int(pc.sum(pc.equal(passed.column("kind"), TRACE)).as_py() or 0)
-        self.figures.lines = passed.num_rows
+        self.figures.batch_done(batch_id, lines=passed.num_rows)
         key = self.batch_keys.key(batch_id)
         self._archive_traces(passed, key)
         lap("archive")
@@ -669,12 +685,10 @@ class HeartbeatListener(StreamingQueryListener):  # type: ignore[misc]
             s.latestOffset is not None and _offsets(s.endOffset) == _offsets(s.latestOffset) for s in sources
         )
         records = int(progress.numInputRows)
-        lines = self.figures.lines if self.figures is not None and self.figures.lines is not None else records
+        taken = self.figures.take(int(progress.batchId)) if self.figures is not None else (None, None)
+        lines = records if taken[0] is None else taken[0]  # a batch the writer did not see (it failed): its records
         per_record = lines / records if records else 1.0  # Spark's rates are of records: the same clocks, in traces
-        serial = self.figures.serial if self.figures is not None else None
-        if self.figures is not None:
-            self.figures.lines = None  # a batch the writer did not see (it failed) reports its records
-            self.figures.serial = None
+        serial = taken[1]
         self._record(
             {
                 "query_name": progress.name or "detector",

@@ -114,8 +114,8 @@ def test_verdicts_equal_the_ground_truth_with_every_fault_and_malformed_traces_a
     assert sum(b["input_rows"] for b in beats if b["batch_id"] >= 0) == len(lines)
     # each batch's serial part: its Spark job and its writer besides, both inside Spark's batch duration (their
     # clocks differ: 2 ms of rounding), the writer's CPU no more than its wall time
-    timed = [b for b in beats if b["batch_id"] >= 0 and b["collect_ms"] is not None]
-    assert len(timed) >= len([b for b in beats if b["batch_id"] >= 0 and b["input_rows"]]) - 1
+    timed = [b for b in beats if b["batch_id"] >= 0]
+    assert timed and all(b["collect_ms"] is not None for b in timed), timed  # each batch's own, whatever came first
     for b in timed:
         assert 0 < b["collect_ms"] and 0 <= b["driver_ms"], b
         assert b["collect_ms"] + b["driver_ms"] <= b["batch_duration_ms"] + 2, b

@@ -53,3 +53,18 @@ def test_the_ceiling_on_c_cores(
 def test_no_batches_give_no_figures_not_a_division_by_zero() -> None:
     part = serial_part([])
     assert part.traces == 0 and math.isnan(part.per_core_rate(2)) and math.isnan(part.per_trace_us(1.0))
+
+
+def test_a_batchs_figures_wait_for_its_own_progress_event_even_after_the_next_batch_started() -> None:
+    from khipu.detector.outputs import KEPT_BATCHES, BatchFigures, SerialTime
+
+    figures = BatchFigures()
+    figures.batch_done(7, lines=100)
+    figures.batch_done(7, serial=SerialTime(40, 10, 9))
+    figures.batch_done(8, lines=50)  # the next batch's writer ran before batch 7's progress event came
+    assert figures.take(7) == (100, SerialTime(40, 10, 9))
+    assert figures.take(7) == (None, None)  # taken once
+    assert figures.take(8) == (50, None)  # its writer had not finished
+    figures.batch_done(9, lines=1)
+    figures.batch_done(9 + KEPT_BATCHES, lines=2)  # a progress event that never came is not kept for ever
+    assert figures.take(9) == (None, None) and figures.take(9 + KEPT_BATCHES) == (2, None)
