@@ -149,13 +149,14 @@ def run_retention(
 
     quarantined = store.channel.prune_quarantine(plan.quarantine_before_ms, dry_run=dry_run)
     gaps = store.channel.prune_gaps(plan.quarantine_before_ms, dry_run=dry_run)
+    skips = store.heartbeat.prune_skips(plan.quarantine_before_ms, dry_run=dry_run)
     beats = store.heartbeat.prune(plan.heartbeats_before_ms, dry_run=dry_run)
-    report.removed.update({"quarantine": quarantined, "trace_gaps": gaps, "heartbeats": beats})
+    report.removed.update({"quarantine": quarantined, "trace_gaps": gaps, "trace_skips": skips, "heartbeats": beats})
     report.say(
         progress,
         f"store: {would} {quarantined:,} quarantined record(s) before {hour_of(plan.quarantine_before_ms)}, "
-        f"{gaps:,} emitter sequence gap(s) before {hour_of(plan.quarantine_before_ms)}, "
-        f"{beats:,} heartbeat(s) before {hour_of(plan.heartbeats_before_ms)}",
+        f"{gaps:,} emitter sequence gap(s) and {skips:,} skipped trace-topic range(s) alerted before "
+        f"{hour_of(plan.quarantine_before_ms)}, {beats:,} heartbeat(s) before {hour_of(plan.heartbeats_before_ms)}",
     )
 
     # old metrics go first and the roll-up starts where they end: a dry run, which removes nothing, counts the same

@@ -184,6 +184,14 @@ class HeartbeatRepository:
                         )
                     )
 
+    def prune_skips(self, before_ms: int, *, dry_run: bool = False) -> int:
+        """Drop the skips detected before ``before_ms`` whose alert has been told (one not told yet stays, whatever its
+        age, until the trail alert tells it); returns how many (a dry run counts, keeps them)."""
+        table = schema.detector_skips
+        with self._engine.begin(commit=not dry_run) as tx:
+            old = (table.c.detected_ms < before_ms, table.c.alerted_ms.is_not(None))
+            return int(tx.execute(delete(table).where(*old)).rowcount or 0)
+
     def skips(self, query_name: str, *, since_ms: int = 0, unalerted: bool = False) -> list[TraceSkip]:
         """The skips of ``query_name`` detected since ``since_ms`` (only those no alert told yet: ``unalerted``), in
         the order they were detected."""

@@ -49,3 +49,15 @@ def test_a_skip_is_kept_once_grows_when_seen_larger_and_is_told_once(store: Stor
     assert (grown.partition, grown.from_offset, grown.to_offset, grown.offsets, grown.batch_id) == (0, 100, 150, 50, 8)
     assert [s.partition for s in hb.skips(Q, since_ms=6_000)] == [0]  # the window of the exported figure
     assert {s.alerted_ms for s in hb.skips(Q)} == {6_000, None}
+
+
+def test_retention_drops_old_skips_once_told_and_keeps_one_not_told_yet(store: Store) -> None:
+    hb = store.heartbeat
+    hb.record_skips(
+        Q, [TraceSkip(0, 100, 130, 7, 5_000), TraceSkip(1, 40, 41, 7, 5_000), TraceSkip(2, 9, 10, 8, 9_000)]
+    )
+    told = [s for s in hb.skips(Q) if s.partition != 1]
+    hb.mark_skips_alerted(Q, told, 9_500)
+    assert hb.prune_skips(8_000, dry_run=True) == 1 and len(hb.skips(Q)) == 3  # a dry run counts, keeps
+    assert hb.prune_skips(8_000) == 1  # partition 0's: old and told; partition 1's is not told yet, 2's is new
+    assert sorted(s.partition for s in hb.skips(Q)) == [1, 2]
