@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -79,27 +80,31 @@ class BatchFigures:
         self._buckets: dict[int, tuple[int, int]] = {}
         self.newest_read_ms: dict[int, int] = {}
         self.read_to_ms: int | None = None  # the writer's newest figure of how far the topic is read
-        # traces (and marks, and malformed lines) the last batch's trace records held: a record holds a batch of
-        # traces, so Spark's numInputRows counts records, not what the detector read
-        # by batch id, until the batch's progress event takes them (it may come after the next batch's writer started)
+        # By batch id, until the batch's progress event takes them (it may come after the next batch's writer started;
+        # the writer and the listener are two threads): the lines (traces, marks and malformed lines) the batch's
+        # trace records held (a record holds a batch of traces, so Spark's numInputRows counts records, not what the
+        # detector read), and the batch's serial part (none: the writer did not finish it).
+        self._taken_lock = threading.Lock()
         self.lines: dict[int, int] = {}
-        self.serial: dict[int, SerialTime] = {}  # the batch's serial part (none: the writer did not finish it)
+        self.serial: dict[int, SerialTime] = {}
         self.last_progress_ms = _now_ms()  # the query's newest sign of progress (a batch, an idle trigger, its start)
 
     def batch_done(self, batch_id: int, *, lines: int | None = None, serial: SerialTime | None = None) -> None:
         """What the writer learnt of ``batch_id`` (its lines, then its serial part), for that batch's heartbeat; a
         batch's figures not taken within KEPT_BATCHES batches (its progress event never came) are dropped."""
-        if lines is not None:
-            self.lines[batch_id] = lines
-        if serial is not None:
-            self.serial[batch_id] = serial
-        for kept in (self.lines, self.serial):
-            for old in [b for b in kept if b <= batch_id - KEPT_BATCHES]:
-                del kept[old]
+        with self._taken_lock:
+            if lines is not None:
+                self.lines[batch_id] = lines
+            if serial is not None:
+                self.serial[batch_id] = serial
+            for kept in (self.lines, self.serial):
+                for old in [b for b in kept if b <= batch_id - KEPT_BATCHES]:
+                    del kept[old]
 
     def take(self, batch_id: int) -> tuple[int | None, SerialTime | None]:
         """The writer's lines and serial part of ``batch_id`` (None: it did not see or finish it), once."""
-        return self.lines.pop(batch_id, None), self.serial.pop(batch_id, None)
+        with self._taken_lock:
+            return self.lines.pop(batch_id, None), self.serial.pop(batch_id, None)
 
     def report(self, bucket: int, messages: int, state_bytes: int) -> None:
         self._buckets[bucket] = (messages, state_bytes)

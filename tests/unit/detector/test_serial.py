@@ -68,3 +68,36 @@ def test_a_batchs_figures_wait_for_its_own_progress_event_even_after_the_next_ba
     figures.batch_done(9, lines=1)
     figures.batch_done(9 + KEPT_BATCHES, lines=2)  # a progress event that never came is not kept for ever
     assert figures.take(9) == (None, None) and figures.take(9 + KEPT_BATCHES) == (2, None)
+
+
+def test_the_writer_and_the_listener_may_hand_figures_over_at_once() -> None:
+    """The writer (foreachBatch's thread) adds a batch's figures while the listener (another thread) takes an earlier
+    batch's: without the lock the writer's pruning loop saw the dictionary change size (RuntimeError)."""
+    import sys
+    import threading
+
+    from khipu.detector.outputs import BatchFigures
+
+    figures, failed, latest = BatchFigures(), [], [0]
+    done = threading.Event()
+
+    def listener() -> None:
+        while not done.is_set():
+            for batch in range(latest[0] - 12, latest[0] + 1):  # the batches whose figures may be waiting
+                figures.take(batch)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can: the race shows within the run
+    taker = threading.Thread(target=listener)
+    taker.start()
+    try:
+        for batch in range(300_000):
+            latest[0] = batch
+            figures.batch_done(batch, lines=batch)
+    except RuntimeError as exc:  # pragma: no cover - what the test is here to catch
+        failed.append(exc)
+    finally:
+        done.set()
+        taker.join()
+        sys.setswitchinterval(switch)
+    assert not failed
