@@ -14,7 +14,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, Table, cast, create_engine, event, text, update, values
+from sqlalchemy import Connection, Engine, String, Table, cast, create_engine, event, text, update, values
 from sqlalchemy import column as sql_column
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -151,47 +151,54 @@ def update_many(
     rows: Sequence[Mapping[str, Any]],
     key: Sequence[str],
     guard: Sequence[str] = (),
-) -> set[tuple[Any, ...]]:
+) -> set[int]:
     """Set the other columns of each row whose ``key`` columns match and, for each name in ``guard``, whose column
-    still holds the row's ``was_<name>`` (a row changed meanwhile is left alone); returns the keys updated. One
-    statement per ROWS_PER_STATEMENT rows, whatever their number: ``WITH changed(...) AS (VALUES ...) UPDATE ...
-    FROM changed`` (SQLite 3.33+ and PostgreSQL alike; each value cast to its column's type, as a VALUES list leaves
-    a NULL untyped). A key given twice is updated in order, a statement for each time. Every row names the same
-    columns."""
+    still holds the row's ``was_<name>`` (a row changed meanwhile is left alone); returns the positions in ``rows``
+    of those not applied. One statement per ROWS_PER_STATEMENT rows, whatever their number: ``WITH changed(...) AS
+    (VALUES ...) UPDATE ... FROM changed ... RETURNING`` (SQLite 3.35+ and PostgreSQL alike). Each value is cast to
+    its column's type, as a VALUES list leaves a NULL untyped; text without its length, so that a value too long
+    for its column is refused as a plain UPDATE's is (PostgreSQL would cut it short to fit a cast's length). A key
+    given twice is updated in order, a statement for each time. Every row names the same columns."""
     if not rows:
         return set()
     names = list(rows[0])
     guarded = {f"was_{name}": table.c[name].type for name in guard}
     set_names = [name for name in names if name not in key and name not in guarded]
-    rounds: list[list[Mapping[str, Any]]] = []  # the n-th row of a key goes in round n: no statement has it twice
+    rounds: list[list[int]] = []  # the n-th row of a key goes in round n: no statement has a key twice
     seen: dict[tuple[Any, ...], int] = {}
-    for row in rows:
+    for position, row in enumerate(rows):
         k = tuple(row[name] for name in key)
         n = seen[k] = seen.get(k, -1) + 1
         if n == len(rounds):
             rounds.append([])
-        rounds[n].append(row)
-    done: set[tuple[Any, ...]] = set()
+        rounds[n].append(position)
+
+    def typed(name: str) -> Any:
+        kind = table.c[name].type
+        return String() if isinstance(kind, String) else kind
+
+    missed: set[int] = set()
     for batch in rounds:
         for start in range(0, len(batch), ROWS_PER_STATEMENT):
             chunk = batch[start : start + ROWS_PER_STATEMENT]
             types = {name: guarded.get(name, table.c[name].type if name in table.c else None) for name in names}
             changed = (
                 values(*(sql_column(name, types[name]) for name in names), name="changed")
-                .data([tuple(row[name] for name in names) for row in chunk])
+                .data([tuple(rows[i][name] for name in names) for i in chunk])
                 .cte("changed")
             )
             statement = (
                 update(table)
                 .where(
-                    *(table.c[name] == cast(changed.c[name], table.c[name].type) for name in key),
-                    *(table.c[name] == cast(changed.c[f"was_{name}"], table.c[name].type) for name in guard),
+                    *(table.c[name] == cast(changed.c[name], typed(name)) for name in key),
+                    *(table.c[name] == cast(changed.c[f"was_{name}"], typed(name)) for name in guard),
                 )
-                .values({name: cast(changed.c[name], table.c[name].type) for name in set_names})
+                .values({name: cast(changed.c[name], typed(name)) for name in set_names})
                 .returning(*(table.c[name] for name in key))
             )
-            done.update(tuple(found) for found in tx.execute(statement))
-    return done
+            done = {tuple(found) for found in tx.execute(statement)}
+            missed.update(i for i in chunk if tuple(rows[i][name] for name in key) not in done)
+    return missed
 
 
 def partition_key_is(table: Table, key: PartitionKey) -> tuple[Any, ...]:

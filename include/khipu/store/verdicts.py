@@ -689,8 +689,8 @@ def _update_guarded(
         {**v, **{f"was_{name}": g[name] for name in GUARDED}, "was_late_evidence": bool(g["late_evidence"])}
         for v, g in changed
     ]
-    done = update_many(tx, schema.verdicts, rows, VERDICT_KEY, (*GUARDED, "late_evidence"))
-    return {(v["message_id"], v["hop"]) for v, _ in changed} - done
+    missed = update_many(tx, schema.verdicts, rows, VERDICT_KEY, (*GUARDED, "late_evidence"))
+    return {(changed[i][0]["message_id"], changed[i][0]["hop"]) for i in missed}
 
 
 def _upsert_verdicts(tx: Connection, rows: Sequence[Mapping[str, Any]]) -> None:

@@ -110,3 +110,43 @@ def test_emitters_sequence_numbers_take_the_same_statements_however_many_emitter
     small, large = statements_at_each_size(store, sequences)
     assert small == large, (small, large)
     assert second[0] == second[1], second
+
+
+def test_a_statement_carries_500_changes_and_a_stale_guard_anywhere_is_refused_even_on_a_key_changed_twice(
+    store: Store,
+) -> None:
+    ids = [f"c{i}" for i in range(1_201)]
+    first = [verdict(m, "LOST", 1_000) for m in ids]
+    n = len(ids)
+    store.verdicts.store_changes(first, [None] * n, [None] * n, [change_counts(first, [])] * n, metrics_of)
+    second = [verdict(m, "DELIVERED", 2_000, 500) for m in ids]
+    guards = [guard_of(v) for v in first]
+    guards[1_100] = {**guards[1_100], "verdict": "PENDING"}  # in the third statement: decided against another row
+    # c0 changed twice in the same call: first from its LOST (applies), then from a row it never had (refused)
+    again = verdict("c0", "DUPLICATE", 3_000, 500)
+    rows, all_guards = [*second, again], [*guards, {"verdict": "LOST", "decided_ms": 1, "late_evidence": False}]
+    counts = [change_counts([v], [p]) for v, p in zip(second, first, strict=True)] + [change_counts([again], [])]
+    with counted(store) as statements:
+        refused = store.verdicts.store_changes(rows, all_guards, [None] * (n + 1), counts, metrics_of)
+    assert statements.count("WITH") == 4  # 1,201 in three statements of at most 500, then c0's second change
+    assert refused == {("c1100", "h"), ("c0", "h")}
+    stored = {r["message_id"]: r["verdict"] for r in store.verdicts.rows()}
+    assert stored["c1100"] == "LOST" and stored["c0"] == "DELIVERED" and stored["c1200"] == "DELIVERED"
+
+
+def test_a_value_too_long_for_its_column_is_refused_on_postgresql_not_cut_short(empty_postgres_url: str) -> None:
+    """SQLite keeps text of any length; PostgreSQL refuses a value longer than its column, and a batched change
+    must not cast it to fit (an explicit cast to varchar(n) cuts it short without an error)."""
+    store = Store(empty_postgres_url)
+    store.migrate()
+    try:
+        row = verdict("long", "LOST", 1_000)
+        store.verdicts.store_changes([row], [None], [None], [change_counts([row], [])], metrics_of)
+        changed = verdict("long", "DELIVERED", 2_000, cause="x" * 40)  # the cause column holds 32
+        with pytest.raises(Exception, match="too long"):
+            store.verdicts.store_changes(
+                [changed], [guard_of(row)], [None], [change_counts([changed], [row])], metrics_of
+            )
+        assert {r["message_id"]: r["cause"] for r in store.verdicts.rows()} == {"long": None}
+    finally:
+        store.close()
