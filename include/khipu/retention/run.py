@@ -155,8 +155,9 @@ def run_retention(
     report.say(
         progress,
         f"store: {would} {quarantined:,} quarantined record(s) before {hour_of(plan.quarantine_before_ms)}, "
-        f"{gaps:,} emitter sequence gap(s) and {skips:,} skipped trace-topic range(s) alerted before "
-        f"{hour_of(plan.quarantine_before_ms)}, {beats:,} heartbeat(s) before {hour_of(plan.heartbeats_before_ms)}",
+        f"{gaps:,} emitter sequence gap(s) and {skips:,} skipped trace-topic range(s) (their alert told) detected "
+        f"before {hour_of(plan.quarantine_before_ms)}, {beats:,} heartbeat(s) before "
+        f"{hour_of(plan.heartbeats_before_ms)}",
     )
 
     # old metrics go first and the roll-up starts where they end: a dry run, which removes nothing, counts the same
