@@ -177,6 +177,9 @@ def seed(store: Store, archive_dir: Path, registry: Registry, now_ms: int) -> Se
                 "state_rows": 300 + i,
                 "state_bytes": 90_000,
                 "caught_up": True,
+                "collect_ms": 700 + i,  # the batch's Spark job; the rest of its duration the driver's alone
+                "driver_ms": 150 + i,
+                "driver_cpu_ms": 120 + i,
             }
         )
     # how far the detector trails the trace topic: partition 0 60 offsets behind, its oldest 42 s old; and a skip

@@ -340,6 +340,14 @@ def detector_families(reading: StoreReading, now_ms: int) -> list[Metric]:
     state_rows = _query_gauge(
         "khipu_detector_state_rows", "Messages the query holds in state (in flight, undecided) after the newest batch."
     )
+    job = _query_gauge(
+        "khipu_detector_batch_job_seconds",
+        "The newest batch's Spark job: from its start to its results decoded on the driver (the executors' part).",
+    )
+    serial = _query_gauge(
+        "khipu_detector_batch_serial_seconds",
+        "The newest batch's time in which no task of the query ran: its duration less its job (the driver's part).",
+    )
     for query, beat in sorted(reading.heartbeats.items()):
         if beat is None:
             continue
@@ -348,7 +356,11 @@ def detector_families(reading: StoreReading, now_ms: int) -> list[Metric]:
         _add_known(processed_rate, query, beat["processed_rows_per_s"])
         _add_known(duration, query, None if beat["batch_duration_ms"] is None else beat["batch_duration_ms"] / 1000)
         _add_known(state_rows, query, beat["state_rows"])
-    return [age, input_rate, processed_rate, duration, state_rows]
+        collect_ms, duration_ms = beat.get("collect_ms"), beat["batch_duration_ms"]
+        if collect_ms is not None and duration_ms is not None:  # a batch the writer finished, of this release
+            job.add_metric([query], collect_ms / 1000)
+            serial.add_metric([query], max(0, duration_ms - collect_ms) / 1000)
+    return [age, input_rate, processed_rate, duration, state_rows, job, serial]
 
 
 def trail_families(reading: StoreReading, now_ms: int) -> list[Metric]:

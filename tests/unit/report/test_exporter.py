@@ -200,9 +200,28 @@ def test_detector_metrics_are_the_newest_heartbeat(seeded: SeededStore, start_ex
         "khipu_detector_processed_rows_per_second": beat["processed_rows_per_s"],
         "khipu_detector_batch_duration_seconds": beat["batch_duration_ms"] / 1000,
         "khipu_detector_state_rows": beat["state_rows"],
+        "khipu_detector_batch_job_seconds": beat["collect_ms"] / 1000,
+        "khipu_detector_batch_serial_seconds": (beat["batch_duration_ms"] - beat["collect_ms"]) / 1000,
     }
     for name, value in expected.items():
         assert scraped.series(name) == {query: pytest.approx(value)}, name
+    assert beat["batch_duration_ms"] > beat["collect_ms"] > 0  # the seed's: the two parts are told apart
+
+
+def test_a_heartbeat_without_the_writers_figures_has_no_serial_sample(
+    seeded: SeededStore, start_exporter: StartExporter
+) -> None:
+    """An idle trigger's heartbeat (or one of a release before 0017) says nothing of a batch's parts: no sample,
+    not a zero."""
+    seeded.store.heartbeat.record(
+        {"query_name": DETECTOR_QUERY, "run_id": "view-run", "batch_id": -1, "at_ms": NOW_MS, "input_rows": 0,
+         "input_rows_per_s": 0.0, "processed_rows_per_s": 0.0, "batch_duration_ms": 0, "state_rows": None,
+         "state_bytes": None, "caught_up": True}
+    )  # fmt: skip
+    scraped = scrape(start_exporter(seeded.url).url)
+    assert scraped.series("khipu_detector_batch_duration_seconds") == {labels_of({"query": DETECTOR_QUERY}): 0.0}
+    for name in ("khipu_detector_batch_job_seconds", "khipu_detector_batch_serial_seconds"):
+        assert scraped.series(name) == {}, name
 
 
 def test_how_far_the_detector_trails_the_trace_topic_is_what_its_trail_holds(
