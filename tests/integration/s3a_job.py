@@ -25,6 +25,14 @@ from khipu.detector.launch import connector_jars
 from khipu.storage.spark import hadoop_settings
 
 
+def _command_line(process: psutil.Process) -> str | None:
+    """A process's command line; None for one that ended (or is a zombie) while the tree was read."""
+    try:
+        return " ".join(process.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+
+
 def session() -> Any:
     from pyspark.sql import SparkSession
 
@@ -83,7 +91,7 @@ def main(argv: list[str]) -> None:
         me = psutil.Process()
         tree = [me, *me.children(recursive=True), *me.parents()]
         seen["settings"] = dict(spark.sparkContext.getConf().getAll())
-        seen["command_lines"] = [" ".join(process.cmdline()) for process in tree if process.is_running()]
+        seen["command_lines"] = [line for line in (_command_line(process) for process in tree) if line is not None]
     finally:
         spark.stop()
     print(json.dumps(seen))

@@ -14,6 +14,7 @@ index of decided messages is in the store.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -47,6 +48,7 @@ from khipu.registry.model import Hop
 from khipu.store import Store, schema
 from khipu.store.engine import MIGRATIONS
 from tests.integration.detector.conftest import (
+    ALL_FAULTS,
     REGISTRY,
     ROOT,
     DemoTraces,
@@ -63,6 +65,9 @@ pytestmark = pytest.mark.integration
 # upgrade tested is always the one users make next.
 PREVIOUS_RELEASE = "32c45ac0d1230f6d9edb948e02f7abd4f0c288d7"
 OLD_INDEX = Path("_index") / "decided.sqlite"  # where the previous release kept the decided index
+# every fault; the paused group skips 10 % of its records (3 % by default), so that the 50-60 messages in flight at the
+# stop hold a skip of its (at 3 % none did in about one run of six: the test's own premise, not the product, failed)
+FAULTS = dataclasses.replace(ALL_FAULTS, consumer_skip=0.10)
 SETTINGS = ("--max-wait-ms", "300000")  # both detectors: the paused group's wait never turns into PENDING here
 
 
@@ -225,7 +230,7 @@ class _Demo:
 
     def __init__(self, broker: BrokerProcess, tmp_path: Path, trace_topic: str) -> None:
         self._run: Callable[[], DemoTraces] = partial(
-            demo_traces, broker, tmp_path, "upgrade", count=150, seed=11, trace_topic=trace_topic
+            demo_traces, broker, tmp_path, "upgrade", count=150, seed=11, trace_topic=trace_topic, faults=FAULTS
         )
         self._thread = threading.Thread(target=self._play, name="demo-upgrade", daemon=True)
         self._result: DemoTraces | BaseException | None = None
